@@ -1,0 +1,67 @@
+"""The batch job store: Peewee models, the shared SQLite database, and the functions that hold its rules.
+
+Open it once at start-up with :func:`open_db`, then call the functions from any thread.
+"""
+
+from .counters import stats
+from .database import SerializedSqliteDatabase, close_db, db, open_db
+from .errors import (
+    BatchError,
+    DuplicateJob,
+    InvalidBatchInput,
+    JobNotFound,
+    StoreNotOpen,
+    StoreUnavailable,
+    TargetNotFound,
+)
+from .manager import (
+    batch_job,
+    batch_job_by_idem,
+    batch_nbytes,
+    batch_targets,
+    create_batch_job,
+    evict_batch_oldest,
+    live_batch_jobs,
+    live_batch_jobs_total,
+    mark_in_flight_failed,
+    put_batch_targets,
+    set_batch_job_status,
+    sweep_batch,
+    touch_batch_job,
+    update_batch_target,
+)
+from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+
+__all__ = [
+    "BatchError",
+    "BatchJob",
+    "BatchTarget",
+    "CallerClass",
+    "DuplicateJob",
+    "InvalidBatchInput",
+    "JobNotFound",
+    "JobStatus",
+    "SerializedSqliteDatabase",
+    "StoreNotOpen",
+    "StoreUnavailable",
+    "TargetNotFound",
+    "TargetStatus",
+    "batch_job",
+    "batch_job_by_idem",
+    "batch_nbytes",
+    "batch_targets",
+    "close_db",
+    "create_batch_job",
+    "db",
+    "evict_batch_oldest",
+    "live_batch_jobs",
+    "live_batch_jobs_total",
+    "mark_in_flight_failed",
+    "open_db",
+    "put_batch_targets",
+    "set_batch_job_status",
+    "stats",
+    "sweep_batch",
+    "touch_batch_job",
+    "update_batch_target",
+]

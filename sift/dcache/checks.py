@@ -1,0 +1,131 @@
+"""Argument checks shared by the manager functions. Each raises ``InvalidBatchInput`` naming the field."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from typing import Any, NoReturn
+
+from .clock import unix_now
+from .counters import counters
+from .errors import InvalidBatchInput
+from .models import CallerClass, JobStatus, TargetStatus
+
+MAX_INT = 2**63 - 1  # SQLite INTEGER
+
+JOB_STATUS_VALUES = {s.value: s.value for s in JobStatus}
+TARGET_STATUS_VALUES = {s.value: s.value for s in TargetStatus}
+CALLER_CLASS_VALUES = {c.value: c.value for c in CallerClass}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def invalid(field: str, problem: str) -> NoReturn:
+    counters.add("invalid_input")
+    raise InvalidBatchInput(f"{field}: {problem}")
+
+
+def count(field: str, value: Any) -> int:
+    """A non-negative int that fits SQLite's INTEGER (bool is not an int here)."""
+    if type(value) is not int or not 0 <= value <= MAX_INT:
+        invalid(field, f"must be a non-negative int, got {_show(value)}")
+    return value
+
+
+def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
+    """A str that encodes as UTF-8 (no lone surrogates); returned as a plain str."""
+    if not isinstance(value, str):
+        invalid(field, f"must be a str, got {type(value).__name__}")
+    if not allow_empty and not value:
+        invalid(field, "must not be empty")
+    if not value.isascii():
+        utf8_size(field, value)
+    return str(value)
+
+
+def utf8_size(field: str, value: Any) -> int:
+    """The UTF-8 byte length of a str, which must encode (no lone surrogates)."""
+    if not isinstance(value, str):
+        invalid(field, f"must be a str, got {type(value).__name__}")
+    if value.isascii():
+        return len(value)
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        invalid(field, "is not valid UTF-8 text (it contains a lone surrogate)")
+
+
+def optional_text(field: str, value: Any) -> str | None:
+    return None if value is None else text(field, value)
+
+
+def choice(field: str, value: Any, allowed: dict[str, str]) -> str:
+    if isinstance(value, str) and value in allowed:
+        return allowed[value]
+    invalid(field, f"must be one of {', '.join(allowed)}, got {_show(value)}")
+
+
+def job_status(value: Any) -> str:
+    return choice("status", value, JOB_STATUS_VALUES)
+
+
+def target_status(value: Any) -> str:
+    return choice("status", value, TARGET_STATUS_VALUES)
+
+
+def caller_class(value: Any) -> str:
+    return choice("caller_class", value, CALLER_CLASS_VALUES)
+
+
+def job_id(value: Any) -> str:
+    return text("job_id", value, allow_empty=False)
+
+
+def now(value: Any) -> int:
+    return unix_now() if value is None else count("now", value)
+
+
+def cutoff(now: int, ttl: Any) -> int:
+    """The largest lease with ``lease + ttl <= now``; a job is expired iff ``lease <= cutoff``.
+
+    Comparing the bare column lets SQLite use the lease index; ``lease + ttl <= now`` could not.
+    """
+    if isinstance(ttl, datetime.timedelta):
+        micros = ttl // datetime.timedelta(microseconds=1)
+        if micros < 0:
+            invalid("ttl", f"must not be negative, got {_show(ttl)}")
+        return max(-1, (now * 1_000_000 - micros) // 1_000_000)
+    if type(ttl) is int or type(ttl) is float:
+        if not (ttl >= 0 and math.isfinite(ttl)):
+            invalid("ttl", f"must be a finite non-negative number of seconds, got {_show(ttl)}")
+        return max(-1, math.floor(now - ttl))
+    invalid("ttl", f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
+
+
+def options_text(value: Any) -> str:
+    """JSON text as given (SQLite checks it on insert), or a dict/list dumped as compact JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            invalid("options", f"cannot be stored as JSON: {exc}")
+    invalid("options", f"must be JSON text or a dict or list, got {type(value).__name__}")
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(name)
+
+
+def is_json(value: str) -> bool:
+    """Strict JSON (no NaN or Infinity), as SQLite's ``json_valid`` judges it."""
+    try:
+        json.loads(value, parse_constant=_reject_constant)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,49 @@
+"""Operation counters, reset by ``open_db`` and read with ``stats()``."""
+
+import threading
+
+COUNTER_NAMES = (
+    "batch_job_hit",
+    "batch_job_miss",
+    "batch_targets_hit",
+    "batch_targets_miss",
+    "batch_idem_hit",
+    "batch_idem_miss",
+    "batch_write_miss",
+    "invalid_input",
+    "jobs_created",
+    "targets_put",
+    "target_writes",
+    "jobs_swept",
+    "jobs_evicted",
+    "bytes_evicted",
+    "jobs_marked_failed",
+)
+
+
+class Counters:
+    """A fixed set of named integer counters, safe to bump from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._values[name] += amount
+
+    def reset(self) -> None:
+        with self._lock:
+            self._values = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+
+counters = Counters()
+
+
+def stats() -> dict[str, int]:
+    """Counters since the last ``open_db``: hits and misses of each read, writes to unknown ids, work done."""
+    return counters.snapshot()

@@ -1,0 +1,379 @@
+"""The deferred SQLite database, its lifecycle, and everything in the store that is specific to SQLite.
+
+One connection is shared by every thread of the process, as in the Go original (``SetMaxOpenConns(1)``).
+Peewee's ``thread_safe=False`` shares that connection *and* its transaction state without any lock, so
+:class:`SerializedSqliteDatabase` holds one re-entrant lock from BEGIN to COMMIT and around every single
+statement, including ad-hoc model queries made by a web view or a shell.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import peewee
+
+from .counters import counters
+from .errors import StoreNotOpen, StoreUnavailable
+
+__all__ = ["SerializedSqliteDatabase", "close_db", "db", "open_db"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The busy timeout: how long a write waits for another process's write lock before failing.
+BUSY_TIMEOUT_S = 10.0
+
+#: Connection pragmas, applied on every connect.
+PRAGMAS: dict[str, object] = {
+    # Readers never block the writer and vice versa; two processes can share the file.
+    "journal_mode": "wal",
+    # In WAL mode, commits survive a process kill; a power loss may drop the last transactions,
+    # never corrupt the file.
+    "synchronous": "normal",
+    # Milliseconds a statement waits on another process's lock (BEGIN IMMEDIATE uses it too).
+    "busy_timeout": int(BUSY_TIMEOUT_S * 1000),
+    # Truncate the -wal file back to 64 MiB after each checkpoint, so one big sweep cannot leave it huge.
+    "journal_size_limit": 64 * 1024 * 1024,
+    # 32 MiB of page cache: the hot indexes of a large store stay in memory.
+    "cache_size": -32 * 1024,
+    # The schema has no foreign keys; keep SQLite from checking any another program may add.
+    "foreign_keys": 0,
+}
+
+#: The original schema, verbatim. Files written by the Go service have exactly these tables.
+BASE_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS batch_job (
+    id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, idem_key TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', targets_total INTEGER NOT NULL,
+    targets_done INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, lease INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS batch_target (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, url TEXT NOT NULL, options TEXT NOT NULL,
+    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx))""",
+    "CREATE INDEX IF NOT EXISTS batch_job_idem  ON batch_job(caller, idem_key)",
+    "CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease)",
+)
+
+LIVE_STATUSES = ("queued", "running")
+FINISHED_STATUSES = ("done", "partial", "failed", "cancelled")
+
+# What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only
+# jobs that eviction may take; triggers keep the byte total whoever writes the file, and open_db
+# recomputes it, so a file written by a program that never knew of this table is still right.
+SPEED_SCHEMA = (
+    "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) "
+    "WHERE status IN ('queued', 'running')",
+    "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
+    "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
+    "CREATE TABLE IF NOT EXISTS batch_totals ("
+    "id INTEGER PRIMARY KEY CHECK (id = 0), nbytes INTEGER NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS batch_totals_insert AFTER INSERT ON batch_job BEGIN "
+    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes WHERE id = 0; END",
+    "CREATE TRIGGER IF NOT EXISTS batch_totals_delete AFTER DELETE ON batch_job BEGIN "
+    "UPDATE batch_totals SET nbytes = nbytes - OLD.nbytes WHERE id = 0; END",
+    "CREATE TRIGGER IF NOT EXISTS batch_totals_update AFTER UPDATE OF nbytes ON batch_job "
+    "WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN "
+    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END",
+    "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job",
+)
+
+# Connections a forked child inherited. They are kept referenced, never used and never closed:
+# closing SQLite's handle in the child could release or break the parent's locks on the file.
+_inherited_connections: list[sqlite3.Connection] = []
+
+
+class BufferedCursor:
+    """A finished statement: its rows fetched while the lock was held, so no statement stays open."""
+
+    __slots__ = ("description", "lastrowid", "rowcount", "_rows", "_pos")
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._rows = cursor.fetchall() if cursor.description else []
+        self._pos = 0
+        self.description = cursor.description
+        self.rowcount = cursor.rowcount
+        self.lastrowid = cursor.lastrowid
+        cursor.close()
+
+    def fetchone(self) -> Any:
+        if self._pos >= len(self._rows):
+            return None
+        self._pos += 1
+        return self._rows[self._pos - 1]
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        rows = self._rows[self._pos : self._pos + size]
+        self._pos += len(rows)
+        return rows
+
+    def fetchall(self) -> list[Any]:
+        rows = self._rows[self._pos :]
+        self._pos = len(self._rows)
+        return rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+    def close(self) -> None:
+        self._rows = []
+
+
+class _Locked:
+    """Holds the database lock around a Peewee transaction or atomic block (usable as a decorator).
+
+    With ``busy_error``, a lock held by another process past the busy timeout raises StoreUnavailable.
+    """
+
+    def __init__(self, database: SerializedSqliteDatabase, make: Callable[[], Any], busy_error: bool = False) -> None:
+        self.database = database
+        self.make = make
+        self.busy_error = busy_error
+
+    def __enter__(self) -> Any:
+        self.database.lock.acquire()
+        try:
+            self.inner = self.make()
+            return self.inner.__enter__()
+        except BaseException as exc:
+            self.database.lock.release()
+            self._raise_if_busy(exc)
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Any:
+        try:
+            return self.inner.__exit__(exc_type, exc, tb)
+        except BaseException as commit_exc:
+            self._raise_if_busy(commit_exc)
+            raise
+        finally:
+            self.database.lock.release()
+            if exc is not None:
+                self._raise_if_busy(exc)
+
+    def _raise_if_busy(self, exc: BaseException) -> None:
+        if self.busy_error and isinstance(exc, peewee.OperationalError) and is_busy(exc):
+            raise StoreUnavailable(f"database: locked by another process for over {self.database.timeout} s") from exc
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _Locked(self.database, self.make, self.busy_error):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+class SerializedSqliteDatabase(peewee.SqliteDatabase):
+    """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
+
+    Every transaction is ``BEGIN IMMEDIATE``: a deferred BEGIN that reads and then writes fails at once
+    with "database is locked" when another process writes, without waiting on the busy timeout.
+    A child made by ``fork()`` drops the inherited connection unused and opens its own on first use.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
+        self.lock = threading.RLock()
+        this = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (d := this()) is not None and d._after_fork())
+
+    def _after_fork(self) -> None:
+        self.lock = threading.RLock()
+        if self._state.conn is not None:
+            _inherited_connections.append(self._state.conn)
+        self._state.reset()
+
+    def connect(self, reuse_if_open: bool = False) -> bool:
+        if self.deferred:
+            raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
+        with self.lock:
+            return bool(super().connect(reuse_if_open))
+
+    def close(self) -> bool:
+        with self.lock:
+            return bool(super().close())
+
+    def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
+        with self.lock:
+            return BufferedCursor(super().execute_sql(sql, params))
+
+    def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
+        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
+
+    def transaction(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
+        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).transaction(*args, **kwargs))
+
+    def write(self) -> _Locked:
+        """The store's write transaction: BEGIN IMMEDIATE under the lock; busy past the timeout raises
+        StoreUnavailable. Nested in another transaction it is a savepoint."""
+        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(), busy_error=True)
+
+    @property
+    def timeout(self) -> float:
+        return float(getattr(self, "_timeout", BUSY_TIMEOUT_S))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """Run one statement for each row, streaming ``rows``; return the rows changed."""
+        with self.lock, peewee.__exception_wrapper__:
+            cursor = self.cursor()
+            cursor.executemany(sql, rows)
+            return int(cursor.rowcount)
+
+    def set_variable_limit(self, limit: int) -> int:
+        """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
+        with self.lock:
+            conn = self.connection()
+            return conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+
+
+#: The store's database. Deferred: importing the package opens nothing; ``open_db`` initialises it.
+db = SerializedSqliteDatabase()
+
+
+def open_db(path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S) -> SerializedSqliteDatabase:
+    """Open (creating if missing) the store at ``path``, closing any database opened before.
+
+    Creates the schema if it is missing, recomputes the byte total, and resets the counters.
+    ``":memory:"`` gives a private in-memory store. Raises ``StoreUnavailable`` for a file that is not
+    a SQLite database, cannot be opened, or stays locked by another process past ``timeout`` seconds.
+    """
+    close_db()
+    pragmas = dict(PRAGMAS, busy_timeout=int(timeout * 1000))
+    db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)
+    try:
+        db.connect()
+        with db.atomic():
+            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+                db.execute_sql(statement)
+    except (peewee.DatabaseError, sqlite3.DatabaseError, OSError) as exc:
+        close_db()
+        db.init(None)
+        raise StoreUnavailable(f"path: cannot open {os.fspath(path)!r} as a batch store: {exc}") from exc
+    counters.reset()
+    return db
+
+
+def close_db() -> None:
+    """Close the store's connection. Safe to call when nothing is open, and twice."""
+    if not db.deferred:
+        db.close()
+
+
+def database_path() -> Path | None:
+    """The open store's file, or None when closed or in memory."""
+    if db.deferred or db.database == ":memory:":
+        return None
+    return Path(db.database)
+
+
+# -- Statements compiled once -----------------------------------------------------------------------
+
+
+class _SlotValue:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Slot(peewee.ColumnBase):
+    """A named parameter in a statement compiled once and run many times."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def __sql__(self, ctx: peewee.Context) -> peewee.Context:
+        return ctx.value(_SlotValue(self.name), converter=False)
+
+
+class Inline(peewee.Node):
+    """Renders its expression with values as SQL literals, so SQLite can match a partial index."""
+
+    def __init__(self, node: peewee.Node) -> None:
+        super().__init__()
+        self.node = node
+
+    def __sql__(self, ctx: peewee.Context) -> peewee.Context:
+        with ctx(value_literals=True):
+            return ctx.sql(self.node)
+
+
+class Statement:
+    """A Peewee query compiled to SQL on first use; later runs only bind parameters.
+
+    Compiling a query costs several times what SQLite needs to run a one-row update, so the hot paths
+    build each query once. Parameters are :class:`Slot` names, filled from keyword arguments.
+    """
+
+    def __init__(self, build: Callable[[], peewee.Node]) -> None:
+        self._build = build
+        self._sql: str | None = None
+        self._template: list[Any] = []
+
+    def _compile(self) -> str:
+        sql, params = self._build().sql()  # type: ignore[attr-defined]
+        self._template = params
+        self._sql = sql
+        return sql
+
+    def bind(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        sql = self._sql or self._compile()
+        return sql, [values[p.name] if type(p) is _SlotValue else p for p in self._template]
+
+    def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
+        """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
+        sql = self.sql
+        if [getattr(p, "name", p) for p in self._template] != list(names):
+            raise AssertionError(f"statement parameters are {self._template}, not {names}")
+        return db.executemany(sql, rows)
+
+    def run(self, **values: Any) -> BufferedCursor:
+        """Execute once; the cursor has rowcount and any rows."""
+        return db.execute_sql(*self.bind(values))
+
+    def rows(self, **values: Any) -> list[Any]:
+        return db.execute_sql(*self.bind(values)).fetchall()
+
+    def scalar(self, **values: Any) -> Any:
+        row = db.execute_sql(*self.bind(values)).fetchone()
+        return None if row is None else row[0]
+
+    @property
+    def sql(self) -> str:
+        return self._sql or self._compile()
+
+
+# -- SQLite spellings the rules need ------------------------------------------------------------------
+
+
+def byte_length(expr: peewee.Node) -> peewee.Node:
+    """The UTF-8 byte length of a TEXT expression (NULL stays NULL)."""
+    return peewee.fn.length(peewee.Cast(expr, "BLOB"))
+
+
+def json_or_null(expr: peewee.Node) -> peewee.Node:
+    """``expr`` when it is valid JSON text, else NULL (which the NOT NULL column then rejects)."""
+    return peewee.Case(None, [(peewee.fn.json_valid(expr), expr)], None)
+
+
+#: The order rows were inserted in: ties in created_at go to the later insert.
+INSERTION_ORDER = peewee.SQL("_rowid_")
+
+#: The running byte total kept by the triggers above.
+TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether a database error means another process held the lock past the busy timeout."""
+    text = str(exc)
+    return "database is locked" in text or "database is busy" in text

@@ -1,0 +1,443 @@
+"""The batch store's rules: one short function per rule, each one transaction.
+
+Every rule is conditional SQL built with Peewee (``UPDATE … WHERE`` with rowcounts, ``SUM``,
+``ORDER BY … LIMIT``) and compiled once; nothing reads a row into Python to change it and write it back.
+Sweep and eviction work in bounded chunks, one transaction each, so no transaction holds the shared
+connection for long; each call still removes everything due before it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import peewee
+
+from . import checks
+from .counters import counters
+from .database import (
+    INSERTION_ORDER,
+    TOTAL_NBYTES_SQL,
+    Inline,
+    Slot,
+    Statement,
+    byte_length,
+    db,
+    json_or_null,
+)
+from .errors import DuplicateJob, JobNotFound, TargetNotFound
+from .models import (
+    FINAL_TARGET_STATUSES,
+    FINISHED_JOB_STATUSES,
+    IDEM_JOB_STATUSES,
+    JOB_COLUMNS,
+    LIVE_JOB_STATUSES,
+    TARGET_COLUMNS,
+    BatchJob,
+    BatchTarget,
+    JobStatus,
+)
+
+J = BatchJob
+T = BatchTarget
+
+#: Roughly how many rows one sweep or eviction transaction deletes (a job and its targets count
+#: together; a single job larger than this is still deleted whole, in one transaction).
+ROWS_PER_TRANSACTION = 2000
+#: How many candidate jobs one sweep or eviction transaction looks at.
+JOBS_PER_TRANSACTION = 256
+
+
+def _target_value(expr: peewee.Node) -> peewee.Node:
+    """``expr`` evaluated on the target (job_id, idx) named by the call."""
+    return T.select(expr).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
+
+
+_INSERT_JOB = Statement(lambda: J.insert({getattr(J, name): Slot(name) for name in JOB_COLUMNS}))
+# Invalid JSON options become NULL, which the NOT NULL column rejects for that very row.
+_INSERT_TARGET = Statement(
+    lambda: T.insert(
+        {
+            T.job_id: Slot("job_id"),
+            T.idx: Slot("idx"),
+            T.url: Slot("url"),
+            T.options: json_or_null(Slot("options")),
+            T.status: Inline(peewee.Value("pending")),
+        }
+    )
+)
+_SELECT_JOB = Statement(lambda: J.select(*[getattr(J, n) for n in JOB_COLUMNS]).where(J.id == Slot("job_id")))
+_TARGETS_TOTAL = Statement(lambda: J.select(J.targets_total).where(J.id == Slot("job_id")))
+# One statement, one snapshot: no rows for an unknown job, one all-NULL row for a job without targets.
+_SELECT_TARGETS = Statement(
+    lambda: J.select(*[getattr(T, n) for n in TARGET_COLUMNS])
+    .join(T, peewee.JOIN.LEFT_OUTER, on=(T.job_id == J.id))
+    .where(J.id == Slot("job_id"))
+    .order_by(T.idx)
+)
+_IDEM = Statement(
+    lambda: J.select(J.id)
+    .where(
+        (J.caller == Slot("caller"))
+        & (J.idem_key == Slot("idem_key"))
+        & (J.lease > Slot("cutoff"))
+        & Inline(J.status.in_(IDEM_JOB_STATUSES))
+    )
+    .order_by(J.created_at.desc(), INSERTION_ORDER.desc())
+    .limit(1)
+)
+_LIVE = Statement(
+    lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(
+        (J.caller == Slot("caller")) & Inline(J.status.in_(LIVE_JOB_STATUSES))
+    )
+)
+_LIVE_TOTAL = Statement(lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(Inline(J.status.in_(LIVE_JOB_STATUSES))))
+# Counts and bytes move by (new - old) of the target, read in the same statement, before the target
+# row changes: a target's first move into done/failed adds 1, a rewrite adds 0, a new result adds
+# its size less the old one's. A finished target may not go back to pending or running.
+_FINISH_ON_JOB = Statement(
+    lambda: J.update(
+        {
+            J.targets_done: J.targets_done
+            + Slot("final")
+            - _target_value(peewee.Case(None, [(Inline(T.status.in_(FINAL_TARGET_STATUSES)), 1)], 0)),
+            J.nbytes: J.nbytes + Slot("size") - _target_value(peewee.fn.COALESCE(byte_length(T.result), 0)),
+            J.lease: Slot("now"),
+        }
+    ).where(
+        (J.id == Slot("job_id"))
+        & peewee.fn.EXISTS(
+            _target_value(peewee.SQL("1")).where(
+                (Slot("final") == 1) | Inline(T.status.not_in(FINAL_TARGET_STATUSES))
+            )
+        )
+    )
+)
+_SET_TARGET = Statement(
+    lambda: T.update(
+        {T.status: Slot("status"), T.result: Slot("result"), T.error: Slot("error"), T.hint: Slot("hint")}
+    ).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
+)
+_TARGET_STATUS = Statement(lambda: _target_value(T.status))
+_SET_JOB_STATUS = Statement(
+    lambda: J.update({J.status: Slot("status"), J.error: Slot("error"), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
+)
+_TOUCH = Statement(lambda: J.update({J.lease: Slot("now")}).where(J.id == Slot("job_id")))
+_MARK_FAILED = Statement(
+    lambda: J.update(
+        {J.status: Inline(peewee.Value(JobStatus.FAILED.value)), J.error: Slot("reason"), J.lease: Slot("now")}
+    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
+)
+_EXPIRED = Statement(
+    lambda: J.select(J.id, J.targets_total, J.nbytes)
+    .where(J.lease <= Slot("cutoff"))
+    .order_by(J.lease)
+    .limit(JOBS_PER_TRANSACTION)
+)
+_EVICTABLE = Statement(
+    lambda: J.select(J.id, J.targets_total, J.nbytes)
+    .where(Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES)))
+    .order_by(J.lease, J.created_at, J.id)
+    .limit(JOBS_PER_TRANSACTION)
+)
+_DELETE_TARGETS = Statement(lambda: T.delete().where(T.job_id == Slot("job_id")))
+_DELETE_JOB = Statement(lambda: J.delete().where(J.id == Slot("job_id")))
+
+
+# -- Writes --------------------------------------------------------------------------------------------
+
+
+def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None) -> None:
+    """Store the unsaved ``job`` exactly as given (lease, created_at, targets_done and nbytes included).
+
+    With ``targets``, the job and its targets are stored in one transaction: all or nothing.
+    """
+    values = _job_values(job)
+    try:
+        with db.write():
+            _INSERT_JOB.run(**values)
+            put = 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
+    except peewee.IntegrityError as exc:
+        if "batch_job.id" in str(exc):
+            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
+        raise
+    counters.add("jobs_created")
+    counters.add("targets_put", put)
+
+
+def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
+    """Store ``targets`` as pending targets of the job, all or nothing, streaming the iterable.
+
+    Each idx must lie in ``0..targets_total-1`` and not be stored yet; ``job_id`` and ``status`` may be unset.
+    """
+    job_id = checks.job_id(job_id)
+    with db.write():
+        total = _TARGETS_TOTAL.scalar(job_id=job_id)
+        if total is None:
+            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+        put = _insert_targets(job_id, total, targets)
+    counters.add("targets_put", put)
+
+
+def update_batch_target(
+    job_id: str,
+    idx: int,
+    status: str,
+    *,
+    result: str | None = None,
+    error: str | None = None,
+    hint: str | None = None,
+    now: int | None = None,
+) -> None:
+    """Write a target's status, result, error and hint as given, and set the job's lease to ``now``.
+
+    The job's targets_done counts each target once, on its first move into done/failed; its nbytes
+    follows the UTF-8 size of the stored results. A finished target cannot go back to pending/running.
+    """
+    job_id = checks.job_id(job_id)
+    idx = checks.count("idx", idx)
+    status = checks.target_status(status)
+    final = status in FINAL_TARGET_STATUSES
+    if not final and (result is not None or error is not None or hint is not None):
+        field = "result" if result is not None else "error" if error is not None else "hint"
+        checks.invalid(field, f"may only be given with status done or failed, not {status}")
+    size = 0 if result is None else checks.utf8_size("result", result)
+    error = checks.optional_text("error", error)
+    hint = checks.optional_text("hint", hint)
+    now = checks.now(now)
+    with db.write():
+        if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now).rowcount:
+            _explain_target_miss(job_id, idx, status)
+        _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
+    counters.add("target_writes")
+
+
+def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int | None = None) -> None:
+    """Set the job's status and error, and its lease to ``now``."""
+    job_id = checks.job_id(job_id)
+    status = checks.job_status(status)
+    error = checks.text("error", error)
+    now = checks.now(now)
+    with db.write():
+        if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now).rowcount:
+            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+
+
+def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
+    """Set the job's lease to ``now``: a consumer's read keeps the job alive through this call."""
+    job_id = checks.job_id(job_id)
+    now = checks.now(now)
+    with db.write():
+        if not _TOUCH.run(job_id=job_id, now=now).rowcount:
+            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+
+
+def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
+    """Restart reconciliation: every queued or running job becomes failed with ``error = reason``
+    and ``lease = now``. Returns how many jobs changed."""
+    reason = checks.text("reason", reason)
+    now = checks.now(now)
+    with db.write():
+        marked = int(_MARK_FAILED.run(reason=reason, now=now).rowcount)
+    counters.add("jobs_marked_failed", marked)
+    return marked
+
+
+def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
+    """Delete every job, whatever its status, whose ``lease + ttl <= now``, with its targets.
+
+    The only removal by time. Returns the number of jobs deleted.
+    """
+    cutoff = checks.cutoff(checks.now(now), ttl)
+    swept = 0
+    while _EXPIRED.rows(cutoff=cutoff):
+        with db.write():
+            chosen = _take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None)
+            swept += _delete_jobs(chosen)
+    counters.add("jobs_swept", swept)
+    return swept
+
+
+def evict_batch_oldest(max_bytes: int) -> int:
+    """Evict whole finished jobs holding bytes, oldest lease first (then created_at, then id),
+    until ``batch_nbytes() <= max_bytes``. Queued and running jobs are never evicted."""
+    max_bytes = checks.count("max_bytes", max_bytes)
+    evicted = freed = 0
+    while batch_nbytes() > max_bytes:
+        with db.write():
+            excess = batch_nbytes() - max_bytes
+            chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
+            if not chosen:
+                break
+            evicted += _delete_jobs(chosen)
+            freed += sum(nbytes for _, _, nbytes in chosen)
+    counters.add("jobs_evicted", evicted)
+    counters.add("bytes_evicted", freed)
+    return evicted
+
+
+# -- Reads: they never write ---------------------------------------------------------------------------
+
+
+def batch_job(job_id: str) -> BatchJob | None:
+    """The job, or None."""
+    rows = _SELECT_JOB.rows(job_id=_read_id(job_id))
+    if not rows:
+        counters.add("batch_job_miss")
+        return None
+    counters.add("batch_job_hit")
+    return BatchJob.from_row(JOB_COLUMNS, rows[0])
+
+
+def batch_targets(job_id: str) -> list[BatchTarget] | None:
+    """The job's targets in idx order (``[]`` for a job without targets), or None for an unknown job."""
+    rows = _SELECT_TARGETS.rows(job_id=_read_id(job_id))
+    if not rows:
+        counters.add("batch_targets_miss")
+        return None
+    counters.add("batch_targets_hit")
+    if rows[0][1] is None:  # the job's LEFT JOIN row: no targets
+        return []
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+
+
+def batch_job_by_idem(caller: str, idem_key: str, ttl: Any, *, now: int | None = None) -> str | None:
+    """The id of this caller's newest job with this idem_key whose ``lease + ttl > now`` and whose
+    status is queued, running, done or partial; an empty key never matches."""
+    caller = checks.text("caller", caller)
+    idem_key = checks.text("idem_key", idem_key)
+    cutoff = checks.cutoff(checks.now(now), ttl)
+    found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
+    counters.add("batch_idem_miss" if found is None else "batch_idem_hit")
+    return found  # type: ignore[no-any-return]
+
+
+def live_batch_jobs(caller: str) -> int:
+    """How many of this caller's jobs are queued or running."""
+    return int(_LIVE.scalar(caller=checks.text("caller", caller)))
+
+
+def live_batch_jobs_total() -> int:
+    """How many jobs are queued or running, for all callers."""
+    return int(_LIVE_TOTAL.scalar())
+
+
+def batch_nbytes() -> int:
+    """The total of ``nbytes`` over every job (a running total, not a scan)."""
+    row = db.execute_sql(TOTAL_NBYTES_SQL).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+# -- Helpers -------------------------------------------------------------------------------------------
+
+
+def _read_id(job_id: Any) -> str:
+    if not isinstance(job_id, str):
+        checks.invalid("job_id", f"must be a str, got {type(job_id).__name__}")
+    return job_id
+
+
+def _write_miss(exc: LookupError) -> Any:
+    counters.add("batch_write_miss")
+    raise exc
+
+
+def _explain_target_miss(job_id: str, idx: int, status: str) -> None:
+    if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
+        _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+    current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
+    if current is None:
+        _write_miss(TargetNotFound(f"idx: job {job_id!r} has no target {idx}"))
+    checks.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
+
+
+def _job_values(job: Any) -> dict[str, Any]:
+    if not isinstance(job, BatchJob):
+        checks.invalid("job", f"must be a BatchJob, got {type(job).__name__}")
+    data = job.__data__
+    values = {
+        "id": checks.text("id", data.get("id"), allow_empty=False),
+        "caller": checks.text("caller", data.get("caller"), allow_empty=False),
+        "caller_class": checks.caller_class(data.get("caller_class")),
+        "idem_key": checks.text("idem_key", data.get("idem_key")),
+        "status": checks.job_status(data.get("status")),
+        "error": checks.text("error", data.get("error")),
+    }
+    for name in ("targets_total", "targets_done", "created_at", "lease", "nbytes"):
+        values[name] = checks.count(name, data.get(name))
+    if values["targets_done"] > values["targets_total"]:
+        checks.invalid("targets_done", f"must be at most targets_total ({values['targets_total']})")
+    return values
+
+
+def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
+    """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
+    last: list[dict[str, Any]] = [{}]
+    try:
+        rows = _target_rows(job_id, total, targets, last)
+        inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
+    except UnicodeEncodeError:
+        field = next(n for n in ("url", "options") if isinstance(last[0].get(n), str) and not _encodes(last[0][n]))
+        checks.invalid(field, f"is not valid UTF-8 text (target {last[0].get('idx')})")
+    except peewee.IntegrityError as exc:
+        if "batch_target.options" in str(exc):
+            checks.invalid("options", f"is not valid JSON text (target {last[0].get('idx')})")
+        checks.invalid("idx", f"target {last[0].get('idx')} of job {job_id!r} is given twice or already stored")
+    return inserted
+
+
+def _target_rows(
+    job_id: str, total: int, targets: Iterable[BatchTarget], last: list[dict[str, Any]]
+) -> Iterator[tuple[Any, ...]]:
+    """Check each target (cheap checks in Python, JSON and UTF-8 by SQLite) and yield its row."""
+    for target in targets:
+        if not isinstance(target, BatchTarget):
+            checks.invalid("targets", f"each target must be a BatchTarget, got {type(target).__name__}")
+        data = last[0] = target.__data__
+        idx = data.get("idx")
+        if type(idx) is not int or not 0 <= idx < total:
+            checks.invalid("idx", f"must be an int in 0..{total - 1} (targets_total - 1), got {idx!r}")
+        url = data.get("url")
+        if type(url) is not str or not url:
+            checks.invalid("url", f"must be a non-empty str (target {idx})")
+        options = data.get("options")
+        if type(options) is not str:
+            options = checks.options_text(options)
+        if data.get("job_id") not in (None, job_id):
+            checks.invalid("job_id", f"target {idx} names job {data['job_id']!r}, not {job_id!r}")
+        if data.get("status") not in (None, "pending"):
+            checks.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
+        for name in ("result", "error", "hint"):
+            if data.get(name) is not None:
+                checks.invalid(name, f"target {idx} cannot have a {name} before it runs")
+        yield (job_id, idx, url, options, options)
+
+
+def _encodes(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _take_rows(rows: list[Any], excess: int | None) -> list[Any]:
+    """The leading rows (id, targets_total, nbytes) worth one transaction; with ``excess``, stop once
+    they free that many bytes."""
+    chosen, budget, freed = [], 0, 0
+    for row in rows:
+        chosen.append(row)
+        budget += row[1] + 1
+        freed += row[2]
+        if budget >= ROWS_PER_TRANSACTION or (excess is not None and freed >= excess):
+            break
+    return chosen
+
+
+def _delete_jobs(rows: list[Any]) -> int:
+    """Delete the jobs (rows of id, ...) and their targets; return how many jobs went."""
+    ids = [(row[0],) for row in rows]
+    _DELETE_TARGETS.run_many(("job_id",), ids)
+    return _DELETE_JOB.run_many(("job_id",), ids)

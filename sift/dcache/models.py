@@ -1,0 +1,99 @@
+"""Peewee models on the two batch tables, and the named status values."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import peewee
+
+from .database import db
+
+
+class JobStatus(enum.StrEnum):
+    """Status of a batch job; ``queued`` and ``running`` are live, the rest finished."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class TargetStatus(enum.StrEnum):
+    """Status of one target; ``done`` and ``failed`` are final."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class CallerClass(enum.StrEnum):
+    """Who submitted a job."""
+
+    FLEET = "fleet"
+    RESTRICTED = "restricted"
+
+
+LIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+FINISHED_JOB_STATUSES = (JobStatus.DONE, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
+IDEM_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DONE, JobStatus.PARTIAL)
+FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
+
+
+class _StoreModel(peewee.Model):
+    class Meta:
+        database = db
+        legacy_table_names = False
+
+    @classmethod
+    def from_row(cls, names: tuple[str, ...], row: tuple[Any, ...]) -> Any:
+        """An unmodified instance from a row, without Peewee's per-field ``__init__`` work."""
+        obj = cls.__new__(cls)
+        obj.__data__ = dict(zip(names, row))
+        obj._dirty = set()
+        obj.__rel__ = {}
+        return obj
+
+
+class BatchJob(_StoreModel):
+    """One submitted batch: who sent it, its status, progress, lease (unix seconds) and stored bytes."""
+
+    id = peewee.TextField(primary_key=True)
+    caller = peewee.TextField()
+    caller_class = peewee.TextField()
+    idem_key = peewee.TextField()
+    status = peewee.TextField()
+    error = peewee.TextField(default="", constraints=[peewee.SQL("DEFAULT ''")])
+    targets_total = peewee.IntegerField()
+    targets_done = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
+    created_at = peewee.IntegerField()
+    lease = peewee.IntegerField()
+    nbytes = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
+
+    class Meta:
+        table_name = "batch_job"
+        indexes = ((("caller", "idem_key"), False), (("lease",), False))
+
+
+class BatchTarget(_StoreModel):
+    """One URL of a job, at position ``idx``; result, error and hint stay NULL until it finishes."""
+
+    job_id = peewee.TextField()
+    idx = peewee.IntegerField()
+    url = peewee.TextField()
+    options = peewee.TextField()
+    status = peewee.TextField()
+    result = peewee.TextField(null=True)
+    error = peewee.TextField(null=True)
+    hint = peewee.TextField(null=True)
+
+    class Meta:
+        table_name = "batch_target"
+        primary_key = peewee.CompositeKey("job_id", "idx")
+
+
+JOB_COLUMNS: tuple[str, ...] = tuple(BatchJob._meta.sorted_field_names)
+TARGET_COLUMNS: tuple[str, ...] = tuple(BatchTarget._meta.sorted_field_names)
