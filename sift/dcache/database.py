@@ -9,6 +9,7 @@ statement, including ad-hoc model queries made by a web view or a shell.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sqlite3
 import threading
@@ -26,6 +27,9 @@ from .errors import StoreNotOpen, StoreUnavailable
 __all__ = ["SerializedSqliteDatabase", "close_db", "db", "open_db"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Peewee's context manager that turns sqlite3 errors into peewee.IntegrityError, OperationalError, …
+_peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
 
 #: The busy timeout: how long a write waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
@@ -68,8 +72,7 @@ FINISHED_STATUSES = ("done", "partial", "failed", "cancelled")
 # jobs that eviction may take; triggers keep the byte total whoever writes the file, and open_db
 # recomputes it, so a file written by a program that never knew of this table is still right.
 SPEED_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) "
-    "WHERE status IN ('queued', 'running')",
+    "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
     "CREATE TABLE IF NOT EXISTS batch_totals ("
@@ -92,7 +95,7 @@ _inherited_connections: list[sqlite3.Connection] = []
 class BufferedCursor:
     """A finished statement: its rows fetched while the lock was held, so no statement stays open."""
 
-    __slots__ = ("description", "lastrowid", "rowcount", "_rows", "_pos")
+    __slots__ = ("_pos", "_rows", "description", "lastrowid", "rowcount")
 
     def __init__(self, cursor: sqlite3.Cursor) -> None:
         self._rows = cursor.fetchall() if cursor.description else []
@@ -126,24 +129,19 @@ class BufferedCursor:
 
 
 class _Locked:
-    """Holds the database lock around a Peewee transaction or atomic block (usable as a decorator).
+    """Holds the database lock around a Peewee transaction or atomic block (usable as a decorator)."""
 
-    With ``busy_error``, a lock held by another process past the busy timeout raises StoreUnavailable.
-    """
-
-    def __init__(self, database: SerializedSqliteDatabase, make: Callable[[], Any], busy_error: bool = False) -> None:
+    def __init__(self, database: SerializedSqliteDatabase, make: Callable[[], Any]) -> None:
         self.database = database
         self.make = make
-        self.busy_error = busy_error
 
     def __enter__(self) -> Any:
         self.database.lock.acquire()
         try:
             self.inner = self.make()
             return self.inner.__enter__()
-        except BaseException as exc:
+        except BaseException:
             self.database.lock.release()
-            self._raise_if_busy(exc)
             raise
 
     def __exit__(
@@ -151,25 +149,66 @@ class _Locked:
     ) -> Any:
         try:
             return self.inner.__exit__(exc_type, exc, tb)
-        except BaseException as commit_exc:
-            self._raise_if_busy(commit_exc)
-            raise
         finally:
             self.database.lock.release()
-            if exc is not None:
-                self._raise_if_busy(exc)
-
-    def _raise_if_busy(self, exc: BaseException) -> None:
-        if self.busy_error and isinstance(exc, peewee.OperationalError) and is_busy(exc):
-            raise StoreUnavailable(f"database: locked by another process for over {self.database.timeout} s") from exc
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Locked(self.database, self.make, self.busy_error):
+            with _Locked(self.database, self.make):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+class _WriteTransaction:
+    """BEGIN IMMEDIATE … COMMIT under the database lock, without Peewee's per-transaction bookkeeping
+    (the hot paths run one per call). Inside another transaction it is a Peewee savepoint instead."""
+
+    __slots__ = ("database", "savepoint")
+
+    def __init__(self, database: SerializedSqliteDatabase) -> None:
+        self.database = database
+        self.savepoint: Any = None
+
+    def __enter__(self) -> None:
+        database = self.database
+        database.lock.acquire()
+        try:
+            if database._state.transactions:
+                self.savepoint = peewee.SqliteDatabase.atomic(database)
+                self.savepoint.__enter__()
+            else:
+                database.run_sql("BEGIN IMMEDIATE", ())
+                database._state.transactions.append(self)
+        except BaseException as exc:
+            database.lock.release()
+            raise_if_busy(exc, database.timeout)
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        database = self.database
+        try:
+            if self.savepoint is not None:
+                self.savepoint.__exit__(exc_type, exc, tb)
+                return
+            database._state.transactions.pop()
+            conn = database._state.conn
+            if exc_type is None:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            elif conn is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            database.lock.release()
+        if exc is not None:
+            raise_if_busy(exc, database.timeout)
 
 
 class SerializedSqliteDatabase(peewee.SqliteDatabase):
@@ -180,11 +219,19 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     A child made by ``fork()`` drops the inherited connection unused and opens its own on first use.
     """
 
+    _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
+
     def __init__(self) -> None:
         super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
         self.lock = threading.RLock()
         this = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (d := this()) is not None and d._after_fork())
+
+        def after_fork_in_child() -> None:
+            database = this()
+            if database is not None:
+                database._after_fork()
+
+        os.register_at_fork(after_in_child=after_fork_in_child)
 
     def _after_fork(self) -> None:
         self.lock = threading.RLock()
@@ -204,7 +251,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
 
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
         with self.lock:
-            return BufferedCursor(super().execute_sql(sql, params))
+            return BufferedCursor(super().execute_sql(sql, params))  # type: ignore[no-untyped-call]
 
     def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
@@ -212,26 +259,32 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def transaction(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).transaction(*args, **kwargs))
 
-    def write(self) -> _Locked:
-        """The store's write transaction: BEGIN IMMEDIATE under the lock; busy past the timeout raises
-        StoreUnavailable. Nested in another transaction it is a savepoint."""
-        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(), busy_error=True)
+    def write(self) -> _WriteTransaction:
+        """The store's write transaction: BEGIN IMMEDIATE under the lock; a lock held by another process
+        past the busy timeout raises StoreUnavailable. Inside another transaction it is a savepoint."""
+        return _WriteTransaction(self)
 
-    @property
-    def timeout(self) -> float:
-        return float(getattr(self, "_timeout", BUSY_TIMEOUT_S))
+    def run_sql(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        """Execute on the shared connection without Peewee's query wrapping. The caller holds the lock
+        while it reads rows from the cursor; one-shot statements take it here."""
+        with self.lock, _peewee_errors:
+            conn = self._state.conn
+            if conn is None:
+                self.connect()
+                conn = self._state.conn
+            return conn.execute(sql, params)  # type: ignore[no-any-return]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for each row, streaming ``rows``; return the rows changed."""
-        with self.lock, peewee.__exception_wrapper__:
-            cursor = self.cursor()
+        with self.lock, _peewee_errors:
+            cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
             cursor.executemany(sql, rows)
-            return int(cursor.rowcount)
+            return cursor.rowcount
 
     def set_variable_limit(self, limit: int) -> int:
         """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
         with self.lock:
-            conn = self.connection()
+            conn: sqlite3.Connection = self.connection()  # type: ignore[no-untyped-call]
             return conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
 
 
@@ -248,7 +301,7 @@ def open_db(path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S) ->
     """
     close_db()
     pragmas = dict(PRAGMAS, busy_timeout=int(timeout * 1000))
-    db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)
+    db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)  # type: ignore[arg-type]
     try:
         db.connect()
         with db.atomic():
@@ -293,7 +346,8 @@ class Slot(peewee.ColumnBase):
         self.name = name
 
     def __sql__(self, ctx: peewee.Context) -> peewee.Context:
-        return ctx.value(_SlotValue(self.name), converter=False)
+        ctx.value(_SlotValue(self.name), converter=False)
+        return ctx
 
 
 class Inline(peewee.Node):
@@ -305,7 +359,8 @@ class Inline(peewee.Node):
 
     def __sql__(self, ctx: peewee.Context) -> peewee.Context:
         with ctx(value_literals=True):
-            return ctx.sql(self.node)
+            ctx.sql(self.node)  # type: ignore[no-untyped-call]
+        return ctx
 
 
 class Statement:
@@ -319,16 +374,50 @@ class Statement:
         self._build = build
         self._sql: str | None = None
         self._template: list[Any] = []
+        self._constants: dict[str, Any] = {}
+        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = tuple
 
     def _compile(self) -> str:
+        sql: str
+        params: list[Any]
         sql, params = self._build().sql()  # type: ignore[attr-defined]
+        keys = [p.name if type(p) is _SlotValue else f" constant {i}" for i, p in enumerate(params)]
+        self._constants = {key: p for key, p in zip(keys, params, strict=True) if type(p) is not _SlotValue}
+        if len(keys) == 1:
+            self._getter = lambda values, key=keys[0]: (values[key],)  # type: ignore[misc]
+        elif keys:
+            self._getter = operator.itemgetter(*keys)
         self._template = params
         self._sql = sql
         return sql
 
-    def bind(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+    @property
+    def sql(self) -> str:
+        return self._sql if self._sql is not None else self._compile()
+
+    def bind(self, values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """The SQL and its parameters for these slot values."""
         sql = self._sql or self._compile()
-        return sql, [values[p.name] if type(p) is _SlotValue else p for p in self._template]
+        if self._constants:
+            values.update(self._constants)
+        return sql, self._getter(values)
+
+    def run(self, **values: Any) -> int:
+        """Execute once; return the number of rows changed."""
+        return db.run_sql(*self.bind(values)).rowcount
+
+    def rows(self, **values: Any) -> list[Any]:
+        """Execute once; return every row."""
+        sql, params = self.bind(values)
+        with db.lock:
+            return db.run_sql(sql, params).fetchall()
+
+    def scalar(self, **values: Any) -> Any:
+        """Execute once; return the first column of the first row, or None."""
+        sql, params = self.bind(values)
+        with db.lock:
+            row = db.run_sql(sql, params).fetchone()
+        return None if row is None else row[0]
 
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
         """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
@@ -336,21 +425,6 @@ class Statement:
         if [getattr(p, "name", p) for p in self._template] != list(names):
             raise AssertionError(f"statement parameters are {self._template}, not {names}")
         return db.executemany(sql, rows)
-
-    def run(self, **values: Any) -> BufferedCursor:
-        """Execute once; the cursor has rowcount and any rows."""
-        return db.execute_sql(*self.bind(values))
-
-    def rows(self, **values: Any) -> list[Any]:
-        return db.execute_sql(*self.bind(values)).fetchall()
-
-    def scalar(self, **values: Any) -> Any:
-        row = db.execute_sql(*self.bind(values)).fetchone()
-        return None if row is None else row[0]
-
-    @property
-    def sql(self) -> str:
-        return self._sql or self._compile()
 
 
 # -- SQLite spellings the rules need ------------------------------------------------------------------
@@ -373,7 +447,9 @@ INSERTION_ORDER = peewee.SQL("_rowid_")
 TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
 
 
-def is_busy(exc: BaseException) -> bool:
-    """Whether a database error means another process held the lock past the busy timeout."""
-    text = str(exc)
-    return "database is locked" in text or "database is busy" in text
+def raise_if_busy(exc: BaseException, timeout: float) -> None:
+    """Raise StoreUnavailable if ``exc`` means another process held the lock past the busy timeout."""
+    if isinstance(exc, (peewee.OperationalError, sqlite3.OperationalError)) and (
+        "database is locked" in str(exc) or "database is busy" in str(exc)
+    ):
+        raise StoreUnavailable(f"database: locked by another process for over {timeout:g} s") from exc

@@ -70,28 +70,34 @@ _SELECT_JOB = Statement(lambda: J.select(*[getattr(J, n) for n in JOB_COLUMNS]).
 _TARGETS_TOTAL = Statement(lambda: J.select(J.targets_total).where(J.id == Slot("job_id")))
 # One statement, one snapshot: no rows for an unknown job, one all-NULL row for a job without targets.
 _SELECT_TARGETS = Statement(
-    lambda: J.select(*[getattr(T, n) for n in TARGET_COLUMNS])
-    .join(T, peewee.JOIN.LEFT_OUTER, on=(T.job_id == J.id))
-    .where(J.id == Slot("job_id"))
-    .order_by(T.idx)
+    lambda: (
+        J.select(*[getattr(T, n) for n in TARGET_COLUMNS])
+        .join(T, peewee.JOIN.LEFT_OUTER, on=(T.job_id == J.id))
+        .where(J.id == Slot("job_id"))
+        .order_by(T.idx)
+    )
 )
 _IDEM = Statement(
-    lambda: J.select(J.id)
-    .where(
-        (J.caller == Slot("caller"))
-        & (J.idem_key == Slot("idem_key"))
-        & (J.lease > Slot("cutoff"))
-        & Inline(J.status.in_(IDEM_JOB_STATUSES))
+    lambda: (
+        J.select(J.id)
+        .where(
+            (J.caller == Slot("caller"))
+            & (J.idem_key == Slot("idem_key"))
+            & (J.lease > Slot("cutoff"))
+            & Inline(J.status.in_(IDEM_JOB_STATUSES))
+        )
+        .order_by(J.created_at.desc(), INSERTION_ORDER.desc())
+        .limit(1)
     )
-    .order_by(J.created_at.desc(), INSERTION_ORDER.desc())
-    .limit(1)
 )
 _LIVE = Statement(
     lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(
         (J.caller == Slot("caller")) & Inline(J.status.in_(LIVE_JOB_STATUSES))
     )
 )
-_LIVE_TOTAL = Statement(lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(Inline(J.status.in_(LIVE_JOB_STATUSES))))
+_LIVE_TOTAL = Statement(
+    lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
+)
 # Counts and bytes move by (new - old) of the target, read in the same statement, before the target
 # row changes: a target's first move into done/failed adds 1, a rewrite adds 0, a new result adds
 # its size less the old one's. A finished target may not go back to pending or running.
@@ -107,8 +113,10 @@ _FINISH_ON_JOB = Statement(
     ).where(
         (J.id == Slot("job_id"))
         & peewee.fn.EXISTS(
-            _target_value(peewee.SQL("1")).where(
-                (Slot("final") == 1) | Inline(T.status.not_in(FINAL_TARGET_STATUSES))
+            T.select(peewee.SQL("1")).where(
+                (T.job_id == Slot("job_id"))
+                & (T.idx == Slot("idx"))
+                & ((Slot("final") == 1) | Inline(T.status.not_in(FINAL_TARGET_STATUSES)))
             )
         )
     )
@@ -127,20 +135,28 @@ _SET_JOB_STATUS = Statement(
 _TOUCH = Statement(lambda: J.update({J.lease: Slot("now")}).where(J.id == Slot("job_id")))
 _MARK_FAILED = Statement(
     lambda: J.update(
-        {J.status: Inline(peewee.Value(JobStatus.FAILED.value)), J.error: Slot("reason"), J.lease: Slot("now")}
+        {
+            J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
+            J.error: Slot("reason"),
+            J.lease: Slot("now"),
+        }
     ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
 )
 _EXPIRED = Statement(
-    lambda: J.select(J.id, J.targets_total, J.nbytes)
-    .where(J.lease <= Slot("cutoff"))
-    .order_by(J.lease)
-    .limit(JOBS_PER_TRANSACTION)
+    lambda: (
+        J.select(J.id, J.targets_total, J.nbytes)
+        .where(J.lease <= Slot("cutoff"))
+        .order_by(J.lease)
+        .limit(JOBS_PER_TRANSACTION)
+    )
 )
 _EVICTABLE = Statement(
-    lambda: J.select(J.id, J.targets_total, J.nbytes)
-    .where(Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES)))
-    .order_by(J.lease, J.created_at, J.id)
-    .limit(JOBS_PER_TRANSACTION)
+    lambda: (
+        J.select(J.id, J.targets_total, J.nbytes)
+        .where(Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES)))
+        .order_by(J.lease, J.created_at, J.id)
+        .limit(JOBS_PER_TRANSACTION)
+    )
 )
 _DELETE_TARGETS = Statement(lambda: T.delete().where(T.job_id == Slot("job_id")))
 _DELETE_JOB = Statement(lambda: J.delete().where(J.id == Slot("job_id")))
@@ -208,7 +224,7 @@ def update_batch_target(
     hint = checks.optional_text("hint", hint)
     now = checks.now(now)
     with db.write():
-        if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now).rowcount:
+        if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now):
             _explain_target_miss(job_id, idx, status)
         _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
     counters.add("target_writes")
@@ -221,7 +237,7 @@ def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int 
     error = checks.text("error", error)
     now = checks.now(now)
     with db.write():
-        if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now).rowcount:
+        if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now):
             _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
 
 
@@ -230,7 +246,7 @@ def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
     job_id = checks.job_id(job_id)
     now = checks.now(now)
     with db.write():
-        if not _TOUCH.run(job_id=job_id, now=now).rowcount:
+        if not _TOUCH.run(job_id=job_id, now=now):
             _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
 
 
@@ -240,7 +256,7 @@ def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
     reason = checks.text("reason", reason)
     now = checks.now(now)
     with db.write():
-        marked = int(_MARK_FAILED.run(reason=reason, now=now).rowcount)
+        marked = _MARK_FAILED.run(reason=reason, now=now)
     counters.add("jobs_marked_failed", marked)
     return marked
 
@@ -264,6 +280,8 @@ def evict_batch_oldest(max_bytes: int) -> int:
     """Evict whole finished jobs holding bytes, oldest lease first (then created_at, then id),
     until ``batch_nbytes() <= max_bytes``. Queued and running jobs are never evicted."""
     max_bytes = checks.count("max_bytes", max_bytes)
+    if batch_nbytes() <= max_bytes:  # the runner's usual case: one read, no transaction
+        return 0
     evicted = freed = 0
     while batch_nbytes() > max_bytes:
         with db.write():
@@ -311,7 +329,7 @@ def batch_job_by_idem(caller: str, idem_key: str, ttl: Any, *, now: int | None =
     cutoff = checks.cutoff(checks.now(now), ttl)
     found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
     counters.add("batch_idem_miss" if found is None else "batch_idem_hit")
-    return found  # type: ignore[no-any-return]
+    return None if found is None else str(found)
 
 
 def live_batch_jobs(caller: str) -> int:
@@ -326,7 +344,8 @@ def live_batch_jobs_total() -> int:
 
 def batch_nbytes() -> int:
     """The total of ``nbytes`` over every job (a running total, not a scan)."""
-    row = db.execute_sql(TOTAL_NBYTES_SQL).fetchone()
+    with db.lock:
+        row = db.run_sql(TOTAL_NBYTES_SQL, ()).fetchone()
     return 0 if row is None else int(row[0])
 
 
@@ -357,7 +376,7 @@ def _job_values(job: Any) -> dict[str, Any]:
     if not isinstance(job, BatchJob):
         checks.invalid("job", f"must be a BatchJob, got {type(job).__name__}")
     data = job.__data__
-    values = {
+    values: dict[str, Any] = {
         "id": checks.text("id", data.get("id"), allow_empty=False),
         "caller": checks.text("caller", data.get("caller"), allow_empty=False),
         "caller_class": checks.caller_class(data.get("caller_class")),
@@ -379,12 +398,14 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         rows = _target_rows(job_id, total, targets, last)
         inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
     except UnicodeEncodeError:
-        field = next(n for n in ("url", "options") if isinstance(last[0].get(n), str) and not _encodes(last[0][n]))
-        checks.invalid(field, f"is not valid UTF-8 text (target {last[0].get('idx')})")
+        bad = last[0]
+        field = next(n for n in ("url", "options") if isinstance(bad.get(n), str) and not _encodes(bad[n]))
+        checks.invalid(field, f"is not valid UTF-8 text (target {bad.get('idx')})")
     except peewee.IntegrityError as exc:
+        idx = last[0].get("idx")
         if "batch_target.options" in str(exc):
-            checks.invalid("options", f"is not valid JSON text (target {last[0].get('idx')})")
-        checks.invalid("idx", f"target {last[0].get('idx')} of job {job_id!r} is given twice or already stored")
+            checks.invalid("options", f"is not valid JSON text (target {idx})")
+        checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
     return inserted
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, TypeVar
 
 import peewee
 
@@ -43,17 +43,21 @@ IDEM_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DONE, JobSta
 FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 
+M = TypeVar("M", bound="_StoreModel")
+
+
 class _StoreModel(peewee.Model):
     class Meta:
         database = db
         legacy_table_names = False
 
     @classmethod
-    def from_row(cls, names: tuple[str, ...], row: tuple[Any, ...]) -> Any:
-        """An unmodified instance from a row, without Peewee's per-field ``__init__`` work."""
+    def from_row(cls: type[M], names: tuple[str, ...], row: tuple[Any, ...]) -> M:
+        """An unmodified instance from a row, as Peewee's ``__init__(__no_default__=1)`` builds it,
+        without setting each field through its descriptor."""
         obj = cls.__new__(cls)
-        obj.__data__ = dict(zip(names, row))
-        obj._dirty = set()
+        obj.__data__ = dict(zip(names, row, strict=True))
+        obj._dirty = set()  # type: ignore[attr-defined]
         obj.__rel__ = {}
         return obj
 
