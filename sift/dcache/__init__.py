@@ -3,6 +3,7 @@
 Open it once at start-up with :func:`open_db`, then call the functions from any thread.
 """
 
+from .clock import unix_now
 from .counters import stats
 from .database import SerializedSqliteDatabase, close_db, db, open_db
 from .errors import (
@@ -63,5 +64,6 @@ __all__ = [
     "stats",
     "sweep_batch",
     "touch_batch_job",
+    "unix_now",
     "update_batch_target",
 ]
