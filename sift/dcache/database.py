@@ -84,7 +84,14 @@ SPEED_SCHEMA = (
     "CREATE TRIGGER IF NOT EXISTS batch_totals_update AFTER UPDATE OF nbytes ON batch_job "
     "WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN "
     "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END",
-    "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job",
+)
+RECOMPUTE_TOTAL_SQL = (
+    "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job"
+)
+SCHEMA_NAMES = frozenset(
+    {"batch_job", "batch_target", "batch_job_idem", "batch_job_lease", "batch_job_live"}
+    | {"batch_job_evictable", "batch_totals", "batch_totals_insert", "batch_totals_delete"}
+    | {"batch_totals_update"}
 )
 
 # Connections a forked child inherited. They are kept referenced, never used and never closed:
@@ -304,15 +311,41 @@ def open_db(path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S) ->
     db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)  # type: ignore[arg-type]
     try:
         db.connect()
-        with db.atomic():
-            for statement in BASE_SCHEMA + SPEED_SCHEMA:
-                db.execute_sql(statement)
-    except (peewee.DatabaseError, sqlite3.DatabaseError, OSError) as exc:
+        _prepare_schema()
+        _check_columns()
+    except (peewee.DatabaseError, sqlite3.DatabaseError, OSError, StoreUnavailable) as exc:
         close_db()
         db.init(None)
         raise StoreUnavailable(f"path: cannot open {os.fspath(path)!r} as a batch store: {exc}") from exc
     counters.reset()
     return db
+
+
+def _prepare_schema() -> None:
+    """Create what is missing and recompute the byte total if any of it was; a complete file is only read
+    (so opening does not wait on another process's write)."""
+    present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
+    if present >= SCHEMA_NAMES and db.execute_sql("SELECT 1 FROM batch_totals WHERE id = 0").fetchone():
+        return
+    with db.atomic():
+        for statement in BASE_SCHEMA + SPEED_SCHEMA:
+            db.execute_sql(statement)
+        db.execute_sql(RECOMPUTE_TOTAL_SQL)
+
+
+def _check_columns() -> None:
+    """Refuse a file whose batch tables were made by someone else with other columns."""
+    reference = sqlite3.connect(":memory:")
+    try:
+        for statement in BASE_SCHEMA:
+            reference.execute(statement)
+        for table in ("batch_job", "batch_target"):
+            want = [row[1] for row in reference.execute(f"PRAGMA table_info({table})")]
+            have = {row[1] for row in db.execute_sql(f"PRAGMA table_info({table})")}
+            if missing := [name for name in want if name not in have]:
+                raise StoreUnavailable(f"table {table} lacks the column(s) {', '.join(missing)}")
+    finally:
+        reference.close()
 
 
 def close_db() -> None:

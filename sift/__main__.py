@@ -1,0 +1,5 @@
+"""``python -m sift``: the same as the ``sift`` command."""
+
+from sift.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""``sift simulate``: a small workload; the invariants it reports are checked again here, independently,
+by reading the file with plain sqlite3 and computing sizes in Python."""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import connect_ro, run, run_on_terminal, sift_script
+
+from sift import dcache
+from sift.cli import build_parser
+from sift.cli.simulate import Settings, plan
+from sift.cli.units import parse_duration, parse_size
+
+SMALL = [
+    "--jobs",
+    "40",
+    "--targets",
+    "6",
+    "--workers",
+    "3",
+    "--budget",
+    "64KiB",
+    "--ttl",
+    "10m",
+    "--seed",
+    "3",
+]
+SMALL_SETTINGS = Settings(jobs=40, targets=6, workers=3, budget=64 * 1024, ttl=600, seed=3)
+
+
+def independent_view(path: Path) -> dict[str, Any]:
+    """Counts and sums over the file, with sizes computed in Python from the stored text."""
+    with closing(connect_ro(path)) as conn:
+        jobs = conn.execute(
+            "SELECT id, status, targets_done, targets_total, nbytes FROM batch_job"
+        ).fetchall()
+        targets = conn.execute("SELECT job_id, status, result FROM batch_target").fetchall()
+    finished: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for job_id, status, result in targets:
+        finished[job_id] = finished.get(job_id, 0) + (status in ("done", "failed"))
+        sizes[job_id] = sizes.get(job_id, 0) + (0 if result is None else len(result.encode("utf-8")))
+    by_status: dict[str, int] = {}
+    for _, status, _, _, _ in jobs:
+        by_status[status] = by_status.get(status, 0) + 1
+    ids = {row[0] for row in jobs}
+    return {
+        "jobs": len(jobs),
+        "by_status": by_status,
+        "bad_done": [row[0] for row in jobs if row[2] != finished.get(row[0], 0)],
+        "bad_bytes": [row[0] for row in jobs if row[4] != sizes.get(row[0], 0)],
+        "over_total": [row[0] for row in jobs if row[2] > row[3]],
+        "nbytes": sum(row[4] for row in jobs),
+        "orphans": sum(1 for job_id, _, _ in targets if job_id not in ids),
+        "non_ascii_results": sum(1 for _, _, r in targets if r is not None and not r.isascii()),
+    }
+
+
+def test_small_workload_and_its_invariants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "sim.db"
+    code, out, err = run(capsys, "simulate", "--db", path, "--json", *SMALL)
+    assert err == ""  # no progress bar off a terminal
+    summary = json.loads(out)
+    assert code == 0 and summary["ok"] is True
+    assert [check["ok"] for check in summary["invariants"]] == [True] * len(summary["invariants"])
+    view = independent_view(path)
+    assert view["bad_done"] == [] and view["bad_bytes"] == [] and view["over_total"] == []
+    assert view["orphans"] == 0
+    assert view["non_ascii_results"] > 0  # so UTF-8 bytes and len() differ somewhere
+    assert {k: v for k, v in summary["jobs"].items() if v} == view["by_status"]
+    assert view["by_status"].keys() <= {"done", "partial", "failed"}  # nothing left queued or running
+    assert summary["bytes_stored"] == view["nbytes"] <= 64 * 1024 == summary["budget"]
+    t = summary["tally"]
+    assert t["submissions"] == 40 == t["jobs_created"] + t["idem_hits"]
+    assert t["idem_hits"] == summary["counters"]["batch_idem_hit"]
+    assert t["idem_hits"] + t["idem_started_anew"] == sum(spec.repeat for spec in plan(SMALL_SETTINGS))
+    assert t["jobs_evicted"] == summary["counters"]["jobs_evicted"] > 0
+    assert t["jobs_swept"] == summary["counters"]["jobs_swept"]
+    assert t["targets_written"] == summary["counters"]["target_writes"] // 2  # running, then done or failed
+    assert summary["restart_after_submissions"] == 20
+    assert t["restart_marked_failed"] == summary["counters"]["jobs_marked_failed"]
+    # Every job the store still holds was created by this run; evicted and swept jobs are gone.
+    assert view["jobs"] == t["jobs_created"] - t["jobs_evicted"] - t["jobs_swept"]
+
+
+def test_repeats_are_answered_from_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With room for everything (nothing evicted or swept), a repeated key is answered with the job already
+    submitted, unless that job failed (the restart, or every target failed): then it starts anew."""
+    path = tmp_path / "sim.db"
+    argv = [
+        "--jobs",
+        "60",
+        "--targets",
+        "4",
+        "--workers",
+        "2",
+        "--budget",
+        "1GB",
+        "--ttl",
+        "7d",
+        "--seed",
+        "5",
+    ]
+    code, out, _ = run(capsys, "simulate", "--db", path, "--json", *argv)
+    summary = json.loads(out)
+    assert code == 0 and summary["ok"] is True
+    t = summary["tally"]
+    assert t["jobs_evicted"] == t["jobs_swept"] == 0
+    specs = plan(Settings(jobs=60, targets=4, seed=5))
+    with closing(connect_ro(path)) as conn:
+        jobs = conn.execute("SELECT idem_key, status, error, created_at, id FROM batch_job").fetchall()
+    assert len(jobs) == t["jobs_created"]
+    chains: dict[str, list[tuple[str, str, str, int, str]]] = {}
+    for job in jobs:
+        if job[0]:
+            chains.setdefault(job[0].split("-", 2)[2], []).append(job)
+    started_anew = 0
+    for key, chain in chains.items():
+        chain.sort(key=lambda job: job[4])  # ids carry the submission number
+        repeats = sum(1 for spec in specs if spec.idem_key == key and spec.repeat)
+        assert len(chain) - 1 <= repeats
+        assert all(job[1] == "failed" for job in chain[:-1])  # only a failed job is submitted again
+        started_anew += len(chain) - 1
+    assert t["idem_started_anew"] == started_anew
+    assert t["idem_hits"] == sum(spec.repeat for spec in specs) - started_anew
+    marked = sum(1 for job in jobs if job[2] == "runner restarted (simulated crash)")
+    assert marked == t["restart_marked_failed"]
+
+
+def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *SMALL)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(
+        "Simulated 40 submissions from 6 callers (3 fleet, 3 restricted) with 3 workers in "
+    )
+    labels = [line.split("  ")[1] for line in lines[2:10]]
+    assert labels == [
+        "jobs created",
+        "targets written",
+        "idempotent repeats",
+        "restart",
+        "sweeps",
+        "eviction",
+        "bytes stored",
+        "polls",
+    ]
+    assert "targets/s" in lines[3]
+    assert "of 64.0 KiB budget" in lines[8]
+    checks = lines[lines.index("Invariants") + 1 : -2]
+    assert len(checks) == 8 and all(line.startswith("  ok    ") for line in checks)
+    assert lines[-1] == "All invariants hold."
+    jobs = lines[lines.index("Jobs by status") + 2 : lines.index("Invariants") - 1]
+    assert [line.split()[0] for line in jobs] == [
+        "queued",
+        "running",
+        "done",
+        "partial",
+        "failed",
+        "cancelled",
+    ]
+
+
+def test_a_broken_store_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If a write miscounted bytes, the check says so and the exit status is not 0."""
+    real = dcache.update_batch_target
+
+    def miscounting(job_id: str, idx: int, status: str, **kwargs: Any) -> None:
+        real(job_id, idx, status, **kwargs)
+        if kwargs.get("result") is not None:
+            dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes + 1 WHERE id = ?", (job_id,))
+
+    monkeypatch.setattr(dcache, "update_batch_target", miscounting)
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *SMALL)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[-1] == "INVARIANTS FAILED: the store is inconsistent."
+    failed = [line for line in lines if line.startswith("  FAIL")]
+    assert failed and failed[0].startswith("  FAIL  nbytes equals the UTF-8 bytes of each job's results (")
+    assert all("targets_done" not in line for line in failed)
+
+
+def test_runs_again_on_the_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "sim.db"
+    first = run(capsys, "simulate", "--db", path, "--json", *SMALL)
+    second = run(capsys, "simulate", "--db", path, "--json", *SMALL)
+    assert first[0] == second[0] == 0
+    assert json.loads(second[1])["ok"] is True
+    view = independent_view(path)
+    assert view["bad_done"] == [] and view["bad_bytes"] == []
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_tiny_workloads(tmp_path: Path, capsys: pytest.CaptureFixture[str], jobs: str) -> None:
+    code, out, _ = run(
+        capsys, "simulate", "--db", tmp_path / "sim.db", "--json", "--jobs", jobs, "--workers", "1"
+    )
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["ok"] is True and summary["tally"]["submissions"] == int(jobs)
+
+
+def test_in_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", "--db", ":memory:", "--json", *SMALL)
+    assert code == 0 and json.loads(out)["ok"] is True
+
+
+def test_plan_follows_the_seed() -> None:
+    settings = Settings(jobs=60, targets=5, seed=7)
+    assert plan(settings) == plan(settings)
+    assert plan(settings) != plan(Settings(jobs=60, targets=5, seed=8))
+    specs = plan(settings)
+    assert {spec.caller_class for spec in specs} == {"fleet", "restricted"}
+    assert any(spec.repeat for spec in specs)
+    assert all(1 <= spec.targets <= 5 for spec in specs)
+    for spec in specs:
+        if spec.repeat:  # a repeat names an earlier key of the same caller, with the same targets
+            first = next(s for s in specs if s.idem_key == spec.idem_key and not s.repeat)
+            assert (first.caller, first.targets) == (spec.caller, spec.targets) and first.number < spec.number
+
+
+def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    argv = [str(sift_script()), "simulate", "--db", str(tmp_path / "sim.db"), *SMALL]
+    code, out, terminal = run_on_terminal(argv, tmp_path)
+    assert code == 0 and out.splitlines()[-1] == "All invariants hold."
+    assert "simulate:" in terminal and "/40 [" in terminal
+
+
+def test_command_line_defaults_are_the_settings_defaults() -> None:
+    args = build_parser().parse_args(["simulate"])
+    assert (args.jobs, args.targets, args.workers, args.seed) == (
+        Settings().jobs,
+        Settings().targets,
+        Settings().workers,
+        Settings().seed,
+    )
+    assert parse_size(args.budget) == Settings().budget
+    assert parse_duration(args.ttl) == Settings().ttl
