@@ -36,3 +36,10 @@ def snapshot() -> dict[str, list[tuple[Any, ...]]]:
     names = db.execute_sql("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
     tables = [row[0] for row in names]
     return {t: sorted(db.execute_sql(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables}
+
+
+def make_target(idx: int = 0, **fields: Any) -> BatchTarget:
+    """One unsaved pending target at ``idx``; ``fields`` override url, options or any other column."""
+    values: dict[str, Any] = {"idx": idx, "url": f"https://example.com/{idx}", "options": '{"render":false}'}
+    values.update(fields)
+    return BatchTarget(**values)

@@ -231,16 +231,33 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def __init__(self) -> None:
         super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
         self.lock = threading.RLock()
+        self._forked_in_transaction = False
         this = weakref.ref(self)
 
-        def after_fork_in_child() -> None:
-            database = this()
-            if database is not None:
-                database._after_fork()
+        def call(method: str) -> Callable[[], None]:
+            def hook() -> None:
+                database = this()
+                if database is not None:
+                    getattr(database, method)()
 
-        os.register_at_fork(after_in_child=after_fork_in_child)
+            return hook
+
+        # A fork waits until no other thread is inside a transaction: a child that inherits SQLite's
+        # in-process lock state from an open transaction cannot write to the file.
+        os.register_at_fork(
+            before=call("_before_fork"),
+            after_in_parent=call("_after_fork_in_parent"),
+            after_in_child=call("_after_fork"),
+        )
+
+    def _before_fork(self) -> None:
+        self.lock.acquire()
+
+    def _after_fork_in_parent(self) -> None:
+        self.lock.release()
 
     def _after_fork(self) -> None:
+        self._forked_in_transaction = bool(self._state.transactions)
         self.lock = threading.RLock()
         if self._state.conn is not None:
             _inherited_connections.append(self._state.conn)
@@ -249,6 +266,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def connect(self, reuse_if_open: bool = False) -> bool:
         if self.deferred:
             raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
+        if self._forked_in_transaction:
+            raise StoreUnavailable(
+                "database: this process was forked inside a transaction and cannot use the store; "
+                "fork outside transactions"
+            )
         with self.lock:
             return bool(super().connect(reuse_if_open))
 

@@ -426,6 +426,8 @@ def _target_rows(
         options = data.get("options")
         if type(options) is not str:
             options = checks.options_text(options)
+        elif "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
+            checks.invalid("options", f"is not valid JSON text (target {idx})")
         if data.get("job_id") not in (None, job_id):
             checks.invalid("job_id", f"target {idx} names job {data['job_id']!r}, not {job_id!r}")
         if data.get("status") not in (None, "pending"):

@@ -1,0 +1,258 @@
+"""Hostile input beyond the store issue's table (that table is tests/test_bad_input.py): NUL characters,
+a 10 MB result, 100,000 targets under a lowered variable limit, NaN and non-JSON options, an SQL
+injection string in every id-like field, and an id of 10,000 characters.
+
+Each case is stored verbatim where it is legal, or ends with InvalidBatchInput naming the field and the
+store exactly as it was (snapshot(), row counts and batch_nbytes() compared before and after).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_job, make_target, make_targets, snapshot
+
+from sift import dcache
+from sift.dcache import BatchJob, BatchTarget, db
+
+
+def counts() -> tuple[int, int, int]:
+    jobs = db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0]
+    targets = db.execute_sql("SELECT COUNT(*) FROM batch_target").fetchone()[0]
+    return jobs, targets, dcache.batch_nbytes()
+
+
+def assert_refused(call: Callable[[], Any], field: str) -> None:
+    """``call`` raises InvalidBatchInput naming ``field`` and changes nothing."""
+    before, before_counts = snapshot(), counts()
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        call()
+    assert str(info.value).startswith(f"{field}:"), str(info.value)
+    assert counts() == before_counts
+    assert snapshot() == before
+
+
+def utf8(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+# -- NUL characters ------------------------------------------------------------------------------------------
+
+
+def test_nul_in_every_string_field_is_stored_verbatim(store: dcache.SerializedSqliteDatabase) -> None:
+    job_id, caller, key, error = "job\x00one", "alice\x00evil", "key\x00", "err\x00\x00"
+    url = "https://example.com/\x00/path"
+    options = {"a": "x\x00y"}  # a dict: stored as compact JSON, the NUL escaped as \u0000
+    dcache.create_batch_job(
+        make_job(job_id, caller=caller, idem_key=key, error=error, targets_total=2),
+        [make_target(0, url=url, options=options), make_target(1, options='{"b":"\\u0000"}')],
+    )
+    result, target_error, hint = "\x00" * 5 + "é\x00", "bad\x00", "\x00hint"
+    dcache.update_batch_target(job_id, 0, "done", result=result, error=target_error, hint=hint, now=2_000)
+
+    job = dcache.batch_job(job_id)
+    assert job is not None
+    assert (job.id, job.caller, job.idem_key, job.error) == (job_id, caller, key, error)
+    assert job.nbytes == utf8(result) == 8  # every NUL counts as one byte
+    assert dcache.batch_nbytes() == 8
+    targets = dcache.batch_targets(job_id)
+    assert targets is not None
+    assert (targets[0].url, targets[0].result, targets[0].error, targets[0].hint) == (
+        url,
+        result,
+        target_error,
+        hint,
+    )
+    assert json.loads(targets[0].options) == options and targets[1].options == '{"b":"\\u0000"}'
+    model = BatchJob.get(BatchJob.id == job_id)  # an ad-hoc model read sees the same
+    assert (model.caller, model.idem_key, model.nbytes) == (caller, key, 8)
+    assert BatchTarget.get((BatchTarget.job_id == job_id) & (BatchTarget.idx == 0)).result == result
+
+    # Nothing is cut at the NUL: the prefix is another id, another caller, another key.
+    assert dcache.batch_job("job") is None
+    assert dcache.batch_job_by_idem(caller, key, 10_000, now=2_000) == job_id
+    assert dcache.batch_job_by_idem("alice", key, 10_000, now=2_000) is None
+    assert dcache.batch_job_by_idem(caller, "key", 10_000, now=2_000) is None
+    assert (dcache.live_batch_jobs(caller), dcache.live_batch_jobs("alice")) == (1, 0)
+    dcache.create_batch_job(make_job("job\x00two"))
+    assert {j.id for j in BatchJob.select()} == {job_id, "job\x00two"}
+
+    dcache.set_batch_job_status(job_id, "failed", "status\x00error", now=2_001)
+    job = dcache.batch_job(job_id)
+    assert job is not None and job.error == "status\x00error"
+    assert dcache.mark_in_flight_failed("reason\x00", now=2_002) == 1  # job\x00two was queued
+    two = dcache.batch_job("job\x00two")
+    assert two is not None and two.error == "reason\x00"
+
+
+RAW_NUL_OPTIONS = {
+    "inside-a-string": '{"a":"x\x00y"}',  # a raw control character: not JSON
+    "after-the-value": '{"a":1}\x00garbage',  # C code that stops at the NUL would see valid JSON
+    "trailing": "{}\x00",
+}
+
+
+@pytest.mark.parametrize("options", list(RAW_NUL_OPTIONS.values()), ids=list(RAW_NUL_OPTIONS))
+@pytest.mark.parametrize("how", ["put", "create"])
+def test_raw_nul_in_options_text_is_not_json(
+    store: dcache.SerializedSqliteDatabase, how: str, options: str
+) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(options)
+    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    bad = [make_target(1), make_target(2, options=options)]  # the bad one last: nothing may be half-written
+    if how == "put":
+        assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
+    else:
+        assert_refused(lambda: dcache.create_batch_job(make_job("job-2"), [make_target(0), *bad]), "options")
+
+
+# -- A 10 MB result ------------------------------------------------------------------------------------------
+
+TEN_MB = "aé☃🎉" * (1 << 20)  # 4 Mi characters, 10 MiB of UTF-8
+
+
+def test_ten_megabyte_result(store: dcache.SerializedSqliteDatabase) -> None:
+    assert utf8(TEN_MB) == 10 * (1 << 20) != len(TEN_MB)
+    dcache.create_batch_job(make_job(targets_total=2), make_targets(2))
+    dcache.update_batch_target("job-1", 0, "done", result=TEN_MB, now=2_000)
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.nbytes == utf8(TEN_MB) and job.targets_done == 1
+    targets = dcache.batch_targets("job-1")
+    assert targets is not None and targets[0].result == TEN_MB
+    assert dcache.batch_nbytes() == utf8(TEN_MB)
+
+    other = (
+        "\x00" + TEN_MB[:-1]
+    )  # replaced by another of nearly the same size: nbytes moves by the difference
+    dcache.update_batch_target("job-1", 0, "done", result=other, now=2_001)
+    dcache.update_batch_target("job-1", 1, "failed", result=TEN_MB, now=2_002)
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.nbytes == utf8(other) + utf8(TEN_MB) and job.targets_done == 2
+    assert dcache.batch_nbytes() == job.nbytes
+
+    dcache.set_batch_job_status("job-1", "done", now=2_003)
+    assert dcache.evict_batch_oldest(utf8(TEN_MB)) == 1
+    assert counts() == (0, 0, 0)
+
+
+# -- 100,000 targets with the variable limit lowered to 999 --------------------------------------------------
+
+
+def generated(count: int) -> Iterator[BatchTarget]:
+    for i in range(count):
+        yield BatchTarget(idx=i, url=f"https://example.com/{i}", options="{}")
+
+
+@pytest.mark.parametrize("how", ["put", "create"])
+def test_hundred_thousand_targets_under_variable_limit_999(file_store: Path, how: str) -> None:
+    db.set_variable_limit(999)
+    with pytest.raises(Exception, match="too many SQL variables"):  # the limit is in force
+        db.execute_sql("SELECT " + ", ".join(["?"] * 1_000), [0] * 1_000)
+    job = make_job(targets_total=100_000)
+    if how == "put":
+        dcache.create_batch_job(job)
+        dcache.put_batch_targets("job-1", generated(100_000))
+    else:
+        dcache.create_batch_job(job, generated(100_000))
+    assert counts() == (1, 100_000, 0)
+    summary = "SELECT COUNT(DISTINCT idx), MIN(idx), MAX(idx), SUM(status = 'pending') FROM batch_target"
+    assert db.execute_sql(summary).fetchone() == (100_000, 0, 99_999, 100_000)
+    last = BatchTarget.select().where(BatchTarget.idx >= 99_998).order_by(BatchTarget.idx)
+    assert [(t.job_id, t.idx, t.url) for t in last] == [
+        ("job-1", i, f"https://example.com/{i}") for i in (99_998, 99_999)
+    ]
+    assert dcache.evict_batch_oldest(0) == 0 and dcache.sweep_batch(0, now=1_000) == 1
+    assert counts() == (0, 0, 0)
+
+
+# -- NaN and options that JSON cannot hold -------------------------------------------------------------------
+
+
+class Opaque:
+    pass
+
+
+BAD_OPTIONS: dict[str, Any] = {
+    "dict-nan": {"x": float("nan")},
+    "dict-inf": {"x": float("inf")},
+    "nested-nan": {"a": [1, {"b": float("-inf")}]},
+    "list-nan": [float("nan")],
+    "dict-set": {"s": {1, 2}},
+    "dict-object": {"o": Opaque()},
+    "dict-bytes": {"b": b"x"},
+    "tuple-key": {("t",): 1},
+    "text-NaN": "NaN",
+    "text-nan-value": '{"a": NaN}',
+    "text-Infinity": "[Infinity]",
+}
+
+
+@pytest.mark.parametrize("options", list(BAD_OPTIONS.values()), ids=list(BAD_OPTIONS))
+@pytest.mark.parametrize("how", ["put", "create"])
+def test_nan_and_non_json_options(store: dcache.SerializedSqliteDatabase, how: str, options: Any) -> None:
+    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
+    bad = [make_target(1), make_target(2, options=options)]
+    if how == "put":
+        assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
+    else:
+        assert_refused(lambda: dcache.create_batch_job(make_job("job-2"), [make_target(0), *bad]), "options")
+    assert counts() == (1, 1, 2)
+
+
+# -- An SQL injection string in every id-like field ----------------------------------------------------------
+
+DROP = "'; DROP TABLE batch_job; --"
+
+
+def test_drop_table_string_is_stored_verbatim(store: dcache.SerializedSqliteDatabase) -> None:
+    dcache.create_batch_job(
+        make_job(DROP, caller=DROP, idem_key=DROP, error=DROP, targets_total=1), [make_target(0, url=DROP)]
+    )
+    dcache.update_batch_target(DROP, 0, "done", result=DROP, error=DROP, hint=DROP, now=2_000)
+    dcache.touch_batch_job(DROP, now=2_001)
+
+    job = dcache.batch_job(DROP)
+    assert job is not None
+    assert (job.id, job.caller, job.idem_key, job.error, job.nbytes) == (DROP, DROP, DROP, DROP, utf8(DROP))
+    targets = dcache.batch_targets(DROP)
+    assert targets is not None
+    assert [(t.job_id, t.url, t.result, t.error, t.hint) for t in targets] == [(DROP, DROP, DROP, DROP, DROP)]
+    assert BatchJob.get(BatchJob.caller == DROP).id == DROP
+    assert BatchTarget.select().where(BatchTarget.url == DROP).count() == 1
+    assert dcache.batch_job_by_idem(DROP, DROP, 10, now=2_005) == DROP
+    assert dcache.live_batch_jobs(DROP) == 1
+    assert dcache.batch_nbytes() == utf8(DROP)
+    tables = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"batch_job", "batch_target"} <= tables
+    dcache.set_batch_job_status(DROP, "done", DROP, now=2_006)
+    assert dcache.evict_batch_oldest(0) == 1
+    assert counts() == (0, 0, 0)
+
+
+# -- An id of 10,000 characters ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("job_id", ["i" * 10_000, "é☃" * 5_000], ids=["ascii", "non-ascii"])
+def test_ten_thousand_character_id(store: dcache.SerializedSqliteDatabase, job_id: str) -> None:
+    assert len(job_id) == 10_000
+    dcache.create_batch_job(make_job(job_id, idem_key="k", targets_total=3), make_targets(2))
+    dcache.put_batch_targets(job_id, [make_target(2)])
+    dcache.update_batch_target(job_id, 1, "done", result="r", now=2_000)
+    dcache.touch_batch_job(job_id, now=2_001)
+    job = dcache.batch_job(job_id)
+    assert job is not None and job.id == job_id and (job.targets_done, job.nbytes, job.lease) == (1, 1, 2_001)
+    targets = dcache.batch_targets(job_id)
+    assert targets is not None and [t.job_id for t in targets] == [job_id] * 3
+    assert dcache.batch_job_by_idem("alice", "k", 10, now=2_005) == job_id
+    assert dcache.batch_job(job_id[:-1]) is None and dcache.batch_job(job_id + "x") is None
+    assert_refused(lambda: dcache.update_batch_target(job_id, 1, "running"), "status")
+    with pytest.raises(dcache.DuplicateJob):
+        dcache.create_batch_job(make_job(job_id))
+    assert dcache.sweep_batch(0, now=2_001) == 1
+    assert counts() == (0, 0, 0)

@@ -1,0 +1,361 @@
+"""Reliability across processes: 4 real processes x 300 writes on one WAL file through the package.
+
+Each process (multiprocessing, 'spawn' context, its own ``open_db``) creates jobs it keeps, jobs a sweep
+must remove, and jobs that finish with bytes for an eviction to take; it writes results, touches, changes
+statuses, sweeps and evicts, all at once with the others. The totals are predictable: every swept or
+evicted job is removed exactly once, and every kept job ends with exactly the counts its process wrote.
+Each call is timed; the worst wait on the lock is reported (not asserted: no timed tests).
+
+The companion tests show why the store uses ``BEGIN IMMEDIATE``: with a plain deferred ``BEGIN``, a
+transaction that reads and then writes fails at once with "database is locked" when another process
+holds the write lock, whatever the busy timeout; with ``BEGIN IMMEDIATE`` it waits and succeeds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets
+
+from sift import dcache
+from sift.dcache import db
+
+PROCESSES = 4
+WRITES_PER_PROCESS = 300
+KEEP_TARGETS = 10
+DOOMED_LEASE = 500  # below SWEEP_NOW: any sweep removes these jobs
+SWEEP_NOW = 1_000  # sweep_batch(0, now=SWEEP_NOW) removes exactly the jobs with lease <= 1000
+LIVE_NOW = 10_000  # every other lease is at least this
+PIECES = ("é", "☃", "🎉", "a", "ß", "\u00a0")
+RESULT_TIMEOUT_S = 120.0
+
+#: Figures of the last run, for the README's Guarantees section (``pytest -s`` prints them too).
+RECORD: dict[str, float] = {}
+
+ctx = multiprocessing.get_context("spawn")
+
+
+def _writer(path: str, p: int, seed: int, barrier: Barrier, results: Any) -> None:
+    """One process: 300 writes through the package; reports what it expects and what it measured."""
+    rng = random.Random(seed)
+    out: dict[str, Any] = {
+        "p": p,
+        "errors": [],
+        "locked": 0,
+        "waits": [],
+        "swept": 0,
+        "evicted": 0,
+        "doomed": 0,
+        "evictable": 0,
+        "kept": {},
+        "writes": 0,
+    }
+    kept: dict[str, dict[int, str | None]] = {}  # job -> idx -> result of finished targets
+    kept_done: dict[str, set[int]] = {}
+    now = LIVE_NOW
+
+    def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except (dcache.StoreUnavailable, sqlite3.OperationalError) as exc:
+            out["locked"] += 1
+            out["errors"].append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+            return None
+        except Exception as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                out["locked"] += 1
+            out["errors"].append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+            return None
+        finally:
+            out["waits"].append(time.perf_counter() - start)
+            out["writes"] += 1
+
+    try:
+        dcache.open_db(path)
+        barrier.wait()
+        n = 0
+        while out["writes"] < WRITES_PER_PROCESS:
+            n += 1
+            now += 1
+            left = WRITES_PER_PROCESS - out["writes"]
+            op = rng.choices(("keep", "doom", "evictable", "update", "touch", "status", "sweep", "evict"),
+                             (4, 4, 3, 50, 8, 6, 4, 4))[0]  # fmt: skip
+            if not kept or (op == "evictable" and left < 2 + 3):
+                op = "keep"
+            if op == "keep":
+                job_id = f"p{p}-keep{n}-\u00e9"
+                job = make_job(
+                    job_id, status="running", targets_total=KEEP_TARGETS, created_at=now, lease=now
+                )
+                call(dcache.create_batch_job, job, make_targets(KEEP_TARGETS))
+                kept[job_id], kept_done[job_id] = {}, set()
+            elif op == "doom":
+                job = make_job(f"p{p}-doom{n}", created_at=now, lease=DOOMED_LEASE, targets_total=5)
+                call(dcache.create_batch_job, job, make_targets(5))
+                out["doomed"] += 1
+            elif op == "evictable":  # 2 + its targets writes: create, results, then finished
+                count = rng.randint(1, min(3, left - 2))
+                job_id = f"p{p}-ev{n}"
+                job = make_job(job_id, status="running", targets_total=count, lease=now)
+                call(dcache.create_batch_job, job, make_targets(count))
+                for idx in range(count):
+                    call(dcache.update_batch_target, job_id, idx, "done", result=_text(rng), now=now)
+                call(dcache.set_batch_job_status, job_id, rng.choice(("done", "partial", "failed")), now=now)
+                out["evictable"] += 1
+            elif op == "update":
+                job_id = rng.choice(sorted(kept))
+                idx = rng.randrange(KEEP_TARGETS)
+                result = _text(rng) if rng.random() < 0.9 else None
+                call(
+                    dcache.update_batch_target,
+                    job_id,
+                    idx,
+                    rng.choice(("done", "failed")),
+                    result=result,
+                    now=now,
+                )
+                kept[job_id][idx] = result
+                kept_done[job_id].add(idx)
+            elif op == "touch":
+                call(dcache.touch_batch_job, rng.choice(sorted(kept)), now=now)
+            elif op == "status":
+                call(
+                    dcache.set_batch_job_status,
+                    rng.choice(sorted(kept)),
+                    rng.choice(("queued", "running")),
+                    now=now,
+                )
+            elif op == "sweep":
+                out["swept"] += call(dcache.sweep_batch, 0, now=SWEEP_NOW) or 0
+            else:
+                out["evicted"] += call(dcache.evict_batch_oldest, rng.randrange(0, 4_000)) or 0
+        out["kept"] = {
+            job_id: (len(kept_done[job_id]), sum(len(r.encode()) for r in results.values() if r is not None))
+            for job_id, results in kept.items()
+        }
+    except BaseException as exc:
+        out["errors"].append(f"process {p}: {type(exc).__name__}: {exc}")
+    finally:
+        dcache.close_db()
+        results.put(out)
+
+
+def _text(rng: random.Random) -> str:
+    return "".join(rng.choices(PIECES, k=rng.randint(1, 60)))
+
+
+def _run_processes(
+    target: Callable[..., None], args: Callable[[int, Barrier, Any], tuple[Any, ...]]
+) -> list[Any]:
+    """Start PROCESSES spawned processes behind one barrier; return what each put on the queue."""
+    barrier = ctx.Barrier(PROCESSES)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=args(p, barrier, results)) for p in range(PROCESSES)]
+    for proc in procs:
+        proc.start()
+    outs = []
+    try:
+        for _ in procs:
+            outs.append(results.get(timeout=RESULT_TIMEOUT_S))
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert [proc.exitcode for proc in procs] == [0] * PROCESSES
+    return outs
+
+
+def test_processes_share_one_file(file_store: Path, record_property: Callable[[str, object], None]) -> None:
+    outs = _run_processes(
+        _writer, lambda p, barrier, results: (str(file_store), p, 7_000 + p, barrier, results)
+    )
+    outs.sort(key=lambda out: out["p"])
+
+    assert [out["errors"] for out in outs] == [[]] * PROCESSES
+    assert sum(out["locked"] for out in outs) == 0
+    assert [out["writes"] for out in outs] == [WRITES_PER_PROCESS] * PROCESSES
+
+    # Whatever the processes left for the sweep or the eviction goes now; each job is removed exactly once.
+    dcache.open_db(file_store)
+    swept = dcache.sweep_batch(0, now=SWEEP_NOW)
+    evicted = dcache.evict_batch_oldest(0)
+    assert sum(out["swept"] for out in outs) + swept == sum(out["doomed"] for out in outs)
+    assert sum(out["evicted"] for out in outs) + evicted == sum(out["evictable"] for out in outs)
+
+    kept = {job_id: counts for out in outs for job_id, counts in out["kept"].items()}
+    jobs = {
+        row[0]: (row[1], row[2]) for row in db.execute_sql("SELECT id, targets_done, nbytes FROM batch_job")
+    }
+    assert jobs == kept
+    rows = db.execute_sql("SELECT job_id, status, result FROM batch_target").fetchall()
+    assert len(rows) == KEEP_TARGETS * len(kept)
+    for job_id, (targets_done, nbytes) in jobs.items():
+        mine = [r for r in rows if r[0] == job_id]
+        assert targets_done == sum(r[1] in ("done", "failed") for r in mine)
+        assert nbytes == sum(len(r[2].encode("utf-8")) for r in mine if r[2] is not None)
+    assert dcache.batch_nbytes() == sum(nbytes for _, nbytes in kept.values())
+    assert db.execute_sql("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+    waits = sorted(w for out in outs for w in out["waits"])
+    RECORD.update(
+        processes=PROCESSES,
+        writes_per_process=WRITES_PER_PROCESS,
+        locked_errors=0,
+        worst_call_s=round(waits[-1], 4),
+        p99_call_s=round(waits[int(len(waits) * 0.99)], 4),
+        median_call_s=round(waits[len(waits) // 2], 5),
+        swept=sum(out["swept"] for out in outs) + swept,
+        evicted=sum(out["evicted"] for out in outs) + evicted,
+    )
+    for key, value in RECORD.items():
+        record_property(key, value)
+    worst, p99, median = (RECORD[k] * 1000 for k in ("worst_call_s", "p99_call_s", "median_call_s"))
+    print(f"\nprocesses: {PROCESSES} x {WRITES_PER_PROCESS} writes, 0 'database is locked' errors")
+    print(f"processes: worst wait on the lock {worst:.1f} ms (p99 {p99:.1f} ms, median {median:.2f} ms)")
+    print(f"processes: {RECORD}")
+
+
+# -- The guard is needed: plain deferred BEGIN against BEGIN IMMEDIATE ------------------------------------
+
+
+def _hold_write_lock(path: str, held: Event, release: Event, committed: Event) -> None:
+    """Hold BEGIN IMMEDIATE, with a write (error gets an "h", lease becomes 777), until told to commit."""
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE batch_job SET error = error || 'h', lease = 777 WHERE id = 'j'")
+    held.set()
+    release.wait(60)
+    conn.execute("COMMIT")
+    committed.set()
+    conn.close()
+
+
+def _start_holder(path: Path) -> tuple[multiprocessing.process.BaseProcess, Event, Event]:
+    held, release, committed = ctx.Event(), ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_write_lock, args=(str(path), held, release, committed))
+    holder.start()
+    assert held.wait(60), "the holder never took the write lock"
+    return holder, release, committed
+
+
+def _stop_holder(holder: multiprocessing.process.BaseProcess, release: Event, timer: threading.Timer) -> None:
+    timer.cancel()
+    release.set()
+    holder.join(60)
+    assert holder.exitcode == 0
+
+
+def test_deferred_begin_fails_at_once_while_immediate_waits(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("j", targets_total=3), make_targets(3))
+    dcache.close_db()
+    read = "SELECT error, lease FROM batch_job WHERE id = 'j'"
+    write = "UPDATE batch_job SET error = ? WHERE id = 'j'"
+
+    # Deferred: the read starts a snapshot; the write cannot wait for the lock and fails at once, even
+    # with a 600 s busy timeout, while the other process still holds the lock (it has not committed).
+    holder, release, committed = _start_holder(file_store)
+    never = threading.Timer(600, release.set)
+    conn = sqlite3.connect(file_store, timeout=600, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        error, _ = conn.execute(read).fetchone()
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            conn.execute(write, (error + "d",))
+        assert not committed.is_set(), "the failure came only after the holder committed"
+        conn.execute("ROLLBACK")
+    finally:
+        _stop_holder(holder, release, never)
+
+    # Immediate: the same read-then-write waits on the busy timeout for the holder's commit, then succeeds.
+    holder, release, _ = _start_holder(file_store)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        error, lease = conn.execute(read).fetchone()
+        assert (error, lease) == ("hh", 777), "BEGIN IMMEDIATE got the lock before the holder committed"
+        conn.execute(write, (error + "i",))
+        conn.execute("COMMIT")
+    finally:
+        _stop_holder(holder, release, timer)
+    # Both holders' writes and ours, in order; the failed deferred attempt changed nothing.
+    assert conn.execute(read).fetchone() == ("hhi", 777)
+    conn.close()
+
+    # The package's own write does the same: it waits for the other process, then succeeds after it.
+    dcache.open_db(file_store)
+    holder, release, _ = _start_holder(file_store)
+    timer = threading.Timer(0.2, release.set)
+    timer.start()
+    try:
+        dcache.update_batch_target("j", 0, "done", result="é", now=2_000)
+    finally:
+        _stop_holder(holder, release, timer)
+    job = dcache.batch_job("j")
+    assert job is not None
+    assert (job.error, job.lease, job.targets_done, job.nbytes) == ("hhih", 2_000, 1, 2)
+
+
+def _plain_load(path: str, p: int, begin: str, barrier: Barrier, results: Any) -> None:
+    """Read-then-write transactions through a plain sqlite3 connection with a 10 s busy timeout."""
+    locked = ok = 0
+    errors: list[str] = []
+    try:
+        conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+        barrier.wait()
+        for _ in range(WRITES_PER_PROCESS):
+            try:
+                conn.execute(begin)
+                (nbytes,) = conn.execute("SELECT nbytes FROM batch_job WHERE id = 'j'").fetchone()
+                time.sleep(0.0005)  # the work a caller does between its read and its write
+                conn.execute("UPDATE batch_job SET nbytes = ? WHERE id = 'j'", (nbytes + 1,))
+                conn.execute("COMMIT")
+                ok += 1
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if "database is locked" in str(exc):
+                    locked += 1
+                else:
+                    errors.append(str(exc))
+        conn.close()
+    except BaseException as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    results.put({"p": p, "locked": locked, "ok": ok, "errors": errors})
+
+
+@pytest.mark.parametrize("begin", ["BEGIN", "BEGIN IMMEDIATE"])
+def test_plain_sqlite3_load_deferred_begin_fails(file_store: Path, begin: str) -> None:
+    """The same load (4 processes x 300 read-then-write transactions) through plain sqlite3: with a
+    deferred BEGIN some fail with "database is locked"; with BEGIN IMMEDIATE none do, and none is lost."""
+    dcache.create_batch_job(make_job("j"))
+    dcache.close_db()
+    outs = _run_processes(
+        _plain_load, lambda p, barrier, results: (str(file_store), p, begin, barrier, results)
+    )
+    assert [out["errors"] for out in outs] == [[]] * PROCESSES
+    locked = sum(out["locked"] for out in outs)
+    ok = sum(out["ok"] for out in outs)
+    assert locked + ok == PROCESSES * WRITES_PER_PROCESS
+    conn = sqlite3.connect(file_store)
+    assert conn.execute("SELECT nbytes FROM batch_job WHERE id = 'j'").fetchone() == (ok,)  # no lost update
+    conn.close()
+    if begin == "BEGIN":
+        assert locked > 0
+        RECORD["deferred_begin_locked_errors"] = locked
+    else:
+        assert locked == 0
+    print(
+        f"\nplain sqlite3, {begin}: {PROCESSES} x {WRITES_PER_PROCESS} transactions, {locked} locked errors"
+    )
