@@ -1,65 +1,38 @@
 """The maintenance commands: ``sweep``, ``evict`` and ``reconcile``.
 
-``--dry-run`` computes the same selection the package would make (sweep: every job with
-``lease <= now - ttl``; evict: finished jobs holding bytes, by lease, created_at and id, until the total
-fits) with plain SELECTs, and writes nothing.
+``--dry-run`` lists what the package would remove (``sweep_candidates``, ``evict_candidates``) and writes
+nothing. On a terminal, a long sweep or eviction shows progress read from the ``stats()`` counters,
+which the package bumps after each chunk.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
-import peewee
-
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, JobStatus
+from sift.dcache import BatchJob, BatchTarget
 from sift.dcache.clock import unix_now
 
-from .progress import run_with_progress
+from .progress import bars_enabled, run_with_progress
 from .report import Column, emit_json, format_age, format_count, format_size, format_time, table
 
-__all__ = ["cmd_evict", "cmd_reconcile", "cmd_sweep", "evictable", "sweepable"]
-
-J = BatchJob
-
-#: Jobs an eviction may take: finished and holding bytes (queued and running jobs are never evicted).
-FINISHED = (JobStatus.DONE.value, JobStatus.PARTIAL.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+__all__ = ["cmd_evict", "cmd_reconcile", "cmd_sweep"]
 
 NEVER_EVICTED = "queued and running jobs are never evicted"
 
 #: How many of the jobs a dry run would remove are listed in its human output.
 SHOWN = 20
 
-#: Rows read per page while walking the eviction order.
+#: Job ids per query when counting the targets of the jobs a dry run lists.
 PAGE = 500
 
 
-def sweepable(cutoff: int) -> peewee.ModelSelect[BatchJob]:
-    """Jobs a sweep at this cutoff removes: ``lease + ttl <= now``, i.e. ``lease <= now - ttl``."""
-    return J.select().where(J.lease <= cutoff)
-
-
-def evictable(max_bytes: int) -> Iterator[BatchJob]:
-    """The jobs ``evict_batch_oldest(max_bytes)`` would remove, in its order, read-only."""
-    excess = dcache.batch_nbytes() - max_bytes
-    after: tuple[int, int, str] | None = None
-    order = (J.lease, J.created_at, J.id)
-    while excess > 0:
-        query = J.select().where((J.nbytes > 0) & J.status.in_(FINISHED))
-        if after is not None:
-            query = query.where(peewee.Tuple(*order) > peewee.Tuple(*after))
-        page = list(query.order_by(*order).limit(PAGE))
-        if not page:
-            return
-        for job in page:
-            yield job
-            excess -= job.nbytes
-            if excess <= 0:
-                return
-        last = page[-1]
-        after = (last.lease, last.created_at, last.id)
+def _counter_since(name: str) -> Callable[[], int]:
+    """How much the ``stats()`` counter ``name`` has grown since this call."""
+    start = dcache.stats()[name]
+    return lambda: dcache.stats()[name] - start
 
 
 def _listing(jobs: list[BatchJob], now: int) -> list[str]:
@@ -109,7 +82,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else f"ttl {args.ttl_text}"
     )
     if args.dry_run:
-        jobs = list(sweepable(cutoff).order_by(J.lease, J.created_at, J.id))
+        jobs = dcache.sweep_candidates(ttl, now=now)
         ids = [job.id for job in jobs]
         freed = sum(job.nbytes for job in jobs)
         report.update(jobs=len(jobs), targets=_stored_targets(ids), nbytes=freed, job_ids=ids)
@@ -124,17 +97,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if jobs:
             print("\n".join(_listing(jobs, now)))
         return 0
-    due = sweepable(cutoff).count()
     swept = run_with_progress(
         lambda: dcache.sweep_batch(ttl, now=now),
-        total=due,
-        done=lambda: due - sweepable(cutoff).count(),
+        total=len(dcache.sweep_candidates(ttl, now=now)) if bars_enabled() else 0,
+        done=_counter_since("jobs_swept"),
         desc="sweep",
         unit="job",
     )
     nbytes_after = dcache.batch_nbytes()
     report.update(
-        swept=swept, nbytes_before=nbytes_before, nbytes_after=nbytes_after, jobs_left=J.select().count()
+        swept=swept,
+        nbytes_before=nbytes_before,
+        nbytes_after=nbytes_after,
+        jobs_left=BatchJob.select().count(),
     )
     if args.json:
         emit_json(report)
@@ -154,7 +129,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
     nbytes_before = dcache.batch_nbytes()
     report: dict[str, Any] = {"dry_run": args.dry_run, "max_bytes": max_bytes, "nbytes_before": nbytes_before}
     if args.dry_run:
-        jobs = list(evictable(max_bytes))
+        jobs = dcache.evict_candidates(max_bytes)
         freed = sum(job.nbytes for job in jobs)
         after = nbytes_before - freed
         report.update(jobs=len(jobs), nbytes=freed, nbytes_after=after, job_ids=[job.id for job in jobs])
@@ -174,7 +149,7 @@ def cmd_evict(args: argparse.Namespace) -> int:
     evicted = run_with_progress(
         lambda: dcache.evict_batch_oldest(max_bytes),
         total=max(0, nbytes_before - max_bytes),
-        done=lambda: nbytes_before - dcache.batch_nbytes(),
+        done=_counter_since("bytes_evicted"),
         desc="evict",
         unit="B",
         unit_scale=True,

@@ -66,7 +66,8 @@ _INSERT_TARGET = Statement(
         }
     )
 )
-_SELECT_JOB = Statement(lambda: J.select(*[getattr(J, n) for n in JOB_COLUMNS]).where(J.id == Slot("job_id")))
+JOB_FIELDS = [getattr(J, name) for name in JOB_COLUMNS]
+_SELECT_JOB = Statement(lambda: J.select(*JOB_FIELDS).where(J.id == Slot("job_id")))
 _TARGETS_TOTAL = Statement(lambda: J.select(J.targets_total).where(J.id == Slot("job_id")))
 # One statement, one snapshot: no rows for an unknown job, one all-NULL row for a job without targets.
 _SELECT_TARGETS = Statement(
@@ -142,6 +143,13 @@ _MARK_FAILED = Statement(
         }
     ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
 )
+
+
+def _evictable() -> peewee.Node:
+    """Jobs eviction may take: finished and holding bytes (a partial index holds exactly these)."""
+    return Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES))
+
+
 _EXPIRED = Statement(
     lambda: (
         J.select(J.id, J.targets_total, J.nbytes)
@@ -153,10 +161,16 @@ _EXPIRED = Statement(
 _EVICTABLE = Statement(
     lambda: (
         J.select(J.id, J.targets_total, J.nbytes)
-        .where(Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES)))
+        .where(_evictable())
         .order_by(J.lease, J.created_at, J.id)
         .limit(JOBS_PER_TRANSACTION)
     )
+)
+_SWEEP_CANDIDATES = Statement(
+    lambda: J.select(*JOB_FIELDS).where(J.lease <= Slot("cutoff")).order_by(J.lease, J.created_at, J.id)
+)
+_EVICT_CANDIDATES = Statement(
+    lambda: J.select(*JOB_FIELDS).where(_evictable()).order_by(J.lease, J.created_at, J.id)
 )
 _DELETE_TARGETS = Statement(lambda: T.delete().where(T.job_id == Slot("job_id")))
 _DELETE_JOB = Statement(lambda: J.delete().where(J.id == Slot("job_id")))
@@ -270,9 +284,9 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
     swept = 0
     while _EXPIRED.rows(cutoff=cutoff):
         with db.write():
-            chosen = _take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None)
-            swept += _delete_jobs(chosen)
-    counters.add("jobs_swept", swept)
+            deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+        counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
+        swept += deleted
     return swept
 
 
@@ -282,18 +296,39 @@ def evict_batch_oldest(max_bytes: int) -> int:
     max_bytes = checks.count("max_bytes", max_bytes)
     if batch_nbytes() <= max_bytes:  # the runner's usual case: one read, no transaction
         return 0
-    evicted = freed = 0
+    evicted = 0
     while batch_nbytes() > max_bytes:
         with db.write():
             excess = batch_nbytes() - max_bytes
             chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
-            if not chosen:
-                break
-            evicted += _delete_jobs(chosen)
-            freed += sum(nbytes for _, _, nbytes in chosen)
-    counters.add("jobs_evicted", evicted)
-    counters.add("bytes_evicted", freed)
+            deleted = _delete_jobs(chosen)
+        if not deleted:
+            break
+        counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
+        counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
+        evicted += deleted
     return evicted
+
+
+def sweep_candidates(ttl: Any, *, now: int | None = None) -> list[BatchJob]:
+    """The jobs ``sweep_batch(ttl, now=now)`` would delete, oldest lease first. Reads only."""
+    cutoff = checks.cutoff(checks.now(now), ttl)
+    return [BatchJob.from_row(JOB_COLUMNS, row) for row in _SWEEP_CANDIDATES.rows(cutoff=cutoff)]
+
+
+def evict_candidates(max_bytes: int) -> list[BatchJob]:
+    """The jobs ``evict_batch_oldest(max_bytes)`` would evict, in its order. Reads only."""
+    max_bytes = checks.count("max_bytes", max_bytes)
+    chosen: list[BatchJob] = []
+    with db.lock:
+        excess = batch_nbytes() - max_bytes
+        if excess > 0:
+            for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):
+                chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
+                excess -= chosen[-1].nbytes
+                if excess <= 0:
+                    break
+    return chosen
 
 
 # -- Reads: they never write ---------------------------------------------------------------------------
