@@ -388,9 +388,7 @@ def batch_nbytes() -> int:
 
 
 def _read_id(job_id: Any) -> str:
-    if not isinstance(job_id, str):
-        checks.invalid("job_id", f"must be a str, got {type(job_id).__name__}")
-    return job_id
+    return checks.text("job_id", job_id)  # the empty id is allowed here: it is simply a miss
 
 
 def _write_miss(exc: LookupError) -> Any:
@@ -428,16 +426,15 @@ def _job_values(job: Any) -> dict[str, Any]:
 
 def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
     """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
-    last: list[dict[str, Any]] = [{}]
+    last: list[tuple[Any, ...]] = [()]  # the row SQLite ran last, to name the field when it fails
     try:
         rows = _target_rows(job_id, total, targets, last)
         inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
     except UnicodeEncodeError:
-        bad = last[0]
-        field = next(n for n in ("url", "options") if isinstance(bad.get(n), str) and not _encodes(bad[n]))
-        checks.invalid(field, f"is not valid UTF-8 text (target {bad.get('idx')})")
+        _, idx, url, _, _ = last[0]
+        checks.invalid("url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})")
     except peewee.IntegrityError as exc:
-        idx = last[0].get("idx")
+        idx = last[0][1]
         if "batch_target.options" in str(exc):
             checks.invalid("options", f"is not valid JSON text (target {idx})")
         checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
@@ -445,13 +442,13 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
 
 
 def _target_rows(
-    job_id: str, total: int, targets: Iterable[BatchTarget], last: list[dict[str, Any]]
+    job_id: str, total: int, targets: Iterable[BatchTarget], last: list[tuple[Any, ...]]
 ) -> Iterator[tuple[Any, ...]]:
     """Check each target (cheap checks in Python, JSON and UTF-8 by SQLite) and yield its row."""
     for target in targets:
         if not isinstance(target, BatchTarget):
             checks.invalid("targets", f"each target must be a BatchTarget, got {type(target).__name__}")
-        data = last[0] = target.__data__
+        data = target.__data__
         idx = data.get("idx")
         if type(idx) is not int or not 0 <= idx < total:
             checks.invalid("idx", f"must be an int in 0..{total - 1} (targets_total - 1), got {idx!r}")
@@ -470,7 +467,8 @@ def _target_rows(
         for name in ("result", "error", "hint"):
             if data.get(name) is not None:
                 checks.invalid(name, f"target {idx} cannot have a {name} before it runs")
-        yield (job_id, idx, url, options, options)
+        last[0] = (job_id, idx, url, options, options)
+        yield last[0]
 
 
 def _encodes(value: str) -> bool:
