@@ -8,6 +8,7 @@ statement, including ad-hoc model queries made by a web view or a shell.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -31,6 +32,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Peewee's context manager that turns sqlite3 errors into peewee.IntegrityError, OperationalError, …
 _peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
 
+#: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
+WAL_AUTOCHECKPOINT_PAGES = 1000
+
 #: The busy timeout: how long a write waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
 
@@ -45,6 +49,8 @@ PRAGMAS: dict[str, object] = {
     "busy_timeout": int(BUSY_TIMEOUT_S * 1000),
     # Truncate the -wal file back to 64 MiB after each checkpoint, so one big sweep cannot leave it huge.
     "journal_size_limit": 64 * 1024 * 1024,
+    # SQLite's default: a COMMIT that takes the -wal file past this many pages checkpoints it.
+    "wal_autocheckpoint": WAL_AUTOCHECKPOINT_PAGES,
     # 32 MiB of page cache: the hot indexes of a large store stay in memory.
     "cache_size": -32 * 1024,
     # The schema has no foreign keys; keep SQLite from checking any another program may add.
@@ -218,6 +224,23 @@ class _WriteTransaction:
             raise_if_busy(exc, database.timeout)
 
 
+class _BulkWrites:
+    # SQLite's automatic checkpoint runs inside the COMMIT that takes the -wal file past 1,000 pages.
+    # It copies the log back and fsyncs both files, tens of milliseconds with the lock held, stalling
+    # every thread; bulk deletes reach it every few transactions.
+    def __init__(self, database: SerializedSqliteDatabase) -> None:
+        self.database = database
+
+    def __enter__(self) -> None:
+        with self.database.lock:
+            self.database.run_sql("PRAGMA wal_autocheckpoint = 0", ())
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self.database.lock:
+            self.database.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
+        self.database.checkpoint()
+
+
 class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 
@@ -232,6 +255,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
         self.lock = threading.RLock()
         self._forked_in_transaction = False
+        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
         this = weakref.ref(self)
 
         def call(method: str) -> Callable[[], None]:
@@ -259,8 +284,9 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def _after_fork(self) -> None:
         self._forked_in_transaction = bool(self._state.transactions)
         self.lock = threading.RLock()
-        if self._state.conn is not None:
-            _inherited_connections.append(self._state.conn)
+        self._checkpoint_lock = threading.Lock()
+        _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
+        self._checkpointer = None
         self._state.reset()
 
     def connect(self, reuse_if_open: bool = False) -> bool:
@@ -275,8 +301,31 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             return bool(super().connect(reuse_if_open))
 
     def close(self) -> bool:
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
         with self.lock:
             return bool(super().close())
+
+    def checkpoint(self) -> None:
+        """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
+        nothing else, without taking the lock, so other threads go on using the store meanwhile."""
+        if self.deferred or self.database == ":memory:":
+            return
+        with self._checkpoint_lock:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.database, isolation_level=None, check_same_thread=False
+                )
+            # Busy means another process is checkpointing, which does the same work.
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def bulk_writes(self) -> _BulkWrites:
+        """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
+        lock; call ``checkpoint()`` between them, and one runs at the end."""
+        return _BulkWrites(self)
 
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
         with self.lock:

@@ -43,7 +43,9 @@ T = BatchTarget
 
 #: Roughly how many rows one sweep or eviction transaction deletes (a job and its targets count
 #: together; a single job larger than this is still deleted whole, in one transaction).
-ROWS_PER_TRANSACTION = 2000
+ROWS_PER_TRANSACTION = 500
+#: Sweep and eviction transactions between two checkpoints (run with the lock free).
+TRANSACTIONS_PER_CHECKPOINT = 4
 #: How many candidate jobs one sweep or eviction transaction looks at.
 JOBS_PER_TRANSACTION = 256
 
@@ -281,12 +283,18 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
     The only removal by time. Returns the number of jobs deleted.
     """
     cutoff = checks.cutoff(checks.now(now), ttl)
-    swept = 0
-    while _EXPIRED.rows(cutoff=cutoff):
-        with db.write():
-            deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
-        counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
-        swept += deleted
+    if not _EXPIRED.rows(cutoff=cutoff):  # the usual case: one read
+        return 0
+    swept = chunks = 0
+    with db.bulk_writes():
+        while _EXPIRED.rows(cutoff=cutoff):
+            with db.write():
+                deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+            counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
+            swept += deleted
+            chunks += 1
+            if chunks % TRANSACTIONS_PER_CHECKPOINT == 0:
+                db.checkpoint()
     return swept
 
 
@@ -296,17 +304,21 @@ def evict_batch_oldest(max_bytes: int) -> int:
     max_bytes = checks.count("max_bytes", max_bytes)
     if batch_nbytes() <= max_bytes:  # the runner's usual case: one read, no transaction
         return 0
-    evicted = 0
-    while batch_nbytes() > max_bytes:
-        with db.write():
-            excess = batch_nbytes() - max_bytes
-            chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
-            deleted = _delete_jobs(chosen)
-        if not deleted:
-            break
-        counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
-        counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
-        evicted += deleted
+    evicted = chunks = 0
+    with db.bulk_writes():
+        while batch_nbytes() > max_bytes:
+            with db.write():
+                excess = batch_nbytes() - max_bytes
+                chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
+                deleted = _delete_jobs(chosen)
+            if not deleted:
+                break
+            counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
+            counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
+            evicted += deleted
+            chunks += 1
+            if chunks % TRANSACTIONS_PER_CHECKPOINT == 0:
+                db.checkpoint()
     return evicted
 
 
@@ -460,15 +472,21 @@ def _target_rows(
             options = checks.options_text(options)
         elif "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
             checks.invalid("options", f"is not valid JSON text (target {idx})")
-        if data.get("job_id") not in (None, job_id):
-            checks.invalid("job_id", f"target {idx} names job {data['job_id']!r}, not {job_id!r}")
-        if data.get("status") not in (None, "pending"):
-            checks.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
-        for name in ("result", "error", "hint"):
-            if data.get(name) is not None:
-                checks.invalid(name, f"target {idx} cannot have a {name} before it runs")
+        if len(data) > 3:  # idx, url and options are set, and so is some other field
+            _check_unset_fields(data, job_id, idx)
         last[0] = (job_id, idx, url, options, options)
         yield last[0]
+
+
+def _check_unset_fields(data: dict[str, Any], job_id: str, idx: int) -> None:
+    """A target to put may name its own job and the pending status, and nothing a run writes."""
+    if data.get("job_id") not in (None, job_id):
+        checks.invalid("job_id", f"target {idx} names job {data['job_id']!r}, not {job_id!r}")
+    if data.get("status") not in (None, "pending"):
+        checks.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
+    for name in ("result", "error", "hint"):
+        if data.get(name) is not None:
+            checks.invalid(name, f"target {idx} cannot have a {name} before it runs")
 
 
 def _encodes(value: str) -> bool:

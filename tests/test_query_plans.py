@@ -1,0 +1,363 @@
+"""What keeps the hot paths flat in history (issue 4), pinned without any timing.
+
+Two causes are pinned on a populated WAL file, at two sizes of retained history:
+
+- the query plan of every statement the manager runs (``EXPLAIN QUERY PLAN`` on the compiled SQL with
+  its parameters bound): each reaches its rows through an index or the integer primary key, and none
+  scans ``batch_job`` or ``batch_target`` without one;
+- the statements each hot call issues on the shared connection (``set_trace_callback``): the exact
+  sequence, the same at both sizes.
+
+A scan of the partial indexes ``batch_job_live`` and ``batch_job_evictable`` is allowed: those indexes
+hold only live jobs (queued or running), or only finished jobs that still hold bytes, so the scan is
+bounded by the live or evictable jobs, not by the retained history. Eviction stops at the first rows of
+that scan (LIMIT), and a no-op eviction never runs it (see the statement counts).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets
+
+from sift import dcache
+from sift.dcache import manager
+from sift.dcache.database import TOTAL_NBYTES_SQL, Statement
+
+FINISHED = ("done", "partial", "failed", "cancelled")
+RESULT = "r" * 32
+JOB_PK = "sqlite_autoindex_batch_job_1"  # batch_job(id)
+TARGET_PK = "sqlite_autoindex_batch_target_1"  # batch_target(job_id, idx)
+
+#: Two sizes of retained history; everything pinned here must be the same at both.
+HISTORY = (20, 2_000)
+
+
+def populate(jobs: int) -> None:
+    """``jobs`` retained finished jobs with 10 finished targets each, all holding results, written with
+    plain SQL as another program would; then a few live jobs and the runner's job with pending targets."""
+    with dcache.db.atomic():
+        dcache.db.executemany(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) VALUES (?, ?, 'fleet', ?, ?, '', 10, 10, ?, ?, ?)",
+            [
+                (f"old-{i:05d}", f"caller-{i % 7}", f"key-{i}", FINISHED[i % 4], 1_000 + i, 1_000 + i, 320)
+                for i in range(jobs)
+            ],
+        )
+        dcache.db.executemany(
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result) "
+            "VALUES (?, ?, ?, '{}', 'done', ?)",
+            [
+                (f"old-{i:05d}", j, f"https://example.com/{i}/{j}", RESULT)
+                for i in range(jobs)
+                for j in range(10)
+            ],
+        )
+    for k in range(5):
+        dcache.create_batch_job(make_job(f"live-{k}", caller=f"caller-{k}", targets_total=0, lease=9_000))
+    runner = make_job("runner", status="running", targets_total=30, created_at=9_000, lease=9_000)
+    dcache.create_batch_job(runner, make_targets(20))
+
+
+@pytest.fixture(scope="module", params=HISTORY, ids=[f"history{n}" for n in HISTORY])
+def populated_file(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, Path]:
+    """A closed store file holding ``request.param`` retained jobs, built once per module."""
+    path = tmp_path_factory.mktemp(f"history{request.param}") / "store.db"
+    dcache.open_db(path)
+    try:
+        populate(request.param)
+    finally:
+        dcache.close_db()
+    assert not Path(f"{path}-wal").exists()  # closing checkpointed everything into the file
+    return int(request.param), path
+
+
+@pytest.fixture
+def history(populated_file: tuple[int, Path], tmp_path: Path) -> Iterator[int]:
+    """A copy of the populated file, opened as the store (a real WAL file); yields its retained jobs."""
+    jobs, template = populated_file
+    path = tmp_path / "store.db"
+    shutil.copyfile(template, path)
+    dcache.open_db(path)
+    yield jobs
+    dcache.close_db()
+
+
+# -- Query plans ----------------------------------------------------------------------------------------
+
+#: A value for every slot any statement has. The row they name exists in the populated store.
+SLOT_VALUES: dict[str, Any] = {
+    "job_id": "old-00001",
+    "idx": 3,
+    "caller": "caller-1",
+    "idem_key": "key-1",
+    "cutoff": 1_500,
+    "final": 1,
+    "size": 1024,
+    "now": 10_000,
+    "status": "done",
+    "result": "x" * 1024,
+    "error": None,
+    "hint": None,
+    "reason": "restart",
+    "id": "new-job",
+    "caller_class": "fleet",
+    "targets_total": 3,
+    "targets_done": 0,
+    "created_at": 10_000,
+    "lease": 10_000,
+    "nbytes": 0,
+    "url": "https://example.com/",
+    "options": "{}",
+}
+
+#: Every statement of the manager, and how its plan must reach rows: exactly this set of index accesses,
+#: each an index with the columns it is searched on, or a partial index it scans. Pinning the columns
+#: matters: an index searched on a prefix only (say batch_job_idem on caller alone) grows with history.
+#: An INSERT … VALUES has no plan to show. A new statement in manager.py fails
+#: test_every_statement_is_pinned until it is added here.
+JOB_BY_ID = f"{JOB_PK} (id=?)"
+TARGET_BY_KEY = f"{TARGET_PK} (job_id=? AND idx=?)"
+TARGETS_OF_JOB = f"{TARGET_PK} (job_id=?)"
+EXPECTED_ACCESS: dict[str, set[str]] = {
+    # runner step
+    "_FINISH_ON_JOB": {JOB_BY_ID, TARGET_BY_KEY},
+    "_SET_TARGET": {TARGET_BY_KEY},
+    # API reads
+    "_SELECT_JOB": {JOB_BY_ID},
+    "_IDEM": {"batch_job_idem (caller=? AND idem_key=?)"},
+    "_LIVE": {"batch_job_live (caller=?)"},
+    "_LIVE_TOTAL": {"batch_job_live"},  # a SCAN of the partial index: bounded by the live jobs
+    "_SELECT_TARGETS": {JOB_BY_ID, TARGETS_OF_JOB},
+    # sweep and eviction (their no-op forms run only _EXPIRED, or only the byte total)
+    "_EXPIRED": {"batch_job_lease (lease<?)"},
+    "_EVICTABLE": {"batch_job_evictable"},  # a SCAN of the partial index, in order, stopped by LIMIT
+    "_DELETE_TARGETS": {TARGETS_OF_JOB},
+    "_DELETE_JOB": {JOB_BY_ID},
+    # the other writes
+    "_TARGETS_TOTAL": {JOB_BY_ID},
+    "_TARGET_STATUS": {TARGET_BY_KEY},
+    "_SET_JOB_STATUS": {JOB_BY_ID},
+    "_TOUCH": {JOB_BY_ID},
+    "_MARK_FAILED": {"batch_job_live"},  # a SCAN of the partial index: bounded by the live jobs
+    # the CLI's dry-run previews (not hot): they read every due or evictable job by design
+    "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
+    "_EVICT_CANDIDATES": {"batch_job_evictable"},
+    "_INSERT_JOB": set(),
+    "_INSERT_TARGET": set(),
+}
+
+#: The only statements that may sort in a temporary B-tree, and what they sort.
+SORTS = {
+    # only the rows of one (caller, idem_key): that key's resubmissions, not the history
+    "_IDEM": "USE TEMP B-TREE FOR ORDER BY",
+    # only the due jobs, which the preview lists anyway (ties in lease by created_at, id)
+    "_SWEEP_CANDIDATES": "USE TEMP B-TREE FOR RIGHT PART OF ORDER BY",
+}
+
+#: The plan lines a flat statement may have. Anything else (a plain SCAN of a table, an automatic
+#: index, a temporary B-tree) fails the test.
+PLAN_LINE = re.compile(
+    r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
+    r"(?: LEFT-JOIN)?"
+    r"|SCAN \w+ USING (?:COVERING )?INDEX (?P<partial>batch_job_live|batch_job_evictable)"
+    r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+)"
+)
+
+
+def plan(sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[str]:
+    return [row[3] for row in dcache.db.execute_sql("EXPLAIN QUERY PLAN " + sql, params).fetchall()]
+
+
+def bound(statement: Statement) -> tuple[str, tuple[Any, ...]]:
+    """The statement's SQL and its parameters, bound the way the manager binds them (only its own slots:
+    the manager never passes a statement a value it has no slot for)."""
+    statement.sql  # noqa: B018 - compiles it, which fills the template
+    slots = {name for name in (getattr(p, "name", None) for p in statement._template) if name is not None}
+    return statement.bind({name: SLOT_VALUES[name] for name in slots})
+
+
+def accesses(lines: list[str], name: str) -> set[str]:
+    used = set()
+    for line in lines:
+        match = PLAN_LINE.fullmatch(line)
+        if match is None and SORTS.get(name) == line:
+            continue
+        assert match is not None, (
+            f"{name}: plan line {line!r} is neither an index search nor a partial-index scan"
+        )
+        if not match["subquery"]:
+            used.add(match["index"] or match["pk"] or match["partial"])
+    return used
+
+
+def test_every_statement_is_pinned(file_store: Path) -> None:
+    statements = {name for name, value in vars(manager).items() if isinstance(value, Statement)}
+    assert statements == set(EXPECTED_ACCESS)
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["plain", "analyzed"])
+@pytest.mark.parametrize("name", sorted(EXPECTED_ACCESS))
+def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -> None:
+    if analyzed:  # an operator ran ANALYZE: the statistics must not talk SQLite into a table scan
+        dcache.db.execute_sql("ANALYZE")
+    lines = plan(*bound(getattr(manager, name)))
+    assert accesses(lines, name) == EXPECTED_ACCESS[name], lines
+    assert not any(re.fullmatch(r"SCAN \w+", line) for line in lines)
+
+
+def test_batch_nbytes_reads_the_total_by_primary_key(history: int) -> None:
+    assert plan(TOTAL_NBYTES_SQL) == ["SEARCH batch_totals USING INTEGER PRIMARY KEY (rowid=?)"]
+    assert dcache.batch_nbytes() == history * 320
+
+
+def trigger_bodies() -> dict[str, str]:
+    rows = dcache.db.execute_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+    bodies = {}
+    for name, sql in rows.fetchall():
+        match = re.search(r"\bBEGIN\s+(.*?);\s*END\s*$", sql, flags=re.S | re.I)
+        assert match is not None, sql
+        bodies[name] = re.sub(r"\b(?:NEW|OLD)\.\w+", "0", match[1])
+    return bodies
+
+
+def test_trigger_bodies_update_the_total_by_primary_key(history: int) -> None:
+    # The triggers run inside every write that changes a job's bytes (each runner step): each must touch
+    # the one totals row by its key, never sum over batch_job.
+    bodies = trigger_bodies()
+    assert set(bodies) == {"batch_totals_insert", "batch_totals_delete", "batch_totals_update"}
+    for name, body in bodies.items():
+        assert body.startswith("UPDATE batch_totals "), (name, body)
+        assert plan(body) == ["SEARCH batch_totals USING INTEGER PRIMARY KEY (rowid=?)"], (name, body)
+
+
+# -- Statement counts -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def traced() -> Iterator[list[str]]:
+    """Every statement run on the shared connection inside the block, as sqlite3 reports it."""
+    conn: sqlite3.Connection = dcache.db.connection()  # type: ignore[no-untyped-call]
+    log: list[str] = []
+    conn.set_trace_callback(log.append)
+    try:
+        yield log
+    finally:
+        conn.set_trace_callback(None)
+
+
+KIND = re.compile(
+    r'(?P<bare>BEGIN IMMEDIATE|COMMIT|ROLLBACK)\b.*|(?P<verb>UPDATE|INSERT INTO|DELETE FROM) "?(?P<table>\w+)'
+    r'.*|SELECT .*? FROM "?(?P<from>\w+).*',
+    flags=re.S,
+)
+
+
+def kinds(log: list[str]) -> list[str]:
+    """The statements of a trace, named by verb and table.
+
+    Python reports each trigger sub-program SQLite starts with the text of the statement that fired it,
+    so a write that fires a batch_totals trigger shows up two or three times in a row; those repeats are
+    one statement here (every statement below has its own text: executemany rows differ in their values).
+    """
+    named = []
+    previous = None
+    for sql in log:
+        if sql == previous:
+            continue
+        previous = sql
+        match = KIND.fullmatch(sql.strip())
+        assert match is not None, sql
+        if match["bare"]:
+            named.append(match["bare"])
+        elif match["verb"]:
+            named.append(f"{match['verb'].split()[0]} {match['table']}")
+        else:
+            named.append(f"SELECT {match['from']}")
+    return named
+
+
+BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
+ONE_KB = "x" * 1024
+
+
+def runner_update() -> None:
+    dcache.update_batch_target("runner", 0, "done", result=ONE_KB, now=10_000)
+
+
+#: name: (the call, the statements it issues, how many statement starts sqlite3 reports in all).
+#: The raw count also counts each trigger sub-program SQLite starts: the runner step's job UPDATE fires
+#: batch_totals_update, whose WHEN is true (the bytes change), and is reported 3 times.
+CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
+    "runner step: update_batch_target to done with 1 KB": (
+        runner_update,
+        [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
+        6,
+    ),
+    "runner step: no-op evict_batch_oldest": (
+        lambda: dcache.evict_batch_oldest(10**15),
+        ["SELECT batch_totals"],
+        1,
+    ),
+    "no-op sweep_batch": (lambda: dcache.sweep_batch(100, now=1_000), ["SELECT batch_job"], 1),
+    "batch_job": (lambda: dcache.batch_job("old-00001"), ["SELECT batch_job"], 1),
+    "batch_job miss": (lambda: dcache.batch_job("nope"), ["SELECT batch_job"], 1),
+    "batch_job_by_idem": (
+        lambda: dcache.batch_job_by_idem("caller-1", "key-1", 10**6, now=10_000),
+        ["SELECT batch_job"],
+        1,
+    ),
+    "live_batch_jobs": (lambda: dcache.live_batch_jobs("caller-1"), ["SELECT batch_job"], 1),
+    "live_batch_jobs_total": (dcache.live_batch_jobs_total, ["SELECT batch_job"], 1),
+    "batch_nbytes": (dcache.batch_nbytes, ["SELECT batch_totals"], 1),
+    "batch_targets": (lambda: dcache.batch_targets("old-00001"), ["SELECT batch_job"], 1),
+    "create_batch_job with 3 targets": (
+        lambda: dcache.create_batch_job(make_job("new", targets_total=3), make_targets(3)),
+        [BEGIN, "INSERT batch_job", *["INSERT batch_target"] * 3, COMMIT],
+        8,
+    ),
+    "put_batch_targets of 4 targets": (
+        lambda: dcache.put_batch_targets("runner", make_targets(4, start=20)),
+        [BEGIN, "SELECT batch_job", *["INSERT batch_target"] * 4, COMMIT],
+        7,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_hot_call_statements(history: int, name: str) -> None:
+    call, expected, raw = CALLS[name]
+    with traced() as log:
+        call()
+    assert kinds(log) == expected, log
+    assert len(log) == raw, log
+
+
+def test_rewriting_a_finished_target_issues_the_same_statements(history: int) -> None:
+    # A rewrite with the same result changes no bytes: the trigger's WHEN is false (one report fewer).
+    dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_000)
+    with traced() as log:
+        dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_001)
+    assert kinds(log) == [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT]
+    assert len(log) == 5, log
+
+
+def test_the_runner_step_does_not_grow_with_history(history: int) -> None:
+    # Twenty runner steps in a row issue exactly the same statements: nothing accumulates from call to call.
+    counts = set()
+    for idx in range(20):
+        with traced() as log:
+            dcache.update_batch_target("runner", idx, "done", result=ONE_KB, now=10_000 + idx)
+            dcache.evict_batch_oldest(10**15)
+        counts.add(tuple(kinds(log)))
+    assert counts == {(BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT, "SELECT batch_totals")}
