@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any
 
 from sift import dcache
-from sift.dcache import database, manager
+from sift.dcache import manager, statements
 from sift.dcache.database import BASE_SCHEMA, PRAGMAS, TOTAL_NBYTES_SQL
 
 perf_ns = time.perf_counter_ns
@@ -445,7 +445,7 @@ LAYOUTS: dict[str, list[object]] = {
 
 def check_layouts() -> None:
     for name, layout in LAYOUTS.items():
-        stmt: database.Statement = getattr(manager, name)
+        stmt: statements.Statement = getattr(manager, name)
         stmt.sql  # noqa: B018 - compiles the statement
         actual = [getattr(p, "name", p) for p in stmt._template]
         if actual != layout:

@@ -29,7 +29,8 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
-from sift.dcache.database import TOTAL_NBYTES_SQL, Statement
+from sift.dcache.database import TOTAL_NBYTES_SQL
+from sift.dcache.statements import Statement
 
 FINISHED = ("done", "partial", "failed", "cancelled")
 RESULT = "r" * 32

@@ -15,16 +15,7 @@ import peewee
 
 from . import checks
 from .counters import counters
-from .database import (
-    INSERTION_ORDER,
-    TOTAL_NBYTES_SQL,
-    Inline,
-    Slot,
-    Statement,
-    byte_length,
-    db,
-    json_or_null,
-)
+from .database import INSERTION_ORDER, TOTAL_NBYTES_SQL, byte_length, db, json_or_null
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
 from .models import (
     FINAL_TARGET_STATUSES,
@@ -37,6 +28,7 @@ from .models import (
     BatchTarget,
     JobStatus,
 )
+from .statements import Inline, Slot, Statement
 
 J = BatchJob
 T = BatchTarget
