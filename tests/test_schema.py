@@ -33,7 +33,7 @@ TABLES = ("batch_job", "batch_target")
 
 
 def ddl_file(path: Path, statements: str = "") -> Path:
-    """A store file made by plain sqlite3 with exactly the DDL (as another program would), plus ``statements``."""
+    """A file made by plain sqlite3 with exactly the DDL, as another program would, and ``statements``."""
     conn = sqlite3.connect(path)
     conn.executescript(DDL + statements)
     conn.commit()
@@ -178,16 +178,12 @@ def test_total_follows_rows_written_by_another_program(tmp_path: Path) -> None:
     dcache.open_db(path)
     dcache.create_batch_job(make_job("mine", nbytes=10))
     other = sqlite3.connect(path, isolation_level=None)
-    other.execute(
-        "INSERT INTO batch_job VALUES ('theirs', 'bob', 'fleet', '', 'done', '', 1, 1, 5, 5, 32)"
-    )
+    other.execute("INSERT INTO batch_job VALUES ('theirs', 'bob', 'fleet', '', 'done', '', 1, 1, 5, 5, 32)")
     assert dcache.batch_nbytes() == 42
     other.execute("UPDATE batch_job SET nbytes = 2 WHERE id = 'theirs'")
     assert dcache.batch_nbytes() == 12
     dcache.close_db()
-    other.execute(
-        "INSERT INTO batch_job VALUES ('closed', 'bob', 'fleet', '', 'done', '', 1, 1, 5, 5, 100)"
-    )
+    other.execute("INSERT INTO batch_job VALUES ('closed', 'bob', 'fleet', '', 'done', '', 1, 1, 5, 5, 100)")
     other.execute("DELETE FROM batch_job WHERE id = 'mine'")
     other.close()
     dcache.open_db(path)
@@ -224,7 +220,7 @@ def test_file_store_pragmas(file_store: Path) -> None:
 
 def test_open_db_again_closes_the_previous_connection(tmp_path: Path) -> None:
     first = dcache.open_db(tmp_path / "a.db")
-    conn = first.connection()
+    conn = first.connection()  # type: ignore[no-untyped-call]
     dcache.open_db(tmp_path / "b.db")
     try:
         with pytest.raises(sqlite3.ProgrammingError):
@@ -280,7 +276,7 @@ def run_python(code: str, cwd: Path) -> Any:
 def test_every_function_before_open_db_raises_store_not_open(tmp_path: Path) -> None:
     code = """
         import json, sys
-        sys.path.insert(0, %r)
+        sys.path.insert(0, HELPERS_DIR)
         from helpers import make_job, make_targets
         from sift import dcache
         calls = {
@@ -308,7 +304,7 @@ def test_every_function_before_open_db_raises_store_not_open(tmp_path: Path) -> 
             except Exception as exc:
                 out[name] = type(exc).__name__
         print(json.dumps(out))
-    """ % str(Path(__file__).parent)
+    """.replace("HELPERS_DIR", repr(str(Path(__file__).parent)))
     out = run_python(code, tmp_path)
     assert out == dict.fromkeys(out, "StoreNotOpen")
     assert len(out) == 15
@@ -344,8 +340,9 @@ def test_import_pulls_in_only_peewee_and_opens_nothing(tmp_path: Path) -> None:
         before = set(sys.modules)
         import sift.dcache
         new = {name.partition(".")[0] for name in set(sys.modules) - before}
-        third_party = sorted(n for n in new if n not in sys.stdlib_module_names and n not in ("sift", "peewee"))
-        heavy = sorted(n for n in ("tqdm", "freezegun", "hypothesis", "pytest", "playhouse") if n in sys.modules)
+        stdlib = sys.stdlib_module_names
+        third_party = sorted(n for n in new if n not in stdlib and n not in ("sift", "peewee"))
+        heavy = [n for n in ("tqdm", "freezegun", "hypothesis", "pytest", "playhouse") if n in sys.modules]
         db = sift.dcache.db
         print(json.dumps({
             "third_party": third_party,

@@ -1,0 +1,517 @@
+"""Random sequences of every operation against a plain-Python reference model of the issue's rules.
+
+After every step the store must agree with the model: each job's row and targets, the rule 4 invariants
+(computed again from the stored targets), lease values, idempotency answers, live counts and the byte
+total. Sweep and evict must return what the model returns, remove exactly the model's jobs, and never
+evict a queued or running job. Small id, caller and key alphabets make collisions common.
+
+HYPOTHESIS_PROFILE=deep runs 2000 examples of each machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import timedelta
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from helpers import make_job, make_target
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sift import dcache
+
+JOB_IDS = ["a", "b", "c", "é"]
+CALLERS = ["alice", "bob"]
+KEYS = ["", "k1", "k2"]
+# Hypothesis leans towards the first choices: those that make busy states come first.
+JOB_STATUSES = ["done", "running", "queued", "partial", "failed", "cancelled"]
+TARGET_STATUSES = ["done", "failed", "running", "pending"]
+LIVE = ("queued", "running")
+FINISHED = ("done", "partial", "failed", "cancelled")
+IDEM = ("queued", "running", "done", "partial")
+FINAL = ("done", "failed")
+MAX_TOTAL = 4
+
+# A narrow clock, so that equal leases (eviction ties) and lease + ttl == now (boundaries) are common.
+times = st.integers(min_value=0, max_value=20)
+texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
+results = st.one_of(st.sampled_from(["€", "😀", "x" * 20, "é", "a\x00b", ""]), texts, st.none())
+# Seconds as int, as a float with an exact binary fraction, or as a timedelta (down to milliseconds).
+ttls = st.one_of(
+    st.integers(min_value=0, max_value=10),
+    st.integers(min_value=0, max_value=40).map(lambda q: q / 4),
+    st.integers(min_value=0, max_value=40).map(lambda q: timedelta(milliseconds=250 * q)),
+    st.integers(min_value=0, max_value=10_000).map(lambda ms: timedelta(milliseconds=ms)),
+)
+# Target idxs for a put or a create: often valid, sometimes out of range or repeated.
+idx_lists = st.lists(st.integers(min_value=0, max_value=MAX_TOTAL + 1), max_size=MAX_TOTAL + 1)
+#: Create the job with every one of its targets.
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A new job's fields."""
+
+    caller: str
+    key: str
+    status: str
+    caller_class: str
+    total: int
+    created_at: int
+    lease: int
+
+
+specs = st.builds(
+    Spec,
+    caller=st.sampled_from(CALLERS),
+    key=st.sampled_from(KEYS),
+    status=st.sampled_from(JOB_STATUSES),
+    caller_class=st.sampled_from(["fleet", "restricted"]),
+    total=st.integers(min_value=1, max_value=MAX_TOTAL) | st.just(0),
+    created_at=st.integers(min_value=0, max_value=5),
+    lease=times,
+)
+
+
+def ttl_seconds(ttl: Any) -> Fraction:
+    """The exact length of ``ttl`` in seconds."""
+    if isinstance(ttl, timedelta):
+        return Fraction(ttl // timedelta(microseconds=1), 1_000_000)
+    return Fraction(ttl)
+
+
+def utf8(text: str | None) -> int:
+    return 0 if text is None else len(text.encode("utf-8"))
+
+
+@dataclass
+class MTarget:
+    url: str
+    options: str
+    status: str = "pending"
+    result: str | None = None
+    error: str | None = None
+    hint: str | None = None
+
+
+@dataclass
+class MJob:
+    caller: str
+    caller_class: str
+    idem_key: str
+    status: str
+    error: str
+    targets_total: int
+    created_at: int
+    lease: int
+    seq: int
+    targets: dict[int, MTarget] = field(default_factory=dict)
+
+    @property
+    def targets_done(self) -> int:
+        return sum(1 for t in self.targets.values() if t.status in FINAL)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(utf8(t.result) for t in self.targets.values())
+
+
+def target_for(idx: int) -> MTarget:
+    return MTarget(url=f"https://example.com/{idx}", options='{"render":false}')
+
+
+def bad_idxs(idxs: list[int], total: int, stored: set[int]) -> bool:
+    """Whether a put of ``idxs`` breaks a rule: out of range, repeated in the call, or already stored."""
+    return any(not 0 <= i < total for i in idxs) or len(set(idxs)) != len(idxs) or bool(set(idxs) & stored)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """The store opened in memory; a subclass runs the same machine on a WAL file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        dcache.open_db(self.path())
+        self.jobs: dict[str, MJob] = {}
+        self.seq = 0
+
+    def path(self) -> str | Path:
+        return ":memory:"
+
+    def teardown(self) -> None:
+        dcache.close_db()
+
+    # -- Helpers ---------------------------------------------------------------------------------------
+
+    def call(self, allowed: set[type[Exception]], fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn``: with ``allowed`` empty it must succeed, else raise one of those classes."""
+        try:
+            out = fn(*args, **kwargs)
+        except dcache.BatchError as exc:
+            assert type(exc) in allowed, (
+                f"{fn.__name__} raised {exc!r}, expected one of {allowed or 'nothing'}"
+            )
+            event(f"{fn.__name__}: {type(exc).__name__}")
+            return exc
+        assert not allowed, f"{fn.__name__} returned {out!r}, expected one of {allowed}"
+        event(f"{fn.__name__}: ok")
+        return out
+
+    def some_job_id(self, data: st.DataObject) -> str:
+        """Often a stored job's id, else any id (so that misses happen too)."""
+        stored = sorted(self.jobs)
+        pick_stored = data.draw(st.booleans())
+        if stored and pick_stored:
+            return data.draw(st.sampled_from(stored))
+        return data.draw(st.sampled_from(JOB_IDS))
+
+    # -- Writes ------------------------------------------------------------------------------------------
+
+    @initialize(data=st.data(), first=st.lists(specs, min_size=3, max_size=len(JOB_IDS) - 1))
+    def create_first_jobs(self, data: st.DataObject, first: list[Spec]) -> None:
+        """Start each run with a few jobs holding all their targets, most of them finished with a result,
+        and sometimes all on one lease: even a run of one rule over and over then has bytes to count, and
+        eviction has ties on lease to break by created_at and id."""
+        one_lease = data.draw(st.booleans())
+        for job_id, spec in zip(JOB_IDS, first, strict=False):
+            if one_lease:
+                spec = dataclasses.replace(spec, lease=first[0].lease)
+            self.create(job_id, spec, ALL)
+            for idx in range(spec.total):
+                status = data.draw(st.sampled_from(TARGET_STATUSES))
+                result = data.draw(results) if status in FINAL else None
+                self.update(job_id, idx, status, result, None, None, spec.lease)
+
+    @rule(job_id=st.sampled_from(JOB_IDS), spec=specs, idxs=st.none() | st.just(ALL))
+    def create(self, job_id: str, spec: Spec, idxs: str | None) -> None:
+        self.do_create(job_id, spec, None if idxs is None else list(range(spec.total)))
+
+    @rule(job_id=st.sampled_from(JOB_IDS), spec=specs, idxs=idx_lists)
+    def create_with_idxs(self, job_id: str, spec: Spec, idxs: list[int]) -> None:
+        """Targets given by idx: often out of range or repeated, which refuses the whole job."""
+        self.do_create(job_id, spec, idxs)
+
+    def do_create(self, job_id: str, spec: Spec, idxs: list[int] | None) -> None:
+        allowed: set[type[Exception]] = set()
+        if job_id in self.jobs:
+            allowed.add(dcache.DuplicateJob)
+        if idxs is not None and bad_idxs(idxs, spec.total, set()):
+            allowed.add(dcache.InvalidBatchInput)
+        job = make_job(
+            job_id,
+            caller=spec.caller,
+            idem_key=spec.key,
+            status=spec.status,
+            caller_class=spec.caller_class,
+            targets_total=spec.total,
+            created_at=spec.created_at,
+            lease=spec.lease,
+        )
+        targets = None if idxs is None else [make_target(i) for i in idxs]
+        self.call(allowed, dcache.create_batch_job, job, targets)
+        if not allowed:
+            self.seq += 1
+            self.jobs[job_id] = MJob(
+                spec.caller,
+                spec.caller_class,
+                spec.key,
+                spec.status,
+                "",
+                spec.total,
+                spec.created_at,
+                spec.lease,
+                self.seq,
+            )
+            for i in idxs or []:
+                self.jobs[job_id].targets[i] = target_for(i)
+
+    @rule(data=st.data(), idxs=idx_lists)
+    def put(self, data: st.DataObject, idxs: list[int]) -> None:
+        job_id = self.some_job_id(data)
+        job = self.jobs.get(job_id)
+        allowed: set[type[Exception]] = set()
+        if job is None:
+            allowed.add(dcache.JobNotFound)
+            if bad_idxs(idxs, MAX_TOTAL, set()):
+                allowed.add(dcache.InvalidBatchInput)
+        elif bad_idxs(idxs, job.targets_total, set(job.targets)):
+            allowed.add(dcache.InvalidBatchInput)
+        self.call(allowed, dcache.put_batch_targets, job_id, (make_target(i) for i in idxs))
+        if not allowed:
+            assert job is not None
+            for i in idxs:
+                job.targets[i] = target_for(i)
+
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        idx=st.integers(min_value=0, max_value=MAX_TOTAL),
+        status=st.sampled_from(TARGET_STATUSES),
+        result=results,
+        error=st.none() | texts,
+        hint=st.none() | st.sampled_from(["", "retry", "ü"]),
+        now=times,
+    )
+    def update(
+        self,
+        job_id: str,
+        idx: int,
+        status: str,
+        result: str | None,
+        error: str | None,
+        hint: str | None,
+        now: int,
+    ) -> None:
+        if status not in FINAL:  # result, error and hint go only with done or failed
+            result = error = hint = None
+        job = self.jobs.get(job_id)
+        allowed: set[type[Exception]] = set()
+        if job is None:
+            allowed.add(dcache.JobNotFound)
+        elif idx not in job.targets:
+            allowed.add(dcache.TargetNotFound)
+            if idx >= job.targets_total:
+                allowed.add(dcache.InvalidBatchInput)
+        elif job.targets[idx].status in FINAL and status not in FINAL:
+            allowed.add(dcache.InvalidBatchInput)
+        self.call(
+            allowed,
+            dcache.update_batch_target,
+            job_id,
+            idx,
+            status,
+            result=result,
+            error=error,
+            hint=hint,
+            now=now,
+        )
+        if not allowed:
+            assert job is not None
+            target = job.targets[idx]
+            target.status, target.result, target.error, target.hint = status, result, error, hint
+            job.lease = now
+
+    @precondition(lambda self: any(job.targets for job in self.jobs.values()))
+    @rule(
+        data=st.data(),
+        status=st.sampled_from(TARGET_STATUSES),
+        result=results,
+        error=st.none() | texts,
+        hint=st.none() | st.sampled_from(["", "retry", "ü"]),
+        now=times,
+    )
+    def update_stored(
+        self,
+        data: st.DataObject,
+        status: str,
+        result: str | None,
+        error: str | None,
+        hint: str | None,
+        now: int,
+    ) -> None:
+        """Update a stored target, so that results, rewrites and refused moves back are common."""
+        stored = sorted((job_id, idx) for job_id, job in self.jobs.items() for idx in job.targets)
+        job_id, idx = data.draw(st.sampled_from(stored))
+        self.update(job_id, idx, status, result, error, hint, now)
+
+    @rule(data=st.data(), status=st.sampled_from(JOB_STATUSES), error=texts, now=times)
+    def set_status(self, data: st.DataObject, status: str, error: str, now: int) -> None:
+        job_id = self.some_job_id(data)
+        job = self.jobs.get(job_id)
+        allowed: set[type[Exception]] = set() if job else {dcache.JobNotFound}
+        self.call(allowed, dcache.set_batch_job_status, job_id, status, error, now=now)
+        if job is not None:
+            job.status, job.error, job.lease = status, error, now
+
+    @rule(data=st.data(), now=times)
+    def touch(self, data: st.DataObject, now: int) -> None:
+        job_id = self.some_job_id(data)
+        job = self.jobs.get(job_id)
+        allowed: set[type[Exception]] = set() if job else {dcache.JobNotFound}
+        self.call(allowed, dcache.touch_batch_job, job_id, now=now)
+        if job is not None:
+            job.lease = now
+
+    @rule(reason=texts, now=times)
+    def mark_in_flight_failed(self, reason: str, now: int) -> None:
+        live = [job for job in self.jobs.values() if job.status in LIVE]
+        assert dcache.mark_in_flight_failed(reason, now=now) == len(live)
+        for job in live:
+            job.status, job.error, job.lease = "failed", reason, now
+
+    @rule(data=st.data(), ttl=ttls, now=times)
+    def sweep(self, data: st.DataObject, ttl: Any, now: int) -> None:
+        near_stored = data.draw(st.booleans())
+        if self.jobs and near_stored:  # around the end of a stored job's lease
+            job = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
+            now = max(
+                0,
+                job.lease + math.floor(ttl_seconds(ttl)) + data.draw(st.integers(min_value=-1, max_value=1)),
+            )
+        due = {i for i, job in self.jobs.items() if job.lease + ttl_seconds(ttl) <= now}
+        assert dcache.sweep_batch(ttl, now=now) == len(due)
+        event(f"sweep: {min(len(due), 2)}+ jobs")
+        for job_id in due:
+            del self.jobs[job_id]
+        assert self.stored_ids() == set(self.jobs)
+
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        live = {i for i, job in self.jobs.items() if job.status in LIVE}
+        total = sum(job.nbytes for job in self.jobs.values())
+        candidates = sorted(
+            (i for i, job in self.jobs.items() if job.status in FINISHED and job.nbytes > 0),
+            key=lambda i: (self.jobs[i].lease, self.jobs[i].created_at, i),
+        )
+        # Mostly a budget that the model says takes exactly the first k candidates (0 < k < all, so the
+        # order shows), else any small budget.
+        k = data.draw(st.integers(min_value=1, max_value=max(len(candidates) - 1, 1)))
+        exact = total - sum(self.jobs[i].nbytes for i in candidates[:k])
+        max_bytes = data.draw(st.just(max(exact, 0)) | st.integers(min_value=0, max_value=30))
+        evicted = 0
+        for job_id in candidates:
+            if total <= max_bytes:
+                break
+            total -= self.jobs.pop(job_id).nbytes
+            evicted += 1
+        assert dcache.evict_batch_oldest(max_bytes) == evicted
+        event(
+            f"evict: {min(evicted, 2)}+ jobs" + (", live jobs kept over budget" if total > max_bytes else "")
+        )
+        stored = self.stored_ids()
+        assert live <= stored, "an active job was evicted"
+        assert stored == set(self.jobs)
+
+    # -- Reads (they must agree with the model, and change nothing: the invariants would see it) ---------
+
+    @rule(data=st.data(), caller=st.sampled_from(CALLERS), key=st.sampled_from(KEYS), ttl=ttls, now=times)
+    def idem(self, data: st.DataObject, caller: str, key: str, ttl: Any, now: int) -> None:
+        ask_stored = data.draw(st.booleans())
+        if self.jobs and ask_stored:  # ask about a stored job, around the end of its lease
+            job = self.jobs[data.draw(st.sampled_from(sorted(self.jobs)))]
+            caller, key = job.caller, job.idem_key
+            now = max(
+                0,
+                job.lease + math.floor(ttl_seconds(ttl)) + data.draw(st.integers(min_value=-1, max_value=1)),
+            )
+        answer = self.idem_answer(caller, key, ttl, now)
+        assert dcache.batch_job_by_idem(caller, key, ttl, now=now) == answer
+        event(f"idem: {'hit' if answer else 'miss'}")
+
+    @rule(job_id=st.sampled_from(JOB_IDS))
+    def read(self, job_id: str) -> None:
+        assert (dcache.batch_job(job_id) is None) == (job_id not in self.jobs)
+        assert (dcache.batch_targets(job_id) is None) == (job_id not in self.jobs)
+
+    # -- The model's answers -------------------------------------------------------------------------------
+
+    def idem_answer(self, caller: str, key: str, ttl: Any, now: int) -> str | None:
+        if not key:
+            return None
+        matches = [
+            (job.created_at, job.seq, job_id)
+            for job_id, job in self.jobs.items()
+            if job.caller == caller
+            and job.idem_key == key
+            and job.status in IDEM
+            and job.lease + ttl_seconds(ttl) > now
+        ]
+        return max(matches)[2] if matches else None
+
+    def stored_ids(self) -> set[str]:
+        return {row[0] for row in dcache.db.execute_sql("SELECT id FROM batch_job").fetchall()}
+
+    # -- After every step ---------------------------------------------------------------------------------
+
+    @invariant()
+    def jobs_and_targets_match_the_model(self) -> None:
+        assert self.stored_ids() == set(self.jobs)
+        for job_id, model in self.jobs.items():
+            job = dcache.batch_job(job_id)
+            targets = dcache.batch_targets(job_id)
+            assert job is not None and targets is not None
+            got = (job.caller, job.caller_class, job.idem_key, job.status, job.error, job.targets_total)
+            want = (
+                model.caller,
+                model.caller_class,
+                model.idem_key,
+                model.status,
+                model.error,
+                model.targets_total,
+            )
+            assert got == want, job_id
+            assert (job.created_at, job.lease) == (model.created_at, model.lease), job_id
+            assert (job.targets_done, job.nbytes) == (model.targets_done, model.nbytes), job_id
+            got_targets = [
+                (t.job_id, t.idx, t.url, t.options, t.status, t.result, t.error, t.hint) for t in targets
+            ]
+            want_targets = [
+                (job_id, i, t.url, t.options, t.status, t.result, t.error, t.hint)
+                for i, t in sorted(model.targets.items())
+            ]
+            assert got_targets == want_targets, job_id
+            # Rule 4 from the stored rows alone: the counters agree with the job's targets.
+            assert job.targets_done == sum(1 for t in targets if t.status in FINAL), job_id
+            assert job.nbytes == sum(utf8(t.result) for t in targets), job_id
+
+    @invariant()
+    def totals_match(self) -> None:
+        total = sum(job.nbytes for job in self.jobs.values())
+        assert dcache.batch_nbytes() == total
+        column = dcache.db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()[0]
+        assert column == total
+        for caller in CALLERS:
+            live = sum(1 for job in self.jobs.values() if job.caller == caller and job.status in LIVE)
+            assert dcache.live_batch_jobs(caller) == live
+        assert dcache.live_batch_jobs_total() == sum(1 for job in self.jobs.values() if job.status in LIVE)
+
+    @invariant()
+    def idempotency_answers_match(self) -> None:
+        for caller in CALLERS:
+            for key in KEYS[1:]:
+                for ttl, now in ((timedelta(milliseconds=2_500), 10), (5, 15)):
+                    answer = dcache.batch_job_by_idem(caller, key, ttl, now=now)
+                    assert answer == self.idem_answer(caller, key, ttl, now), (caller, key, ttl, now)
+
+
+class FileStoreMachine(StoreMachine):
+    """The same machine on a real WAL file, reopened now and then."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sift-machine-"))
+        self.reopened = 0
+        super().__init__()
+
+    def path(self) -> str | Path:
+        return self.dir / "store.db"
+
+    def teardown(self) -> None:
+        super().teardown()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @precondition(lambda self: self.reopened < 2)
+    @rule()
+    def reopen(self) -> None:
+        """Reopen the file (a restart): everything is still there, the running total included."""
+        self.reopened += 1
+        dcache.open_db(self.path())
+
+
+# Runs of up to 30 steps; the number of runs is the profile's (HYPOTHESIS_PROFILE=deep: 2000 each).
+StoreMachine.TestCase.settings = settings(stateful_step_count=30)
+FileStoreMachine.TestCase.settings = settings(stateful_step_count=30)
+TestStoreMachine = StoreMachine.TestCase
+TestFileStoreMachine = FileStoreMachine.TestCase
+
+
+def test_ttl_seconds_is_exact() -> None:
+    assert ttl_seconds(timedelta(milliseconds=2_500)) == Fraction(5, 2)
+    assert ttl_seconds(0.25) == Fraction(1, 4)
+    assert ttl_seconds(7) == 7
+    assert math.isclose(float(ttl_seconds(timedelta(days=1))), 86_400)

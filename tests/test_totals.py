@@ -1,0 +1,110 @@
+"""Rule 8: batch_nbytes sums nbytes over every job; live_batch_jobs counts queued and running jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets
+
+from sift import dcache
+
+STATUSES = ["queued", "running", "done", "partial", "failed", "cancelled"]
+
+
+def column_sum() -> int:
+    return int(dcache.db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()[0])
+
+
+def test_empty_store_holds_zero_bytes(store: Any) -> None:
+    assert dcache.batch_nbytes() == 0
+
+
+def test_total_over_every_job_whatever_its_status(store: Any) -> None:
+    for i, status in enumerate(STATUSES):
+        dcache.create_batch_job(make_job(f"job-{status}", status=status, nbytes=10**i))
+    assert dcache.batch_nbytes() == 111_111
+    dcache.create_batch_job(make_job("zero"))
+    assert dcache.batch_nbytes() == 111_111
+
+
+def test_total_follows_every_kind_of_write(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=3, lease=10), make_targets(3))
+    dcache.create_batch_job(make_job("b", targets_total=2, lease=20, status="running"), make_targets(2))
+    dcache.create_batch_job(make_job("c", nbytes=1_000, lease=5, status="done"))
+    assert dcache.batch_nbytes() == 1_000
+    dcache.update_batch_target("a", 0, "done", result="héllo", now=10)
+    assert dcache.batch_nbytes() == 1_006
+    dcache.update_batch_target("a", 0, "done", result="hi", now=10)
+    assert dcache.batch_nbytes() == 1_002
+    dcache.update_batch_target("b", 1, "failed", result="😀😀", now=20)
+    assert dcache.batch_nbytes() == 1_010
+    dcache.update_batch_target("b", 1, "failed", now=20)
+    assert dcache.batch_nbytes() == 1_002
+    dcache.update_batch_target("b", 0, "done", result="x" * 50, now=20)
+    assert dcache.batch_nbytes() == 1_052 == column_sum()
+    dcache.set_batch_job_status("a", "done", now=30)
+    assert dcache.evict_batch_oldest(1_000) == 1  # c (lease 5) goes
+    assert dcache.batch_nbytes() == 52 == column_sum()
+    dcache.mark_in_flight_failed("restart", now=40)
+    assert dcache.batch_nbytes() == 52
+    assert dcache.sweep_batch(10, now=45) == 1  # a (lease 30) goes
+    assert dcache.batch_nbytes() == 50 == column_sum()
+    assert dcache.sweep_batch(0, now=45) == 1
+    assert dcache.batch_nbytes() == 0 == column_sum()
+
+
+def test_failed_writes_leave_the_total(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=2), make_targets(2))
+    dcache.update_batch_target("a", 0, "done", result="abc", now=1)
+    with pytest.raises(dcache.InvalidBatchInput):
+        dcache.update_batch_target("a", 0, "running", now=2)
+    with pytest.raises(dcache.DuplicateJob):
+        dcache.create_batch_job(make_job("a", nbytes=99))
+    with pytest.raises(dcache.InvalidBatchInput):
+        dcache.create_batch_job(make_job("b", nbytes=99), make_targets(1, start=5))
+    assert dcache.batch_nbytes() == 3 == column_sum()
+
+
+def test_large_totals(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", nbytes=2**62))
+    dcache.create_batch_job(make_job("b", nbytes=2**62 - 1))
+    assert dcache.batch_nbytes() == 2**63 - 1
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_live_counts_by_status(store: Any, status: str) -> None:
+    dcache.create_batch_job(make_job("job-1", status=status))
+    live = int(status in ("queued", "running"))
+    assert dcache.live_batch_jobs("alice") == live
+    assert dcache.live_batch_jobs_total() == live
+    assert dcache.live_batch_jobs("bob") == 0
+
+
+def test_live_counts_per_caller_and_total(store: Any) -> None:
+    layout = {
+        "alice": ["queued", "running", "running", "done"],
+        "bob": ["queued", "failed"],
+        "carol": ["partial"],
+    }
+    for caller, statuses in layout.items():
+        for i, status in enumerate(statuses):
+            dcache.create_batch_job(make_job(f"{caller}-{i}", caller=caller, status=status))
+    assert dcache.live_batch_jobs("alice") == 3
+    assert dcache.live_batch_jobs("bob") == 1
+    assert dcache.live_batch_jobs("carol") == 0
+    assert dcache.live_batch_jobs("nobody") == 0
+    assert dcache.live_batch_jobs("Alice") == 0
+    assert dcache.live_batch_jobs_total() == 4
+    dcache.set_batch_job_status("alice-1", "done", now=5)
+    dcache.set_batch_job_status("carol-0", "running", now=5)
+    assert dcache.live_batch_jobs("alice") == 2
+    assert dcache.live_batch_jobs("carol") == 1
+    assert dcache.live_batch_jobs_total() == 4
+
+
+def test_live_counts_ignore_caller_class(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", caller_class="fleet"))
+    dcache.create_batch_job(make_job("b", caller_class="restricted"))
+    assert dcache.live_batch_jobs("alice") == 2
+    assert dcache.live_batch_jobs_total() == 2
