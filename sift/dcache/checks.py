@@ -116,16 +116,3 @@ def options_text(value: Any) -> str:
         except (TypeError, ValueError) as exc:
             invalid("options", f"cannot be stored as JSON: {exc}")
     invalid("options", f"must be JSON text or a dict or list, got {type(value).__name__}")
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(name)
-
-
-def is_json(value: str) -> bool:
-    """Strict JSON (no NaN or Infinity), as SQLite's ``json_valid`` judges it."""
-    try:
-        json.loads(value, parse_constant=_reject_constant)
-    except ValueError:
-        return False
-    return True

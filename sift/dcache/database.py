@@ -69,9 +69,6 @@ BASE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease)",
 )
 
-LIVE_STATUSES = ("queued", "running")
-FINISHED_STATUSES = ("done", "partial", "failed", "cancelled")
-
 # What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only
 # jobs that eviction may take; triggers keep the byte total whoever writes the file, and open_db
 # recomputes it, so a file written by a program that never knew of this table is still right.

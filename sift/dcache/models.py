@@ -78,8 +78,7 @@ class BatchJob(_StoreModel):
     nbytes = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
 
     class Meta:
-        table_name = "batch_job"
-        indexes = ((("caller", "idem_key"), False), (("lease",), False))
+        table_name = "batch_job"  # the schema, indexes included, is created by open_db from the DDL
 
 
 class BatchTarget(_StoreModel):
