@@ -69,10 +69,14 @@ class Statement:
         sql, params = self._build().sql()  # type: ignore[attr-defined]
         keys = [p.name if type(p) is _SlotValue else f" constant {i}" for i, p in enumerate(params)]
         self._constants = {key: p for key, p in zip(keys, params, strict=True) if type(p) is not _SlotValue}
+        # itemgetter of one key returns the bare value, not a 1-tuple, and of no key is an error
         if len(keys) > 1:
             self._getter = operator.itemgetter(*keys)
-        else:  # itemgetter of one key returns the bare value, of none is an error
-            self._getter = lambda values: tuple(values[key] for key in keys)
+        elif keys:
+            key = keys[0]
+            self._getter = lambda values: (values[key],)
+        else:
+            self._getter = lambda values: ()
         self._template = params
         self._sql = sql
         return sql
