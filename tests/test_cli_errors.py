@@ -153,6 +153,8 @@ def test_a_file_locked_past_the_timeout(
         ["show"],
         ["show", "a", "--result", "-1"],
         ["show", "a", "--result", "x"],
+        ["show", "a", "--result", "9223372036854775808"],
+        ["jobs", "--limit", "99999999999999999999"],
         ["sweep"],
         ["evict", "--dry-run"],
         ["reconcile"],

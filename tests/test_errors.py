@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import peewee
@@ -210,3 +211,29 @@ def test_no_driver_exception_escapes(store: Any, call: Callable[[], object]) -> 
     assert isinstance(info.value, dcache.BatchError), repr(info.value)
     assert not isinstance(info.value, (peewee.PeeweeException, sqlite3.Error, UnicodeError))
     assert snapshot() == before
+
+
+@pytest.mark.parametrize("targets", [None, 5, object()])
+def test_put_targets_that_are_not_iterable(store: dcache.SerializedSqliteDatabase, targets: Any) -> None:
+    dcache.create_batch_job(make_job())
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput, match=r"^targets: must be an iterable"):
+        dcache.put_batch_targets("job-1", targets)
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("targets", [5, object()])
+def test_create_targets_that_are_not_iterable(store: dcache.SerializedSqliteDatabase, targets: Any) -> None:
+    with pytest.raises(dcache.InvalidBatchInput, match=r"^targets: must be an iterable"):
+        dcache.create_batch_job(make_job(), targets)
+    assert dcache.batch_job("job-1") is None  # the job went with its targets
+
+
+@pytest.mark.parametrize("path", ["bad\x00name.db", "bad\ud800name.db", 42])
+def test_open_db_with_a_path_that_cannot_be_opened(tmp_path: Path, path: Any) -> None:
+    if isinstance(path, str):
+        path = str(tmp_path / path)
+    with pytest.raises(dcache.StoreUnavailable, match=r"^path: cannot open"):
+        dcache.open_db(path)
+    with pytest.raises(dcache.StoreNotOpen):  # the failed open left no half-open database behind
+        dcache.batch_job("x")

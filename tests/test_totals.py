@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +111,24 @@ def test_live_counts_ignore_caller_class(store: Any) -> None:
     dcache.create_batch_job(make_job("b", caller_class="restricted"))
     assert dcache.live_batch_jobs("alice") == 2
     assert dcache.live_batch_jobs_total() == 2
+
+
+def test_replace_by_another_writer_keeps_the_total(store: dcache.SerializedSqliteDatabase) -> None:
+    dcache.create_batch_job(make_job("a", nbytes=100, status="done"))
+    dcache.create_batch_job(make_job("b", nbytes=200, status="done"))
+    dcache.BatchJob.replace(**{**dcache.BatchJob.get_by_id("a").__data__, "nbytes": 50}).execute()  # type: ignore[no-untyped-call]
+    assert dcache.batch_nbytes() == 250
+    assert dcache.evict_batch_oldest(250) == 0
+
+
+def test_open_repairs_a_total_that_drifted(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("a", nbytes=100, status="done"))
+    dcache.close_db()
+    with closing(sqlite3.connect(file_store)) as conn, conn:  # a writer without recursive triggers
+        conn.execute(
+            "INSERT OR REPLACE INTO batch_job SELECT id, caller, caller_class, idem_key, status, "
+            "error, targets_total, targets_done, created_at, lease, 30 FROM batch_job"
+        )
+        assert conn.execute("SELECT nbytes FROM batch_totals").fetchone() == (130,)
+    dcache.open_db(file_store)
+    assert dcache.batch_nbytes() == 30

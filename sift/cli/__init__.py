@@ -42,8 +42,10 @@ def _count(minimum: int) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, got {text!r}")
+        if not minimum <= value <= 2**63 - 1:  # SQLite's INTEGER
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number from {minimum} to 2**63-1, got {text!r}"
+            )
         return value
 
     parse.__name__ = f"int >= {minimum}"

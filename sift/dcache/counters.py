@@ -1,5 +1,6 @@
 """Operation counters, reset by ``open_db`` and read with ``stats()``."""
 
+import os
 import threading
 
 COUNTER_NAMES = (
@@ -42,6 +43,14 @@ class Counters:
 
 
 counters = Counters()
+
+
+def _renew_lock_in_child() -> None:
+    # A child forked while another thread held the lock would wait on it forever.
+    counters._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_lock_in_child)
 
 
 def stats() -> dict[str, int]:

@@ -51,6 +51,9 @@ PRAGMAS: dict[str, object] = {
     "wal_autocheckpoint": WAL_AUTOCHECKPOINT_PAGES,
     # 32 MiB of page cache: the hot indexes of a large store stay in memory.
     "cache_size": -32 * 1024,
+    # An INSERT OR REPLACE deletes the row it replaces; only with this on does that delete fire the
+    # trigger that keeps batch_totals right.
+    "recursive_triggers": 1,
     # The schema has no foreign keys; keep SQLite from checking any another program may add.
     "foreign_keys": 0,
 }
@@ -206,10 +209,11 @@ class _WriteTransaction:
             conn = database._state.conn
             if exc_type is None:
                 try:
-                    conn.execute("COMMIT")
-                except BaseException:
+                    database.run_sql("COMMIT", ())
+                except BaseException as commit_error:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
+                    raise_if_busy(commit_error, database.timeout)
                     raise
             elif conn is not None and conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -332,6 +336,31 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def transaction(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).transaction(*args, **kwargs))
 
+    # Peewee's session calls (e.g. in request hooks) open a transaction in one call and end it in another,
+    # so the lock is taken in session_start and released when the session's transaction ends.
+    def session_start(self) -> Any:
+        self.lock.acquire()
+        try:
+            return peewee.SqliteDatabase.transaction(self).__enter__()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def session_commit(self) -> bool:
+        return self._end_session(super().session_commit)
+
+    def session_rollback(self) -> bool:
+        return self._end_session(super().session_rollback)
+
+    def _end_session(self, end: Callable[[], bool]) -> bool:
+        with self.lock:
+            if not self._state.transactions:
+                return False
+            try:
+                return end()
+            finally:
+                self.lock.release()  # the one session_start took
+
     def write(self) -> _WriteTransaction:
         """The store's write transaction: BEGIN IMMEDIATE under the lock; a lock held by another process
         past the busy timeout raises StoreUnavailable. Inside another transaction it is a savepoint."""
@@ -368,35 +397,51 @@ db = SerializedSqliteDatabase()
 def open_db(path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S) -> SerializedSqliteDatabase:
     """Open (creating if missing) the store at ``path``, closing any database opened before.
 
-    Creates the schema if it is missing, recomputes the byte total, and resets the counters.
-    ``":memory:"`` gives a private in-memory store. Raises ``StoreUnavailable`` for a file that is not
-    a SQLite database, cannot be opened, or stays locked by another process past ``timeout`` seconds.
+    Creates what is missing of the schema, recomputes the byte total if it is missing or wrong, and resets
+    the counters. ``":memory:"`` gives a private in-memory store. Raises ``StoreUnavailable`` for a path
+    that cannot be opened, a file that is not a batch store, or one locked by another process past
+    ``timeout`` seconds.
     """
     close_db()
     pragmas = dict(PRAGMAS, busy_timeout=int(timeout * 1000))
-    db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)  # type: ignore[arg-type]
     try:
+        db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)  # type: ignore[arg-type]
         db.connect()
         _prepare_schema()
         _check_columns()
-    except (peewee.DatabaseError, sqlite3.DatabaseError, OSError, StoreUnavailable) as exc:
+    except (
+        peewee.DatabaseError,
+        sqlite3.DatabaseError,
+        OSError,
+        ValueError,
+        TypeError,
+        StoreUnavailable,
+    ) as exc:
         close_db()
         db.init(None)
-        raise StoreUnavailable(f"path: cannot open {os.fspath(path)!r} as a batch store: {exc}") from exc
+        raise StoreUnavailable(f"path: cannot open {path!r} as a batch store: {exc}") from exc
     counters.reset()
     return db
 
 
 def _prepare_schema() -> None:
-    """Create what is missing and recompute the byte total if any of it was; a complete file is only read
-    (so opening does not wait on another process's write)."""
+    """Create what is missing, and recompute the byte total if anything was missing or the total is wrong;
+    a complete, consistent file is only read (so opening does not wait on another process's write)."""
     present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
-    if present >= SCHEMA_NAMES and db.execute_sql("SELECT 1 FROM batch_totals WHERE id = 0").fetchone():
+    if present >= SCHEMA_NAMES and _total_is_right():
         return
     with db.atomic():
         for statement in BASE_SCHEMA + SPEED_SCHEMA:
             db.execute_sql(statement)
         db.execute_sql(RECOMPUTE_TOTAL_SQL)
+
+
+def _total_is_right() -> bool:
+    """Whether batch_totals holds SUM(nbytes): a program writing the file without recursive triggers
+    (an INSERT OR REPLACE) or with the triggers dropped can make it drift; open_db then recomputes it."""
+    kept = db.execute_sql(TOTAL_NBYTES_SQL).fetchone()
+    actual = db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
+    return kept is not None and kept[0] == actual[0]
 
 
 def _check_columns() -> None:

@@ -432,6 +432,10 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
     """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
     last: list[tuple[Any, ...]] = [()]  # the row SQLite ran last, to name the field when it fails
     try:
+        targets = iter(targets)
+    except TypeError:
+        checks.invalid("targets", f"must be an iterable of BatchTarget, got {type(targets).__name__}")
+    try:
         rows = _target_rows(job_id, total, targets, last)
         inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
     except UnicodeEncodeError:
