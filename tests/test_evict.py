@@ -9,6 +9,7 @@ import pytest
 from helpers import make_job, make_targets
 
 from sift import dcache
+from sift.dcache import manager
 from sift.dcache.manager import JOBS_PER_TRANSACTION, ROWS_PER_TRANSACTION
 
 FINISHED = ["done", "partial", "failed", "cancelled"]
@@ -193,3 +194,21 @@ def test_eviction_in_many_chunks(store: Any) -> None:
     assert dcache.batch_nbytes() == 6
     stats = dcache.stats()
     assert (stats["jobs_evicted"], stats["bytes_evicted"]) == (count + 1, 3 * count + 1)
+
+
+def test_counters_grow_after_each_chunk(
+    store: dcache.SerializedSqliteDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3 * JOBS_PER_TRANSACTION):
+        dcache.create_batch_job(make_job(f"j{i:04}", status="done", targets_total=0, nbytes=2, lease=10))
+    seen: list[tuple[int, int]] = []
+    delete = manager._delete_jobs
+
+    def recording(rows: list[Any]) -> int:
+        seen.append((dcache.stats()["jobs_evicted"], dcache.stats()["bytes_evicted"]))
+        return delete(rows)
+
+    monkeypatch.setattr(manager, "_delete_jobs", recording)
+    assert dcache.evict_batch_oldest(0) == 3 * JOBS_PER_TRANSACTION
+    n = JOBS_PER_TRANSACTION
+    assert seen == [(0, 0), (n, 2 * n), (2 * n, 4 * n)]

@@ -9,6 +9,7 @@ import pytest
 from helpers import make_job, make_targets
 
 from sift import dcache
+from sift.dcache import manager
 from sift.dcache.manager import JOBS_PER_TRANSACTION, ROWS_PER_TRANSACTION
 
 STATUSES = ["queued", "running", "done", "partial", "failed", "cancelled"]
@@ -129,3 +130,21 @@ def _rows() -> dict[str, list[tuple[Any, ...]]]:
         t: dcache.db.execute_sql(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
         for t in ("batch_job", "batch_target")
     }
+
+
+def test_counter_grows_after_each_chunk(
+    store: dcache.SerializedSqliteDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3 * JOBS_PER_TRANSACTION):
+        dcache.create_batch_job(make_job(f"j{i:04}", targets_total=0, lease=10))
+    seen: list[int] = []
+    delete = manager._delete_jobs
+
+    def recording(rows: list[Any]) -> int:
+        seen.append(dcache.stats()["jobs_swept"])
+        return delete(rows)
+
+    monkeypatch.setattr(manager, "_delete_jobs", recording)
+    assert dcache.sweep_batch(0, now=10) == 3 * JOBS_PER_TRANSACTION
+    assert seen[:3] == [0, JOBS_PER_TRANSACTION, 2 * JOBS_PER_TRANSACTION]  # then one empty chunk
+    assert dcache.stats()["jobs_swept"] == 3 * JOBS_PER_TRANSACTION

@@ -279,9 +279,11 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
         return 0
     swept = chunks = 0
     with db.bulk_writes():
-        while _EXPIRED.rows(cutoff=cutoff):
-            with db.write():
+        while True:
+            with db.write():  # reads its chunk again: another process may have touched it meanwhile
                 deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+            if not deleted:
+                break
             counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
             swept += deleted
             chunks += 1
