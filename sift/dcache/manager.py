@@ -13,7 +13,7 @@ from typing import Any
 
 import peewee
 
-from . import checks
+from . import checks, driver_errors
 from .counters import counters
 from .database import INSERTION_ORDER, TOTAL_NBYTES_SQL, byte_length, db, json_or_null
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
@@ -179,14 +179,14 @@ def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None
     With ``targets``, the job and its targets are stored in one transaction: all or nothing.
     """
     values = _job_values(job)
-    try:
-        with db.write():
+    with db.write():
+        try:
             _INSERT_JOB.run(**values)
-            put = 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
-    except peewee.IntegrityError as exc:
-        if "batch_job.id" in str(exc):
-            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
-        raise
+        except peewee.IntegrityError as exc:
+            if driver_errors.violated(exc) == driver_errors.PRIMARY_KEY:
+                raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
+            raise
+        put = 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
     counters.add("jobs_created")
     counters.add("targets_put", put)
 
@@ -445,9 +445,12 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         checks.invalid("url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})")
     except peewee.IntegrityError as exc:
         idx = last[0][1]
-        if "batch_target.options" in str(exc):
+        violated = driver_errors.violated(exc)
+        if violated == driver_errors.NOT_NULL:  # the only NULL a checked row can hold: json_or_null's
             checks.invalid("options", f"is not valid JSON text (target {idx})")
-        checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
+        if violated == driver_errors.PRIMARY_KEY:
+            checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
+        raise
     return inserted
 
 
