@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 from collections.abc import Callable
 from typing import Any
-
-import peewee
 
 from sift import __version__
 from sift.dcache import BatchError, JobStatus
@@ -201,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))
-    except (peewee.DatabaseError, sqlite3.Error) as exc:
-        return _fail(f"database error in {args.db}: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except BrokenPipeError:
