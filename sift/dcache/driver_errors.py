@@ -29,13 +29,11 @@ _LOCKED = "locked by another process for over {timeout:g} s"
 SQLITE_ERRORS: dict[int, tuple[type[StoreUnavailable], str]] = {
     sqlite3.SQLITE_FULL: (
         StoreFull,
-        "the disk holding {path} is full ({sqlite}); the failed transaction was rolled back: "
-        "free space on that file system and retry",
+        "the disk holding {path} is full ({sqlite}): free space on that file system and retry",
     ),
     sqlite3.SQLITE_IOERR: (
         StoreUnavailable,
-        "I/O error on {path} ({sqlite}); the failed transaction was rolled back: "
-        "check the disk and file system, then retry",
+        "I/O error on {path} ({sqlite}): check the disk and its file system, then retry",
     ),
     sqlite3.SQLITE_CORRUPT: (
         StoreCorrupt,
