@@ -80,12 +80,13 @@ def public_functions() -> list[str]:
     return sorted(name for name in dcache.__all__ if inspect.isfunction(getattr(dcache, name)))
 
 
-def populate(jobs: int = 40) -> None:
-    """``jobs`` finished jobs of 3 targets with results (job-1 keeps target 1 pending), and job-2 running."""
+def populate(jobs: int = 40, *, results: bool = True) -> None:
+    """``jobs`` finished jobs of 3 targets, with results unless told not (job-1 keeps target 1 pending), and
+    job-2 running."""
     for n in range(1, jobs + 1):
         dcache.create_batch_job(make_job(f"job-{n}", idem_key=f"k-{n}", status="done"), make_targets(3))
         for idx in range(3):
-            if (n, idx) != (1, 1):
+            if results and (n, idx) != (1, 1):
                 dcache.update_batch_target(f"job-{n}", idx, "done", result=RESULT, now=1_000 + n)
     dcache.set_batch_job_status("job-2", "running", now=1_500)
 
@@ -143,10 +144,10 @@ def file_size_limit(limit: int) -> Iterator[None]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
-def damage(path: Path, where: str, seed: int = 13, size: int = 8192) -> None:
-    """Overwrite ``size`` bytes of the closed store file with random bytes: in the middle, or from the start
-    (the header and the schema's page)."""
-    offset = 0 if where == "header" else (path.stat().st_size // 2) // 4096 * 4096
+def damage(path: Path, at: float, seed: int = 13, size: int = 8192) -> None:
+    """Overwrite ``size`` bytes of the closed store file with random bytes, from the page at fraction ``at``
+    of the file (0: the header and the schema's page)."""
+    offset = int(path.stat().st_size * at) // 4096 * 4096
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(random.Random(seed).randbytes(size))

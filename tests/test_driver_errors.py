@@ -84,7 +84,7 @@ class Fault:
         if kind in ("read-only", "corrupt"):
             dcache.close_db()
             if kind == "corrupt":
-                damage(self.path, "middle")
+                damage(self.path, 0.5)
             else:
                 stack.enter_context(read_only(self.path))
             dcache.open_db(self.path, timeout=0.2)
