@@ -4,8 +4,10 @@ works or raises StoreCorrupt, with the sqlite3 error as ``__cause__``; none leak
 
 from __future__ import annotations
 
+import random
 import shutil
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,26 @@ def test_the_cli_prints_one_line(
     assert out == ""
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"sift: database: {str(path)!r} is damaged (SQLITE_CORRUPT")
+
+
+def test_damage_met_after_the_first_row(tmp_path: Path) -> None:
+    """sqlite3 runs a query to its first row in ``execute`` and reads the rest in ``fetchall``: a damaged
+    page met there is StoreCorrupt too. Here: the second leaf page of batch_job, read by sweep_batch's
+    first query (in lease order, by the lease index), after the rows of the first page."""
+    path = make_store(tmp_path, "rows")
+    with closing(sqlite3.connect(path)) as conn:
+        leaves = conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'batch_job' AND pagetype = 'leaf' ORDER BY pageno"
+        ).fetchall()
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    dcache.open_db(path)
+    try:
+        dcache.db.close()  # the next call connects again, without open_db's read of every job
+        with open(path, "r+b") as f:
+            f.seek((leaves[1][0] - 1) * page_size)
+            f.write(random.Random(1).randbytes(page_size))
+        with pytest.raises(dcache.StoreCorrupt) as info:
+            dcache.sweep_batch(0, now=10**6)
+        assert_corrupt(info.value)
+    finally:
+        dcache.close_db()

@@ -238,3 +238,12 @@ def test_a_connect_whose_pragmas_fail_keeps_no_half_open_connection(file_store: 
         name: dcache.db.execute_sql(f"PRAGMA {name}").fetchone()[0] for name in ("recursive_triggers",)
     }
     assert pragmas == {"recursive_triggers": 1}
+
+
+def test_connecting_twice_keeps_the_open_connection(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    conn = dcache.db.connection()  # type: ignore[no-untyped-call]
+    with pytest.raises(peewee.OperationalError, match="already opened"):  # Peewee's own, not the driver's
+        dcache.db.connect()
+    assert dcache.db.connection() is conn  # type: ignore[no-untyped-call]
+    assert dcache.batch_job("job-1") is not None

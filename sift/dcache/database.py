@@ -297,10 +297,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 "fork outside transactions"
             )
         with self.lock:
+            was_closed = self._state.closed
             try:
                 return bool(super().connect(reuse_if_open))
             except Exception as exc:
-                if self._state.conn is not None:  # opened, but its pragmas failed: do not keep it half set up
+                if was_closed and self._state.conn is not None:  # opened, but a pragma failed: not kept
                     self._state.conn.close()
                     self._state.reset()
                 self.raise_store_error(exc)
@@ -327,8 +328,9 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                     )
                 self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as exc:
-                if not is_busy(exc):  # busy: another process is checkpointing, which does the same work
-                    self.raise_store_error(exc)
+                if is_busy(exc):  # another process is checkpointing, which does the same work
+                    return
+                self.raise_store_error(exc)
                 raise
 
     def bulk_writes(self) -> _BulkWrites:
@@ -395,6 +397,27 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                         self.connect()
                         conn = self._state.conn
                     return conn.execute(sql, params)  # type: ignore[no-any-return]
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
+
+    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the
+        statement again, and can meet a damaged page or an I/O error too)."""
+        with self.lock:
+            cursor = self.run_sql(sql, params)
+            try:
+                return cursor.fetchall()
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
+
+    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
+        """The first row of a query, or None; errors as in :meth:`fetch_all`."""
+        with self.lock:
+            cursor = self.run_sql(sql, params)
+            try:
+                return cursor.fetchone()
             except Exception as exc:
                 self.raise_store_error(exc)
                 raise

@@ -329,11 +329,15 @@ def evict_candidates(max_bytes: int) -> list[BatchJob]:
     with db.lock:
         excess = batch_nbytes() - max_bytes
         if excess > 0:
-            for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):
-                chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
-                excess -= chosen[-1].nbytes
-                if excess <= 0:
-                    break
+            try:
+                for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):  # streamed: it stops at the excess
+                    chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
+                    excess -= chosen[-1].nbytes
+                    if excess <= 0:
+                        break
+            except Exception as exc:
+                db.raise_store_error(exc)
+                raise
     return chosen
 
 
@@ -385,8 +389,7 @@ def live_batch_jobs_total() -> int:
 
 def batch_nbytes() -> int:
     """The total of ``nbytes`` over every job (a running total, not a scan)."""
-    with db.lock:
-        row = db.run_sql(TOTAL_NBYTES_SQL, ()).fetchone()
+    row = db.fetch_one(TOTAL_NBYTES_SQL, ())
     return 0 if row is None else int(row[0])
 
 
