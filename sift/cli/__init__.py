@@ -1,7 +1,8 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
 Built on the public functions of :mod:`sift.dcache` and its models. Errors the user caused (an unknown
-job id, a bad duration or size, a file that is not a store or stays locked) print one line on standard
+job id, a bad duration or size, a file that is not a store or stays locked) and failures of the store
+(a full disk, a damaged file: the store raises them as ``BatchError`` too) print one line on standard
 error and exit 1; usage errors exit 2, as argparse does.
 """
 
