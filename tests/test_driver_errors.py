@@ -247,3 +247,20 @@ def test_connecting_twice_keeps_the_open_connection(file_store: Path) -> None:
         dcache.db.connect()
     assert dcache.db.connection() is conn  # type: ignore[no-untyped-call]
     assert dcache.batch_job("job-1") is not None
+
+
+def test_ad_hoc_model_queries_get_the_same_errors(tmp_path: Path) -> None:
+    """Peewee queries on the models (a web view's, a shell's) raise the package's errors too, but for a
+    constraint violation, which stays ``peewee.IntegrityError``, as Peewee's own ``get_or_create`` expects."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        dcache.create_batch_job(make_job("job-1"))
+        with pytest.raises(peewee.IntegrityError):
+            dcache.BatchJob.insert(**make_job("job-1").__data__).execute()
+        with locked_by_another_process(path), pytest.raises(dcache.StoreUnavailable) as info:
+            dcache.BatchJob.update(lease=5).where(dcache.BatchJob.id == "job-1").execute()
+        assert driver_errors.is_busy(info.value.__cause__ or info.value)
+        assert dcache.BatchJob.get_by_id("job-1").lease == 1_000
+    finally:
+        dcache.close_db()
