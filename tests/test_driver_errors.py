@@ -86,7 +86,9 @@ class Fault:
             if kind == "corrupt":
                 damage(self.path, 0.5)
             else:
-                stack.enter_context(read_only(self.path))
+                self.made_read_only = ExitStack()
+                self.made_read_only.enter_context(read_only(self.path))
+                stack.callback(self.made_read_only.close)
             dcache.open_db(self.path, timeout=0.2)
 
     @contextmanager
@@ -264,3 +266,16 @@ def test_ad_hoc_model_queries_get_the_same_errors(tmp_path: Path) -> None:
         assert dcache.BatchJob.get_by_id("job-1").lease == 1_000
     finally:
         dcache.close_db()
+
+
+def test_a_read_only_store_writes_again_once_reopened(tmp_path: Path) -> None:
+    """SQLite opened the file read-only: writable again, the open store still refuses writes; a new
+    open_db writes."""
+    with ExitStack() as stack:
+        fault = Fault("read-only", tmp_path, stack)
+        fault.made_read_only.close()
+        with pytest.raises(dcache.StoreReadOnly):
+            dcache.touch_batch_job("job-1", now=3_000)
+        dcache.open_db(fault.path)
+        dcache.touch_batch_job("job-1", now=3_000)
+        assert dcache.db.execute_sql("PRAGMA integrity_check").fetchall() == [("ok",)]
