@@ -502,6 +502,8 @@ def test_bad_input(store: Any, bad: Case) -> None:
         bad.call()
     assert type(info.value) is bad.exc, repr(info.value)
     assert str(info.value).split(":", 1)[0] == bad.field, str(info.value)
+    if isinstance(info.value, dcache.InvalidBatchInput):
+        assert info.value.field == bad.field
     assert snapshot() == before
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +26,25 @@ def test_exception_hierarchy() -> None:
         dcache.DuplicateJob,
         dcache.StoreNotOpen,
         dcache.StoreUnavailable,
+        dcache.StoreFull,
+        dcache.StoreCorrupt,
+        dcache.StoreReadOnly,
     ):
         assert issubclass(cls, dcache.BatchError)
         assert not issubclass(cls, (peewee.PeeweeException, sqlite3.Error))
     assert issubclass(dcache.BatchError, Exception)
+    for cls in (dcache.StoreFull, dcache.StoreCorrupt, dcache.StoreReadOnly):
+        assert issubclass(cls, dcache.StoreUnavailable)  # a 503 to a web app, like any unusable store
+
+
+def test_invalid_input_names_its_field(store: Any) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        dcache.put_batch_targets("job-1", [make_target(0, options="{")])
+    assert info.value.field == "options"
+    assert str(info.value) == "options: is not valid JSON text (target 0)"
+    copy = pickle.loads(pickle.dumps(info.value))  # as it crosses to another process
+    assert (type(copy), copy.field, str(copy)) == (dcache.InvalidBatchInput, "options", str(info.value))
 
 
 def test_reads_return_none_on_a_miss(store: Any) -> None:

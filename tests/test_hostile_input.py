@@ -32,6 +32,7 @@ def assert_refused(call: Callable[[], Any], field: str) -> None:
     with pytest.raises(dcache.InvalidBatchInput) as info:
         call()
     assert str(info.value).startswith(f"{field}:"), str(info.value)
+    assert info.value.field == field
     assert counts() == before_counts
     assert snapshot() == before
 

@@ -6,6 +6,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from faults import locked_by_another_process
+from helpers import make_job
+
 from sift import dcache
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -50,3 +53,38 @@ def test_restart_reconciles(tmp_path: Path) -> None:
     job = dcache.batch_job(job_id)
     assert job is not None and job.status == "failed" and job.error == "the service restarted"
     dcache.close_db()
+
+
+def error_example() -> dict[str, Any]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Using the store from a web app", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "def answer(" in b]
+    assert len(blocks) == 1
+    namespace: dict[str, Any] = {"dcache": dcache}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    return namespace
+
+
+def test_errors_as_http_answers(tmp_path: Path) -> None:
+    answer = error_example()["answer"]
+    path = tmp_path / "app.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        dcache.create_batch_job(make_job("job-1"))
+
+        def touch(job_id: str, now: int) -> tuple[int, dict[str, Any]]:
+            dcache.touch_batch_job(job_id, now=now)
+            return 200, {}
+
+        assert answer(lambda: touch("job-1", 5)) == (200, {})
+        assert answer(lambda: touch("job-1", -1)) == (
+            400,
+            {"field": "now", "error": "now: must be a non-negative int, got -1"},
+        )
+        assert answer(lambda: touch("nope", 5)) == (404, {"error": "no such job"})
+        with locked_by_another_process(path):
+            status, _ = answer(lambda: touch("job-1", 6))
+        assert status == 503
+        assert answer(lambda: touch("job-1", 7)) == (200, {})
+    finally:
+        dcache.close_db()

@@ -1,7 +1,8 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
 Built on the public functions of :mod:`sift.dcache` and its models. Errors the user caused (an unknown
-job id, a bad duration or size, a file that is not a store or stays locked) print one line on standard
+job id, a bad duration or size, a file that is not a store or stays locked) and failures of the store
+(a full disk, a damaged file: the store raises them as ``BatchError`` too) print one line on standard
 error and exit 1; usage errors exit 2, as argparse does.
 """
 
@@ -9,12 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 from collections.abc import Callable
 from typing import Any
-
-import peewee
 
 from sift import __version__
 from sift.dcache import BatchError, JobStatus
@@ -201,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))
-    except (peewee.DatabaseError, sqlite3.Error) as exc:
-        return _fail(f"database error in {args.db}: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     except BrokenPipeError:

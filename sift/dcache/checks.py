@@ -26,7 +26,7 @@ def _show(value: Any) -> str:
 
 def invalid(field: str, problem: str) -> NoReturn:
     counters.add("invalid_input")
-    raise InvalidBatchInput(f"{field}: {problem}")
+    raise InvalidBatchInput(field, problem)
 
 
 def count(field: str, value: Any) -> int:

@@ -8,7 +8,6 @@ statement, including ad-hoc model queries made by a web view or a shell.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sqlite3
@@ -22,7 +21,8 @@ from typing import Any, TypeVar
 import peewee
 
 from .counters import counters
-from .errors import StoreNotOpen, StoreReadOnly, StoreUnavailable
+from .driver_errors import is_busy, store_error
+from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
 
 __all__ = ["SerializedSqliteDatabase", "close_db", "db", "open_db"]
 
@@ -209,7 +209,7 @@ class _WriteTransaction:
                 database._state.transactions.append(self)
         except BaseException as exc:
             database.lock.release()
-            raise_if_busy(exc, database.timeout)
+            database.raise_store_error(exc)
             raise
 
     def __exit__(
@@ -219,23 +219,23 @@ class _WriteTransaction:
         try:
             if self.savepoint is not None:
                 self.savepoint.__exit__(exc_type, exc, tb)
-                return
-            database._state.transactions.pop()
-            conn = database._state.conn
-            if exc_type is None:
-                try:
-                    database.run_sql("COMMIT", ())
-                except BaseException as commit_error:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise_if_busy(commit_error, database.timeout)
-                    raise
-            elif conn is not None and conn.in_transaction:
-                conn.execute("ROLLBACK")
+            else:
+                database._state.transactions.pop()
+                if exc_type is None:
+                    try:
+                        database.run_sql("COMMIT", ())
+                    except BaseException:
+                        database.rollback_if_open()
+                        raise
+                else:
+                    database.rollback_if_open()
+        except BaseException as end_error:
+            database.raise_store_error(end_error, constraints=True)
+            raise
         finally:
             database.lock.release()
-        if exc is not None:
-            raise_if_busy(exc, database.timeout)
+        if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
+            database.raise_store_error(exc, constraints=True)
 
 
 class _BulkWrites:
@@ -385,7 +385,14 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         with self.lock:
             if not self._state.closed:
                 return False
-            return bool(super().connect())
+            try:
+                return bool(super().connect())
+            except Exception as exc:
+                if self._state.conn is not None:  # opened, but a pragma failed: not kept
+                    self._state.conn.close()
+                    self._state.reset()
+                self.raise_store_error(exc)
+                raise
 
     def close(self) -> bool:
         """Does nothing and returns False while the store is open (other threads use the connection, and
@@ -461,7 +468,10 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 self.path, self.readonly = None, False
                 if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
                     raise
-                raise StoreUnavailable(f"path: cannot open {path!r} as a batch store: {exc}") from exc
+                # Keep the kind (StoreCorrupt, StoreFull, ...) and the driver's error as the cause.
+                kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
+                cause = exc.__cause__ if isinstance(exc, BatchError) and exc.__cause__ is not None else exc
+                raise kind(f"path: cannot open {path!r} as a batch store: {exc}") from cause
             self._store_open = True
 
     def close_store(self) -> None:
@@ -477,13 +487,17 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         if self.deferred or self.readonly or self.database == ":memory:":
             return
         with self._checkpoint_lock:
-            if self._checkpointer is None:
-                self._checkpointer = sqlite3.connect(
-                    self.database, isolation_level=None, check_same_thread=False
-                )
-            # Busy means another process is checkpointing, which does the same work.
-            with contextlib.suppress(sqlite3.OperationalError):
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = sqlite3.connect(
+                        self.database, isolation_level=None, check_same_thread=False
+                    )
                 self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as exc:
+                if is_busy(exc):  # another process is checkpointing, which does the same work
+                    return
+                self.raise_store_error(exc)
+                raise
 
     def bulk_writes(self) -> _BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
@@ -492,7 +506,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
 
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
         with self.lock:
-            return BufferedCursor(super().execute_sql(sql, params))  # type: ignore[no-untyped-call]
+            try:
+                return BufferedCursor(super().execute_sql(sql, params))  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
 
     def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
@@ -526,26 +544,77 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 self.lock.release()  # the one session_start took
 
     def write(self) -> _WriteTransaction:
-        """The store's write transaction: BEGIN IMMEDIATE under the lock; a lock held by another process
-        past the busy timeout raises StoreUnavailable. Inside another transaction it is a savepoint."""
+        """The store's write transaction: BEGIN IMMEDIATE under the lock. Inside another transaction it
+        is a savepoint. Any driver error leaving the block, a constraint violation included, becomes the
+        package's error: StoreUnavailable (a lock held by another process past the busy timeout, say) or
+        one of its subclasses."""
         return _WriteTransaction(self)
 
     def run_sql(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
         """Execute on the shared connection without Peewee's query wrapping. The caller holds the lock
-        while it reads rows from the cursor; one-shot statements take it here."""
-        with self.lock, _peewee_errors:
-            conn = self._state.conn
-            if conn is None:
-                self.connect()
-                conn = self._state.conn
-            return conn.execute(sql, params)  # type: ignore[no-any-return]
+        while it reads rows from the cursor; one-shot statements take it here. A constraint violation
+        is a ``peewee.IntegrityError``; any other driver error is the package's StoreUnavailable (or a
+        subclass)."""
+        with self.lock:
+            try:
+                with _peewee_errors:
+                    conn = self._state.conn
+                    if conn is None:
+                        self.connect()
+                        conn = self._state.conn
+                    return conn.execute(sql, params)  # type: ignore[no-any-return]
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
+
+    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the
+        statement again, and can meet a damaged page or an I/O error too)."""
+        with self.lock:
+            cursor = self.run_sql(sql, params)
+            try:
+                return cursor.fetchall()
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
+
+    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
+        """The first row of a query, or None; errors as in :meth:`fetch_all`."""
+        with self.lock:
+            cursor = self.run_sql(sql, params)
+            try:
+                return cursor.fetchone()
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
-        """Run one statement for each row, streaming ``rows``; return the rows changed."""
-        with self.lock, _peewee_errors:
-            cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
-            cursor.executemany(sql, rows)
-            return cursor.rowcount
+        """Run one statement for each row, streaming ``rows``; return the rows changed. Errors as in
+        :meth:`run_sql`."""
+        with self.lock:
+            try:
+                with _peewee_errors:
+                    cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
+                    cursor.executemany(sql, rows)
+                    return cursor.rowcount
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
+
+    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
+        """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`); return
+        when ``exc`` is none, or is a constraint violation and ``constraints`` is false."""
+        error = store_error(exc, path=self.database or "", timeout=self.timeout, constraints=constraints)
+        if error is not None:
+            raise error
+
+    def rollback_if_open(self) -> None:
+        """Roll back the connection's transaction, if one is open (SQLite ends it itself after some
+        errors, a full disk among them)."""
+        conn = self._state.conn
+        if conn is not None and conn.in_transaction:
+            with _peewee_errors:
+                conn.execute("ROLLBACK")
 
     def set_variable_limit(self, limit: int) -> int:
         """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
@@ -567,7 +636,9 @@ def open_db(
     the counters. ``":memory:"`` gives a private in-memory store. With ``readonly=True`` the file must
     exist and hold the whole schema; nothing is ever written to it, and every write raises
     ``StoreReadOnly``. Raises ``StoreUnavailable`` for a path that cannot be opened (saying why), a file
-    that is not a batch store, or one locked by another process past ``timeout`` seconds.
+    that is not a batch store, or one locked by another process past ``timeout`` seconds; ``StoreCorrupt``
+    for a file that is not a SQLite database or is damaged, and ``StoreFull`` when the disk is too full
+    to create the schema.
     """
     db.open_store(path, timeout=timeout, readonly=readonly)
     counters.reset()
@@ -667,11 +738,3 @@ INSERTION_ORDER = peewee.SQL("_rowid_")
 
 #: The running byte total kept by the triggers above.
 TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
-
-
-def raise_if_busy(exc: BaseException, timeout: float) -> None:
-    """Raise StoreUnavailable if ``exc`` means another process held the lock past the busy timeout."""
-    if isinstance(exc, (peewee.OperationalError, sqlite3.OperationalError)) and (
-        "database is locked" in str(exc) or "database is busy" in str(exc)
-    ):
-        raise StoreUnavailable(f"database: locked by another process for over {timeout:g} s") from exc

@@ -1,4 +1,13 @@
-"""Every exception the batch store raises on purpose. Messages start with the field at fault."""
+"""Every exception the batch store raises. Messages start with the field at fault.
+
+A failure of the database itself (disk full, I/O error, a damaged file, a lock held too long) is a
+:class:`StoreUnavailable` or one of its subclasses, with the driver's exception (a ``sqlite3.Error``) as
+``__cause__``; :mod:`sift.dcache.driver_errors` decides which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 
 class BatchError(Exception):
@@ -6,7 +15,15 @@ class BatchError(Exception):
 
 
 class InvalidBatchInput(BatchError, ValueError):
-    """An argument or model field is malformed; nothing was written."""
+    """An argument or model field is malformed; nothing was written. ``field`` names it."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:  # so it crosses process boundaries (pickle) intact
+        return type(self), (self.field, self.problem)
 
 
 class JobNotFound(BatchError, LookupError):
@@ -26,8 +43,17 @@ class StoreNotOpen(BatchError, RuntimeError):
 
 
 class StoreUnavailable(BatchError):
-    """The file cannot be used: not a SQLite database, unreadable, or locked past the busy timeout."""
+    """The file cannot be used now: unreadable, an I/O error, or locked past the busy timeout."""
+
+
+class StoreFull(StoreUnavailable):
+    """The disk holding the store is full; the failed transaction was rolled back. Free space, retry."""
+
+
+class StoreCorrupt(StoreUnavailable):
+    """The file is not a SQLite database, or is damaged: check it with ``PRAGMA integrity_check``."""
 
 
 class StoreReadOnly(StoreUnavailable):
-    """A write was asked of a store opened with ``readonly=True``, or of a file SQLite may not write."""
+    """A write to a store opened with ``readonly=True``, or to a file, folder or file system SQLite may
+    not write."""

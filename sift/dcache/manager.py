@@ -13,7 +13,7 @@ from typing import Any
 
 import peewee
 
-from . import checks
+from . import checks, driver_errors
 from .counters import counters
 from .database import INSERTION_ORDER, TOTAL_NBYTES_SQL, byte_length, db, json_or_null
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
@@ -344,11 +344,15 @@ def evict_candidates(max_bytes: int) -> list[BatchJob]:
     with db.lock:
         excess = batch_nbytes() - max_bytes
         if excess > 0:
-            for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):
-                chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
-                excess -= chosen[-1].nbytes
-                if excess <= 0:
-                    break
+            try:
+                for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):  # streamed: it stops at the excess
+                    chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
+                    excess -= chosen[-1].nbytes
+                    if excess <= 0:
+                        break
+            except Exception as exc:
+                db.raise_store_error(exc)
+                raise
     return chosen
 
 
@@ -400,8 +404,7 @@ def live_batch_jobs_total() -> int:
 
 def batch_nbytes() -> int:
     """The total of ``nbytes`` over every job (a running total, not a scan)."""
-    with db.lock:
-        row = db.run_sql(TOTAL_NBYTES_SQL, ()).fetchone()
+    row = db.fetch_one(TOTAL_NBYTES_SQL, ())
     return 0 if row is None else int(row[0])
 
 
@@ -450,7 +453,7 @@ def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None) -
     try:
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:
-        if "batch_job.id" in str(exc):
+        if driver_errors.violated(exc) == driver_errors.PRIMARY_KEY:
             raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
         raise
     return 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
@@ -471,9 +474,12 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         checks.invalid("url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})")
     except peewee.IntegrityError as exc:
         idx = last[0][1]
-        if "batch_target.options" in str(exc):
+        violated = driver_errors.violated(exc)
+        if violated == driver_errors.NOT_NULL:  # the only NULL a checked row can hold: json_or_null's
             checks.invalid("options", f"is not valid JSON text (target {idx})")
-        checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
+        if violated == driver_errors.PRIMARY_KEY:
+            checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
+        raise
     return inserted
 
 

@@ -98,15 +98,11 @@ class Statement:
 
     def rows(self, **values: Any) -> list[Any]:
         """Execute once; return every row."""
-        sql, params = self.bind(values)
-        with db.lock:
-            return db.run_sql(sql, params).fetchall()
+        return db.fetch_all(*self.bind(values))
 
     def scalar(self, **values: Any) -> Any:
         """Execute once; return the first column of the first row, or None."""
-        sql, params = self.bind(values)
-        with db.lock:
-            row = db.run_sql(sql, params).fetchone()
+        row = db.fetch_one(*self.bind(values))
         return None if row is None else row[0]
 
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:

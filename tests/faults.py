@@ -1,0 +1,208 @@
+"""Real faults to put under a store, and a valid call of every public function of sift.dcache.
+
+- a full disk: a small tmpfs filled up (as root), else ``RLIMIT_FSIZE`` with ``SIGXFSZ`` ignored;
+- I/O errors: ``RLIMIT_FSIZE`` of 0, so every ``write()`` fails with EFBIG, which SQLite reports as
+  ``SQLITE_IOERR_WRITE`` (a real failing system call, no patched connection);
+- a damaged file: random bytes written over pages of a copy;
+- a read-only store: its file system remounted read-only (as root), else the file and directory chmod-ed;
+- a lock held past the busy timeout: another process inside ``BEGIN EXCLUSIVE``.
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import itertools
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from helpers import make_job, make_targets
+
+from sift import dcache
+
+IS_ROOT = os.geteuid() == 0
+
+#: A result big enough that a few fill a page of their own.
+RESULT = '{"body":"' + "r" * 3000 + '"}'
+
+
+# -- The public functions, each with a valid call on a store made by populate() --------------------------
+
+_ids = itertools.count()
+
+
+def _new_id() -> str:
+    return f"new-{next(_ids)}"
+
+
+def _put_one() -> None:
+    job_id = _new_id()
+    dcache.create_batch_job(make_job(job_id, targets_total=2))
+    dcache.put_batch_targets(job_id, make_targets(2))
+
+
+#: Public function name -> a call with valid arguments. The store path is the argument of open_db.
+PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
+    "batch_job": lambda _: dcache.batch_job("job-1"),
+    "batch_job_by_idem": lambda _: dcache.batch_job_by_idem("alice", "k-1", 10**9, now=2_000),
+    "batch_nbytes": lambda _: dcache.batch_nbytes(),
+    "batch_targets": lambda _: dcache.batch_targets("job-1"),
+    "close_db": lambda _: dcache.close_db(),
+    "create_batch_job": lambda _: dcache.create_batch_job(make_job(_new_id()), make_targets(3)),
+    "evict_batch_oldest": lambda _: dcache.evict_batch_oldest(0),
+    "evict_candidates": lambda _: dcache.evict_candidates(0),
+    "live_batch_jobs": lambda _: dcache.live_batch_jobs("alice"),
+    "live_batch_jobs_total": lambda _: dcache.live_batch_jobs_total(),
+    "mark_in_flight_failed": lambda _: dcache.mark_in_flight_failed("restart", now=2_000),
+    "open_db": lambda path: dcache.open_db(path),
+    "put_batch_targets": lambda _: _put_one(),
+    "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
+    "stats": lambda _: dcache.stats(),
+    "submit_batch_job": lambda _: dcache.submit_batch_job(
+        make_job(_new_id(), idem_key=_new_id()), make_targets(3), 10**9, now=2_000
+    ),
+    "sweep_batch": lambda _: dcache.sweep_batch(0, now=10**6),
+    "sweep_candidates": lambda _: dcache.sweep_candidates(0, now=10**6),
+    "touch_batch_job": lambda _: dcache.touch_batch_job("job-1", now=2_000),
+    "unix_now": lambda _: dcache.unix_now(),
+    "update_batch_target": lambda _: dcache.update_batch_target("job-1", 1, "done", result=RESULT, now=2_000),
+}
+
+
+def public_functions() -> list[str]:
+    """Every function in ``sift.dcache.__all__``: a new one must get a PUBLIC_CALLS entry."""
+    return sorted(name for name in dcache.__all__ if inspect.isfunction(getattr(dcache, name)))
+
+
+def populate(jobs: int = 40, *, results: bool = True) -> None:
+    """``jobs`` finished jobs of 3 targets, with results unless told not (job-1 keeps target 1 pending), and
+    job-2 running."""
+    for n in range(1, jobs + 1):
+        dcache.create_batch_job(make_job(f"job-{n}", idem_key=f"k-{n}", status="done"), make_targets(3))
+        for idx in range(3):
+            if results and (n, idx) != (1, 1):
+                dcache.update_batch_target(f"job-{n}", idx, "done", result=RESULT, now=1_000 + n)
+    dcache.set_batch_job_status("job-2", "running", now=1_500)
+
+
+# -- Faults ----------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def tmpfs(directory: Path, size: str = "3m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``directory`` (root only), unmounted afterwards."""
+    if not IS_ROOT:
+        pytest.skip("mounting a tmpfs needs root")
+    directory.mkdir(exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def fill(directory: Path, leave: int = 0) -> Path:
+    """Write a filler file until the file system holding ``directory`` is full (but for about ``leave``
+    bytes); delete it to free the space."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for chunk in (1 << 20, 1 << 16, 1 << 12):
+            try:
+                while shutil.disk_usage(directory).free - chunk >= leave:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return filler
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """No file of this process may grow past ``limit`` bytes (and no write may start at or past it): a
+    write crossing it is cut short, one starting past it fails with EFBIG. SIGXFSZ is ignored meanwhile."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def damage(path: Path, at: float, seed: int = 13, size: int = 8192) -> None:
+    """Overwrite ``size`` bytes of the closed store file with random bytes, from the page at fraction ``at``
+    of the file (0: the header and the schema's page)."""
+    offset = int(path.stat().st_size * at) // 4096 * 4096
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(random.Random(seed).randbytes(size))
+
+
+def leave_wal_files(path: Path) -> None:
+    """Make the -wal and -shm files exist beside a closed store, as a process that died with it open leaves
+    them (a read-only WAL store can only be opened with them)."""
+    code = "import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT 1 FROM batch_job')"
+    subprocess.run([sys.executable, "-c", code + "; os._exit(0)", str(path)], check=True)
+    assert Path(f"{path}-shm").exists() and Path(f"{path}-wal").exists()
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """The closed store at ``path``, its -wal and -shm files and directory made read-only: the file system
+    remounted read-only when ``path``'s directory is a mount point (as root), else chmod (not root)."""
+    directory = path.parent
+    leave_wal_files(path)
+    if IS_ROOT:
+        subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(directory)], check=True)
+        return
+    files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+    for file in files:
+        file.chmod(0o444)
+    directory.chmod(0o555)
+    try:
+        yield
+    finally:
+        directory.chmod(0o755)
+        for file in files:
+            file.chmod(0o644)
+
+
+@contextmanager
+def locked_by_another_process(path: Path) -> Iterator[None]:
+    """Another process holds the store's write lock (BEGIN EXCLUSIVE) until the block ends."""
+    code = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
