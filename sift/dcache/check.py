@@ -204,7 +204,7 @@ _TARGET_GROUPS = f"""SELECT job_id, COUNT(*), SUM(status IN ({_FINAL})),
     MIN(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END),
     MAX(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END), MIN(idx), MAX(idx)
     FROM batch_target WHERE {{where}} GROUP BY job_id"""
-_JOBS = "SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where}"
+_JOBS = "SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} ORDER BY id"
 _TOTAL = f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
 
 
