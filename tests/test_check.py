@@ -207,8 +207,10 @@ def test_chunks_cover_every_id_once(file_store: Path, monkeypatch: pytest.Monkey
         ),
         "UPDATE batch_job SET targets_done = 1 WHERE id IN ('job-2', 'job-3', 'job-7')",
     )
-    report = dcache.check_store()
+    progress: list[int] = []
+    report = dcache.check_store(progress=progress.append)
     assert chunks == [(None, "job-2"), ("job-2", "job-4"), ("job-4", "job-6"), ("job-6", None)]
+    assert progress == [2, 2, 2, 1]  # jobs read by each chunk
     assert (report.jobs, report.targets) == (7, 18)
     assert sorted((v.kind, v.job_id) for v in report.violations) == sorted(
         [("orphan_targets", o) for o in orphans] + [("targets_done", f"job-{i}") for i in (2, 3, 7)]

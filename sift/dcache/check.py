@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +24,10 @@ __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
 #: Jobs read (and, with repair, fixed) per transaction.
 JOBS_PER_CHUNK = 500
+
+#: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
+#: target_idx) are left for a person to decide.
+REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
 
 _JOB_STATUSES = frozenset(s.value for s in JobStatus)
 
@@ -94,9 +98,10 @@ class StoreReport:
         return "\n".join(lines)
 
 
-def check_store(*, repair: bool = False) -> StoreReport:
+def check_store(*, repair: bool = False, progress: Callable[[int], None] | None = None) -> StoreReport:
     """Check every invariant of the open store and name each violation with the job it affects;
-    with ``repair``, recompute the derived fields and delete orphan targets, reporting each change."""
+    with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
+    ``progress`` is called after each chunk with the number of jobs it read."""
     report = StoreReport()
     damage = _side_read("PRAGMA quick_check")
     if damage != [("ok",)]:
@@ -129,6 +134,8 @@ def check_store(*, repair: bool = False) -> StoreReport:
         report.jobs += chunk.jobs
         report.targets += chunk.targets
         report.violations += chunk.violations
+        if progress is not None:
+            progress(chunk.jobs)
         if repair and chunk.fixes:
             with db.write():  # read again: another writer may have changed the chunk meanwhile
                 report.repairs += _Chunk(low, high).fix()
