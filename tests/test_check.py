@@ -160,7 +160,7 @@ def test_every_corruption_at_once_is_named(file_store: Path) -> None:
         "nbytes (job 'job-d'): nbytes is 99, but its results hold 0 bytes (UTF-8)",
         "target_idx (job 'job-d'): target idx outside 0..1 (targets_total - 1): 5",
         "nbytes (job 'job-e'): nbytes is 7, but its results hold 0 bytes (UTF-8)",
-        "orphan_targets (job 'job-b'): 2 target(s) without their job",
+        "orphan_targets (job 'job-b'): 2 targets without their job",
     ]
     assert (report.jobs, report.targets) == (4, 8)
     repaired = dcache.check_store(repair=True)
@@ -170,7 +170,7 @@ def test_every_corruption_at_once_is_named(file_store: Path) -> None:
         "targets_done (job 'job-a'): 3 -> 2",
         "nbytes (job 'job-d'): 99 -> 0",  # with the triggers: total 10
         "nbytes (job 'job-e'): 7 -> 0",  # total 3
-        "orphan_targets (job 'job-b'): deleted 2 target(s)",
+        "orphan_targets (job 'job-b'): deleted 2 targets",
         "total: 3 -> 10",
     ]
     left = dcache.check_store()
@@ -251,6 +251,17 @@ def test_check_inside_a_transaction_reads_it(store: Any) -> None:
             "targets_done (job 'job-a'): 0 -> 2"
         ]
     assert dcache.check_store().ok
+
+
+def test_details_count_in_words(store: Any) -> None:
+    dcache.create_batch_job(make_job("one", targets_total=2), make_targets(2))
+    dcache.update_batch_target("one", 0, "done", now=1)
+    dcache.db.execute_sql("UPDATE batch_job SET targets_done = 2")
+    dcache.db.execute_sql("UPDATE batch_target SET status = 'odd' WHERE idx = 1")
+    assert [v.detail for v in dcache.check_store().violations] == [
+        "targets_done is 2, but 1 target is done or failed",
+        "1 target with a status not in pending, running, done, failed: 'odd'",
+    ]
 
 
 def test_check_needs_an_open_store() -> None:

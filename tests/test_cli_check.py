@@ -51,7 +51,7 @@ def test_problems_are_named_and_repaired(store_file: Path, capsys: pytest.Captur
     assert out.splitlines() == [
         f"2 problems in {store_file} (4 jobs and 10 targets):",
         "  targets_done (job 'job-a'): targets_done is 1, but 3 targets are done or failed",
-        "  orphan_targets (job 'job-c'): 2 target(s) without their job",
+        "  orphan_targets (job 'job-c'): 2 targets without their job",
         "`sift check --repair` recomputes targets_done, nbytes and the total, deletes orphan targets",
     ]
     assert dump(store_file) == before
@@ -60,7 +60,7 @@ def test_problems_are_named_and_repaired(store_file: Path, capsys: pytest.Captur
     assert out.splitlines()[3:] == [
         "repaired (2):",
         "  targets_done (job 'job-a'): 1 -> 3",
-        "  orphan_targets (job 'job-c'): deleted 2 target(s)",
+        "  orphan_targets (job 'job-c'): deleted 2 targets",
     ]
     assert run(capsys, "check", "--db", store_file)[:2] == (
         0,

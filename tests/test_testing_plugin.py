@@ -387,7 +387,7 @@ def test_check_store_invariants_names_every_violation(store: Any) -> None:
     assert str(raised.value).splitlines() == [
         "the store breaks 2 invariant(s):",
         "  targets_done (job 'a'): targets_done is 1, but 0 targets are done or failed",
-        "  target_status (job 'b'): 1 target(s) with a status not in pending, running, done, failed: 'gone'",
+        "  target_status (job 'b'): 1 target with a status not in pending, running, done, failed: 'gone'",
     ]
 
 

@@ -164,7 +164,7 @@ class _Chunk:
         for job in jobs:
             self._check_job(job, groups.pop(job[0], no_targets))
         for job_id, count, *_ in groups.values():  # targets whose job is not there
-            self._add("orphan_targets", _name(job_id), f"{count} target(s) without their job")
+            self._add("orphan_targets", _name(job_id), f"{_targets(count)} without their job")
             self.fixes.append(("orphan_targets", job_id, count, 0))
 
     def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
@@ -174,7 +174,8 @@ class _Chunk:
         if status not in _JOB_STATUSES:
             self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
         if done != final:
-            detail = f"targets_done is {done!r}, but {final} targets are done or failed"
+            verb = "is" if final == 1 else "are"
+            detail = f"targets_done is {done!r}, but {_targets(final)} {verb} done or failed"
             self._add("targets_done", name, detail)
             self.fixes.append(("targets_done", job_id, done, final))
         if nbytes != size:
@@ -182,7 +183,7 @@ class _Chunk:
             self.fixes.append(("nbytes", job_id, nbytes, size))
         if bad_statuses:
             shown = repr(status_min) if status_min == status_max else f"{status_min!r} to {status_max!r}"
-            detail = f"{bad_statuses} target(s) with a status not in {', '.join(TargetStatus)}: {shown}"
+            detail = f"{_targets(bad_statuses)} with a status not in {', '.join(TargetStatus)}: {shown}"
             self._add("target_status", name, detail)
         if idx_min is not None and _outside(idx_min, idx_max, total):
             self._add("target_idx", name, _idx_detail(job_id, total))
@@ -196,7 +197,7 @@ class _Chunk:
         for kind, job_id, stored, right in self.fixes:
             if kind == "orphan_targets":
                 db.run_sql("DELETE FROM batch_target WHERE job_id = ?", (job_id,))
-                repairs.append(Repair(kind, _name(job_id), f"deleted {stored} target(s)"))
+                repairs.append(Repair(kind, _name(job_id), f"deleted {_targets(stored)}"))
             else:
                 db.run_sql(f"UPDATE batch_job SET {kind} = ? WHERE id = ?", (right, job_id))
                 repairs.append(Repair(kind, _name(job_id), f"{stored!r} -> {right}"))
@@ -260,6 +261,10 @@ def _repair_total(report: StoreReport) -> None:
             db.run_sql(RECOMPUTE_TOTAL_SQL, ())
             shown = "no row" if kept is None else repr(kept)
             report.repairs.append(Repair("total", None, f"{shown} -> {actual}"))
+
+
+def _targets(n: int) -> str:
+    return f"{n} target" if n == 1 else f"{n} targets"
 
 
 def _name(job_id: Any) -> str:
