@@ -4,8 +4,10 @@ derived, and a second check is clean."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sqlite3
 from contextlib import closing
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +279,42 @@ def test_public_names() -> None:
     assert {"check_store", "StoreReport"} <= set(dcache.__all__)
     assert Violation("nbytes", "j", "x").__str__() == "nbytes (job 'j'): x"
     assert str(Repair("total", None, "1 -> 2")) == "total: 1 -> 2"
+
+
+def _writer(path: str, jobs: int, targets: int, ready: Event) -> None:
+    """Another process writing results through the package, job after job, as fast as it can."""
+    dcache.open_db(path)
+    ready.set()
+    for j in range(jobs):
+        for idx in range(targets):
+            dcache.update_batch_target(f"job-{j:04d}", idx, "done", result="é" * (idx + 1), now=2_000)
+    dcache.close_db()
+
+
+def test_no_false_alarm_while_another_process_writes(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each chunk reads its jobs and their targets in one snapshot, so a write landing between the two
+    reads is never taken for a broken count."""
+    jobs, targets = 300, 10
+    for j in range(jobs):
+        dcache.create_batch_job(make_job(f"job-{j:04d}", targets_total=targets), make_targets(targets))
+    monkeypatch.setattr(check, "JOBS_PER_CHUNK", 3)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=_writer, args=(str(file_store), jobs, targets, ready))
+    child.start()
+    try:
+        assert ready.wait(60)
+        checks = 0
+        while child.is_alive():
+            report = dcache.check_store()
+            assert report.ok, report
+            checks += 1
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    assert checks >= 1
+    final = dcache.check_store()
+    assert final.ok and (final.jobs, final.targets) == (jobs, jobs * targets)
+    assert dcache.batch_nbytes() == jobs * sum(2 * (idx + 1) for idx in range(targets))
