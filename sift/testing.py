@@ -151,7 +151,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.SerializedSqliteDatabase]:
-    """A fresh, empty store for the test, closed after it; see the module's docstring for the marker."""
+    """A fresh, empty store for the test, in memory, closed after it even when the test fails; yields the
+    opened database. ``@pytest.mark.sift_store(file=True)``: a WAL file in ``tmp_path`` instead;
+    ``check=True``: ``check_store_invariants()`` after the test. The closest marker's arguments win."""
     options = _marker_options(request)
     if options.get("file"):
         tmp_path = request.getfixturevalue("tmp_path")

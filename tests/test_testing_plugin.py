@@ -301,6 +301,40 @@ def test_in_memory_store_is_what_open_db_creates(
     assert opened == [":memory:"]  # the first store; the others are copies of it
 
 
+def test_markers_combine_and_the_closest_wins(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        test_markers="""
+        import pytest
+        from sift import dcache
+
+        pytestmark = pytest.mark.sift_store(check=True)
+
+
+        @pytest.mark.sift_store(file=True, check=False)
+        class TestFileStores:
+            def test_from_the_class(self, sift_store, tmp_path):
+                assert sift_store.database == str(tmp_path / "sift.db")
+                dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 1")  # check=False: not checked
+
+            @pytest.mark.sift_store(check=True)
+            def test_checked_again(self, sift_store, tmp_path):
+                assert sift_store.database == str(tmp_path / "sift.db")
+                dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 2")
+
+
+        def test_from_the_module(sift_store):
+            assert sift_store.database == ":memory:"
+            dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 3")
+        """,
+    )
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(["ERROR*::test_checked_again - *", "ERROR*::test_from_the_module - *"])
+    output = result.stdout.str()
+    assert "batch_totals holds 2" in output and "batch_totals holds 3" in output
+    assert "holds 1" not in output
+
+
 def test_unknown_marker_argument_is_named(pytester: pytest.Pytester) -> None:
     result = run(
         pytester,
