@@ -318,3 +318,37 @@ def test_no_false_alarm_while_another_process_writes(
     final = dcache.check_store()
     assert final.ok and (final.jobs, final.targets) == (jobs, jobs * targets)
     assert dcache.batch_nbytes() == jobs * sum(2 * (idx + 1) for idx in range(targets))
+
+
+@pytest.mark.parametrize(
+    ("sql", "params", "index"),
+    [
+        (check._TARGET_GROUPS.format(where="job_id > ? AND job_id <= ?"), ("a", "b"), "batch_target"),
+        (check._TARGET_GROUPS.format(where="job_id > ?"), ("a",), "batch_target"),
+        (check._JOBS.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
+        ("SELECT id FROM batch_job WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?", ("a", 499), "batch_job"),
+    ],
+)
+def test_a_chunk_searches_the_primary_keys(store: Any, sql: str, params: tuple[str, ...], index: str) -> None:
+    """A chunk reads its range of ids through the primary key indexes, in their order: no scan, no sort."""
+    plan = [row[3] for row in dcache.db.execute_sql(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()]
+    assert len(plan) == 1 and plan[0].startswith(f"SEARCH {index} USING ")
+    assert f"INDEX sqlite_autoindex_{index}_1 (" in plan[0]
+
+
+def test_whole_file_reads_take_no_lock_on_a_file_store(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integrity check and the byte total read the whole file: on a file they run on a private
+    connection, so the app's threads never wait for them; in memory there is only the shared one."""
+    fill()
+    shared: list[str] = []
+    run_sql = dcache.db.run_sql
+
+    def recording(sql: str, params: Any) -> Any:
+        shared.append(sql)
+        return run_sql(sql, params)
+
+    monkeypatch.setattr(dcache.db, "run_sql", recording)
+    assert dcache.check_store().ok
+    whole_file = [sql for sql in shared if "quick_check" in sql or "SUM(nbytes)" in sql]
+    assert len(whole_file) == (2 if dcache.db.database == ":memory:" else 0)
+    assert any("FROM batch_target" in sql for sql in shared)  # the chunks do use the shared connection
