@@ -80,6 +80,8 @@ class Sizes:
     sweep_targets: int  # targets of each of them
     sweep_result: int  # bytes of each of their results
     rss_targets: int  # targets put from a generator in the memory case
+    plugin_tests: int  # tests of each pytest run in the testing case
+    plugin_rounds: int  # pytest runs of each side
 
 
 FULL = Sizes(
@@ -104,6 +106,8 @@ FULL = Sizes(
     sweep_targets=100,
     sweep_result=1024,
     rss_targets=1_000_000,
+    plugin_tests=1_000,
+    plugin_rounds=7,
 )
 
 QUICK = Sizes(
@@ -128,6 +132,8 @@ QUICK = Sizes(
     sweep_targets=20,
     sweep_result=64,
     rss_targets=20_000,
+    plugin_tests=100,
+    plugin_rounds=2,
 )
 
 FLAT_CASES = (
@@ -147,6 +153,8 @@ CASE_NAMES = (
     "locks/sweep",
     "locks/evict",
     "memory/put_from_generator",
+    "testing/empty_tests",
+    "testing/sift_store_tests",
 )
 
 
@@ -892,6 +900,73 @@ def bench_memory(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+# -- The pytest plugin's fixture ----------------------------------------------------------------------------
+
+PLUGIN_CONFTEST = """
+import json
+import os
+
+pytest_plugins = ["sift.testing"]
+durations = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "teardown"):
+        durations.append(report.duration)
+
+
+def pytest_sessionfinish(session):
+    with open(os.environ["SIFT_BENCH_DURATIONS"], "w") as f:
+        json.dump(sum(durations), f)
+"""
+
+
+def bench_testing(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """What sift_store costs a test: pytest runs of N tests that use it (in memory) against N empty tests,
+    in the same project, alternating; the difference per test is its set-up and tear-down."""
+    project = tmp / "plugin-project"
+    project.mkdir()
+    (project / "conftest.py").write_text(PLUGIN_CONFTEST)
+    parametrize = f"import pytest\n\n\n@pytest.mark.parametrize('i', range({sizes.plugin_tests}))\n"
+    (project / "test_empty.py").write_text(parametrize + "def test_empty(i):\n    pass\n")
+    (project / "test_store.py").write_text(parametrize + "def test_store(sift_store, i):\n    pass\n")
+    out = tmp / "durations.json"
+    env = dict(os.environ, SIFT_BENCH_DURATIONS=str(out))
+    wall: dict[str, list[float]] = {"test_empty.py": [], "test_store.py": []}
+    hooks: dict[str, list[float]] = {"test_empty.py": [], "test_store.py": []}
+    for rnd in range(sizes.plugin_rounds):
+        for name in sorted(wall, reverse=rnd % 2 == 1):
+            t0 = perf_ns()
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name],
+                cwd=project,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            wall[name].append((perf_ns() - t0) / 1e3 / sizes.plugin_tests)
+            hooks[name].append(json.loads(out.read_text()) * 1e6 / sizes.plugin_tests)
+    n = sizes.plugin_tests
+    empty = report.case("testing/empty_tests", n, wall["test_empty.py"])
+    store = report.case("testing/sift_store_tests", n, wall["test_store.py"])
+    paired = [s - e for s, e in zip(wall["test_store.py"], wall["test_empty.py"], strict=True)]
+    store.extra = {
+        "per_test_us": statistics.median(paired),
+        "setup_teardown_us": statistics.median(hooks["test_store.py"]),
+        "setup_teardown_empty_us": statistics.median(hooks["test_empty.py"]),
+    }
+    store.ratio = store.median_us / empty.median_us
+    empty.ratio = 1.0
+    report.goals.append(
+        Goal(
+            f"cheap fixture: sift_store set-up+tear-down per test, {n} tests with it - {n} empty tests",
+            statistics.median(paired) / 1e3,
+            1,
+            "ms",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -929,7 +1004,7 @@ def print_report(report: Report, info: dict[str, Any]) -> None:
         print(f"{c.name:<34} {c.n:>9} {c.median_us:>13.1f} {ratio:>7}")
     print()
     for c in report.cases:
-        if c.extra and not c.samples_us:
+        if c.extra:
             figures = ", ".join(f"{k}={v:.3g}" for k, v in c.extra.items())
             print(f"{c.name}: {figures}")
     print()
@@ -945,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory"),
+        choices=("flat", "raw", "locks", "memory", "testing"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -956,7 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "testing"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -966,6 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
             ("raw", bench_raw),
             ("locks", bench_locks),
             ("memory", bench_memory),
+            ("testing", bench_testing),
         ):
             if group in groups:
                 t0 = time.perf_counter()

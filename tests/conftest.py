@@ -9,6 +9,8 @@ from hypothesis import settings
 
 from sift import dcache
 
+pytest_plugins = ["pytester"]
+
 settings.register_profile("default", deadline=None)
 settings.register_profile("deep", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -56,6 +56,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "batch_job_by_idem": lambda _: dcache.batch_job_by_idem("alice", "k-1", 10**9, now=2_000),
     "batch_nbytes": lambda _: dcache.batch_nbytes(),
     "batch_targets": lambda _: dcache.batch_targets("job-1"),
+    "check_store": lambda _: dcache.check_store(),
     "close_db": lambda _: dcache.close_db(),
     "create_batch_job": lambda _: dcache.create_batch_job(make_job(_new_id()), make_targets(3)),
     "evict_batch_oldest": lambda _: dcache.evict_batch_oldest(0),

@@ -33,6 +33,8 @@ CASES = {
     "locks/sweep",
     "locks/evict",
     "memory/put_from_generator",
+    "testing/empty_tests",
+    "testing/sift_store_tests",
 }
 
 
@@ -68,13 +70,16 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
         assert {"max_hold_ms", "reader_p99_ms", "wal_mb"} <= set(extra)
     memory = next(c for c in report["cases"] if c["name"] == "memory/put_from_generator")["extra"]
     assert "peak_rss_growth_mb" in memory
+    fixture = next(c for c in report["cases"] if c["name"] == "testing/sift_store_tests")["extra"]
+    assert {"per_test_us", "setup_teardown_us", "setup_teardown_empty_us"} <= set(fixture)
 
 
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     goals = report["goals"]
-    # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory.
-    assert len(goals) == 7 + 4 + 6 + 1
+    # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
+    # 1 fixture cost.
+    assert len(goals) == 7 + 4 + 6 + 1 + 1
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     assert [g["verdict"] for g in goals].count("INFO") == 1
     for goal in goals:

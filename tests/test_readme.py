@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from faults import locked_by_another_process
 from helpers import make_job
 
@@ -14,13 +15,16 @@ from sift import dcache
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def web_app_example() -> dict[str, Any]:
+def python_blocks(heading: str) -> list[str]:
+    """The ```python blocks of the README's section under ``heading``, in order."""
     text = README.read_text(encoding="utf-8")
-    section = text.split("## Using the store from a web app", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
+    section = re.split(r"\n## ", text.split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def web_app_example() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
-    exec(compile(code.group(1), str(README), "exec"), namespace)
+    exec(compile(python_blocks("## Using the store from a web app")[0], str(README), "exec"), namespace)
     return namespace
 
 
@@ -88,3 +92,17 @@ def test_errors_as_http_answers(tmp_path: Path) -> None:
         assert answer(lambda: touch("job-1", 7)) == (200, {})
     finally:
         dcache.close_db()
+
+
+def test_testing_your_app_examples(pytester: pytest.Pytester) -> None:
+    """The web-app example's tests in "Testing your app", run as a user's project: the example as app.py,
+    the opt-in as conftest.py, the tests as test_app.py."""
+    conftest, tests = python_blocks("## Testing your app")
+    assert conftest.strip() == 'pytest_plugins = ["sift.testing"]'
+    pytester.makepyfile(app=python_blocks("## Using the store from a web app")[0], test_app=tests)
+    pytester.makeconftest(conftest)
+    result = pytester.runpytest("--strict-markers", "-W", "error", "-p", "no:cacheprovider")
+    count = len(re.findall(r"^def test_", tests, re.M))
+    assert count >= 4
+    result.assert_outcomes(passed=count)
+    assert dcache.db.is_closed()

@@ -17,6 +17,7 @@ from typing import Any
 from sift import __version__
 from sift.dcache import BatchError, JobStatus
 
+from .check import cmd_check
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
 from .shell import cmd_shell
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "reconcile", cmd_reconcile, "After a crash: fail every queued or running job (mark_in_flight_failed)."
     )
     reconcile.add_argument("--reason", required=True, metavar="TEXT", help="the error stored on each job")
+
+    check = command("check", cmd_check, "Check the store's invariants (check_store); exit 1 if one is off.")
+    check.add_argument(
+        "--repair",
+        action="store_true",
+        help="recompute targets_done, nbytes and the byte total, and delete orphan targets",
+    )
 
     d = Settings()
     simulate = command("simulate", cmd_simulate, "Run a realistic workload against the store, then check it.")

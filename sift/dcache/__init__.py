@@ -3,6 +3,7 @@
 Open it once at start-up with :func:`open_db`, then call the functions from any thread.
 """
 
+from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
 from .database import SerializedSqliteDatabase, close_db, db, open_db
@@ -53,6 +54,7 @@ __all__ = [
     "StoreFull",
     "StoreNotOpen",
     "StoreReadOnly",
+    "StoreReport",
     "StoreUnavailable",
     "TargetNotFound",
     "TargetStatus",
@@ -60,6 +62,7 @@ __all__ = [
     "batch_job_by_idem",
     "batch_nbytes",
     "batch_targets",
+    "check_store",
     "close_db",
     "create_batch_job",
     "db",

@@ -604,7 +604,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
         """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`); return
         when ``exc`` is none, or is a constraint violation and ``constraints`` is false."""
-        error = store_error(exc, path=self.database or "", timeout=self.timeout, constraints=constraints)
+        error = store_error(exc, path=self.path or "", timeout=self.timeout, constraints=constraints)
         if error is not None:
             raise error
 

@@ -1,0 +1,311 @@
+"""The store's invariant check (``sift check``, and ``check_store_invariants`` in tests): one implementation.
+
+It reads the jobs in chunks of consecutive ids, each chunk with its targets in one read transaction, so
+another thread waits at most one chunk for the shared connection and another process is never blocked.
+The integrity check and the byte total, which read the whole file in one statement, run on a private
+connection for a file store, so they hold no lock at all. ``repair=True`` rewrites only derived data
+(``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan targets, each
+chunk in one short write transaction; a bad status or an idx out of range is data a person must decide
+about, so it is reported and left as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .database import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SCHEMA_NAMES, SPEED_SCHEMA, TOTAL_NBYTES_SQL, db
+from .errors import StoreCorrupt
+from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
+
+__all__ = ["Repair", "StoreReport", "Violation", "check_store"]
+
+#: Jobs read (and, with repair, fixed) per transaction.
+JOBS_PER_CHUNK = 500
+
+#: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
+#: target_idx) are left for a person to decide.
+REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
+
+_JOB_STATUSES = frozenset(s.value for s in JobStatus)
+
+
+def _sql_list(values: Any) -> str:
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
+_FINAL = _sql_list(FINAL_TARGET_STATUSES)
+_VALID_TARGET = _sql_list(TargetStatus)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant; ``job_id`` names the job it affects (None for the whole store)."""
+
+    kind: str
+    job_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = "" if self.job_id is None else f" (job {self.job_id!r})"
+        return f"{self.kind}{where}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One change ``check_store(repair=True)`` made."""
+
+    kind: str
+    job_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = "" if self.job_id is None else f" (job {self.job_id!r})"
+        return f"{self.kind}{where}: {self.detail}"
+
+
+@dataclass
+class StoreReport:
+    """What ``check_store`` found (``violations``, as found before any repair) and changed (``repairs``)."""
+
+    jobs: int = 0
+    targets: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    repairs: list[Repair] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the store was consistent (a repaired store was not: check again to see it is now)."""
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data."""
+        return {
+            "ok": self.ok,
+            "jobs": self.jobs,
+            "targets": self.targets,
+            "violations": [asdict(v) for v in self.violations],
+            "repairs": [asdict(r) for r in self.repairs],
+        }
+
+    def __str__(self) -> str:
+        head = f"{self.jobs} jobs, {self.targets} targets: "
+        head += "ok" if self.ok else f"{len(self.violations)} violation(s)"
+        lines = [head, *(f"  {v}" for v in self.violations)]
+        lines += [f"  repaired {r}" for r in self.repairs]
+        return "\n".join(lines)
+
+
+def check_store(*, repair: bool = False, progress: Callable[[int], None] | None = None) -> StoreReport:
+    """Check every invariant of the open store and name each violation with the job it affects;
+    with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
+    ``progress`` is called after each chunk with the number of jobs it read."""
+    report = StoreReport()
+    try:
+        damage = _side_read("PRAGMA quick_check")
+    except StoreCorrupt as exc:  # too damaged for quick_check to finish
+        damage = [(str(exc.__cause__ or exc),)]
+    if damage != [("ok",)]:
+        # Nothing else can be trusted on a damaged file, and repair must not write into it.
+        report.violations += [Violation("quick_check", None, str(row[0])) for row in damage]
+        return report
+    with _read_transaction():
+        present = {row[0] for row in db.run_sql("SELECT name FROM sqlite_master", ()).fetchall()}
+    missing = sorted(SCHEMA_NAMES - present)
+    report.violations += [Violation("schema", None, f"{name} is missing") for name in missing]
+    if {"batch_job", "batch_target"} & set(missing) and not repair:
+        return report
+    if missing and repair:
+        with db.write():
+            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+                db.run_sql(statement, ())
+        report.repairs += [Repair("schema", None, f"created {name}") for name in missing]
+    if "batch_totals" not in missing:
+        kept, actual = _side_read(_TOTAL)[0]
+        if kept != actual:
+            shown = "no row" if kept is None else repr(kept)
+            report.violations.append(
+                Violation("total", None, f"batch_totals holds {shown}, but SUM(nbytes) is {actual}")
+            )
+    low: Any = None
+    while True:
+        with _read_transaction():
+            high = _chunk_end(low)
+            chunk = _Chunk(low, high)
+        report.jobs += chunk.jobs
+        report.targets += chunk.targets
+        report.violations += chunk.violations
+        if progress is not None:
+            progress(chunk.jobs)
+        if repair and chunk.fixes:
+            with db.write():  # read again: another writer may have changed the chunk meanwhile
+                report.repairs += _Chunk(low, high).fix()
+        if high is None:
+            break
+        low = high
+    if repair and report.violations:
+        _repair_total(report)
+    return report
+
+
+class _Chunk:
+    """The jobs with ``low < id <= high`` (None: no bound) and the targets in that range of job ids:
+    what is wrong with them, and the fixes for what repair may fix."""
+
+    def __init__(self, low: Any, high: Any) -> None:
+        self.violations: list[Violation] = []
+        self.fixes: list[tuple[str, Any, Any, Any]] = []  # (kind, job id, stored value, right value)
+        where, params = _id_range("job_id", low, high)
+        groups = {row[0]: row for row in db.run_sql(_TARGET_GROUPS.format(where=where), params).fetchall()}
+        where, params = _id_range("id", low, high)
+        jobs = db.run_sql(_JOBS.format(where=where), params).fetchall()
+        self.jobs = len(jobs)
+        self.targets = sum(group[1] for group in groups.values())
+        no_targets = (None, 0, 0, 0, 0, None, None, None, None)
+        for job in jobs:
+            self._check_job(job, groups.pop(job[0], no_targets))
+        for job_id, count, *_ in groups.values():  # targets whose job is not there
+            self._add("orphan_targets", _name(job_id), f"{_targets(count)} without their job")
+            self.fixes.append(("orphan_targets", job_id, count, 0))
+
+    def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
+        job_id, status, total, done, nbytes = job
+        _, _, final, size, bad_statuses, status_min, status_max, idx_min, idx_max = group
+        name = _name(job_id)
+        if status not in _JOB_STATUSES:
+            self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
+        if done != final:
+            verb = "is" if final == 1 else "are"
+            detail = f"targets_done is {done!r}, but {_targets(final)} {verb} done or failed"
+            self._add("targets_done", name, detail)
+            self.fixes.append(("targets_done", job_id, done, final))
+        if nbytes != size:
+            self._add("nbytes", name, f"nbytes is {nbytes!r}, but its results hold {size} bytes (UTF-8)")
+            self.fixes.append(("nbytes", job_id, nbytes, size))
+        if bad_statuses:
+            shown = repr(status_min) if status_min == status_max else f"{status_min!r} to {status_max!r}"
+            detail = f"{_targets(bad_statuses)} with a status not in {', '.join(TargetStatus)}: {shown}"
+            self._add("target_status", name, detail)
+        if idx_min is not None and _outside(idx_min, idx_max, total):
+            self._add("target_idx", name, _idx_detail(job_id, total))
+
+    def _add(self, kind: str, job_id: str, detail: str) -> None:
+        self.violations.append(Violation(kind, job_id, detail))
+
+    def fix(self) -> list[Repair]:
+        """Apply the fixes (inside the caller's write transaction) and describe each change."""
+        repairs = []
+        for kind, job_id, stored, right in self.fixes:
+            if kind == "orphan_targets":
+                db.run_sql("DELETE FROM batch_target WHERE job_id = ?", (job_id,))
+                repairs.append(Repair(kind, _name(job_id), f"deleted {_targets(stored)}"))
+            else:
+                db.run_sql(f"UPDATE batch_job SET {kind} = ? WHERE id = ?", (right, job_id))
+                repairs.append(Repair(kind, _name(job_id), f"{stored!r} -> {right}"))
+        return repairs
+
+
+# One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
+# final ones, the UTF-8 bytes of the results, the statuses outside the enum, and the smallest and
+# largest idx.
+_TARGET_GROUPS = f"""SELECT job_id, COUNT(*), SUM(status IN ({_FINAL})),
+    COALESCE(SUM(length(CAST(result AS BLOB))), 0), SUM(status NOT IN ({_VALID_TARGET})),
+    MIN(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END),
+    MAX(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END), MIN(idx), MAX(idx)
+    FROM batch_target WHERE {{where}} GROUP BY job_id"""
+_JOBS = "SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} ORDER BY id"
+_TOTAL = f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
+
+
+def _chunk_end(low: Any) -> Any:
+    """The last job id of the chunk after ``low``, or None when the chunk reaches the end."""
+    where, params = _id_range("id", low, None)
+    sql = f"SELECT id FROM batch_job WHERE {where} ORDER BY id LIMIT 1 OFFSET ?"
+    row = db.run_sql(sql, (*params, JOBS_PER_CHUNK - 1)).fetchone()
+    return None if row is None else row[0]
+
+
+def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
+    clauses, params = [], []
+    if low is not None:
+        clauses.append(f"{column} > ?")
+        params.append(low)
+    if high is not None:
+        clauses.append(f"{column} <= ?")
+        params.append(high)
+    return " AND ".join(clauses) or "1", tuple(params)
+
+
+def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:
+    # SQLite sorts text after every number, so a text idx written by another program shows in idx_max.
+    if not all(type(v) is int for v in (idx_min, idx_max, total)):
+        return True
+    return bool(idx_min < 0 or idx_max >= total)
+
+
+def _idx_detail(job_id: Any, total: Any) -> str:
+    rows = db.run_sql(
+        "SELECT idx FROM batch_target WHERE job_id = ? AND NOT (typeof(idx) = 'integer' AND idx >= 0 "
+        "AND idx < ?) ORDER BY idx LIMIT 6",
+        (job_id, total),
+    ).fetchall()
+    shown = ", ".join(repr(row[0]) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
+    last = total - 1 if type(total) is int else f"{total!r} - 1"
+    return f"target idx outside 0..{last} (targets_total - 1): {shown}"
+
+
+def _repair_total(report: StoreReport) -> None:
+    """Recompute the byte total if it differs from SUM(nbytes), in one write transaction (a full scan)."""
+    with db.write():
+        kept, actual = db.run_sql(_TOTAL, ()).fetchone()
+        if kept != actual:
+            db.run_sql(RECOMPUTE_TOTAL_SQL, ())
+            shown = "no row" if kept is None else repr(kept)
+            report.repairs.append(Repair("total", None, f"{shown} -> {actual}"))
+
+
+def _targets(n: int) -> str:
+    return f"{n} target" if n == 1 else f"{n} targets"
+
+
+def _name(job_id: Any) -> str:
+    return job_id if isinstance(job_id, str) else repr(job_id)
+
+
+@contextlib.contextmanager
+def _read_transaction() -> Iterator[None]:
+    """One chunk's reads as one snapshot, under the lock; inside a caller's transaction, that one."""
+    with db.lock:
+        conn: sqlite3.Connection = db.connection()  # type: ignore[no-untyped-call]
+        if conn.in_transaction:
+            yield
+            return
+        db.run_sql("BEGIN", ())
+        try:
+            yield
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+
+def _side_read(sql: str) -> list[Any]:
+    """Rows of a statement that reads the whole file: on a private read-only connection for a file (no
+    lock held, nothing blocked); an in-memory store has only the shared connection."""
+    if db.deferred or db.database in (":memory:", ""):
+        with db.lock:
+            return db.run_sql(sql, ()).fetchall()
+    try:  # db.database is the path, or the mode=ro URI of a read-only store
+        conn = sqlite3.connect(
+            db.database, timeout=db.timeout, isolation_level=None, check_same_thread=False, uri=db.readonly
+        )
+        try:
+            conn.execute("PRAGMA query_only = 1")
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        db.raise_store_error(exc)
+        raise

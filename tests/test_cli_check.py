@@ -1,0 +1,103 @@
+"""``sift check``: names each broken invariant and exits 1; ``--repair`` fixes what is derived; ``--json``;
+a bar on a terminal only."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from cli_helpers import dump, populate, run, run_on_terminal, sift_script
+
+
+@pytest.fixture
+def store_file(tmp_path: Path) -> Path:
+    path = tmp_path / "store.db"
+    populate(path)  # five jobs, ten targets
+    return path
+
+
+def foreign(path: Path, *statements: str) -> None:
+    """Writes by another program, on its own connection."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def test_a_consistent_store_is_ok(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = dump(store_file)
+    assert run(capsys, "check", "--db", store_file) == (
+        0,
+        f"ok: 5 jobs and 10 targets in {store_file}, no problem found\n",
+        "",
+    )
+    code, out, err = run(capsys, "check", "--json", "--db", store_file)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"ok": True, "jobs": 5, "targets": 10, "violations": [], "repairs": []}
+    assert dump(store_file) == before
+
+
+def test_problems_are_named_and_repaired(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    foreign(
+        store_file,
+        "UPDATE batch_job SET targets_done = 1 WHERE id = 'job-a'",
+        "DELETE FROM batch_job WHERE id = 'job-c'",
+    )
+    before = dump(store_file)
+    code, out, err = run(capsys, "check", "--db", store_file)
+    assert (code, err) == (1, "")
+    assert out.splitlines() == [
+        f"2 problems in {store_file} (4 jobs and 10 targets):",
+        "  targets_done (job 'job-a'): targets_done is 1, but 3 targets are done or failed",
+        "  orphan_targets (job 'job-c'): 2 targets without their job",
+        "`sift check --repair` recomputes targets_done, nbytes and the total, deletes orphan targets",
+    ]
+    assert dump(store_file) == before
+    code, out, err = run(capsys, "check", "--repair", "--db", store_file)
+    assert (code, err) == (1, "")  # something was wrong
+    assert out.splitlines()[3:] == [
+        "repaired (2):",
+        "  targets_done (job 'job-a'): 1 -> 3",
+        "  orphan_targets (job 'job-c'): deleted 2 targets",
+    ]
+    assert run(capsys, "check", "--db", store_file)[:2] == (
+        0,
+        f"ok: 4 jobs and 8 targets in {store_file}, no problem found\n",
+    )
+
+
+def test_json_report(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    foreign(store_file, "UPDATE batch_job SET status = 'lost' WHERE id = 'job-d'")
+    code, out, err = run(capsys, "check", "--json", "--repair", "--db", store_file)
+    assert (code, err) == (1, "")
+    assert json.loads(out) == {
+        "ok": False,
+        "jobs": 5,
+        "targets": 10,
+        "violations": [
+            {
+                "kind": "job_status",
+                "job_id": "job-d",
+                "detail": "status 'lost' is not one of queued, running, done, partial, failed, cancelled",
+            }
+        ],
+        "repairs": [],
+    }
+
+
+def test_what_repair_leaves_is_said(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    foreign(store_file, "UPDATE batch_target SET idx = 9 WHERE job_id = 'job-d'")
+    code, out, _ = run(capsys, "check", "--repair", "--db", store_file)
+    assert code == 1
+    assert out.splitlines()[1:] == [
+        "  target_idx (job 'job-d'): target idx outside 0..0 (targets_total - 1): 9",
+        "left for a person to decide: statuses outside the enums, idx out of range, a damaged file",
+    ]
+
+
+def test_a_bar_on_a_terminal_only(store_file: Path, tmp_path: Path) -> None:
+    code, out, terminal = run_on_terminal([str(sift_script()), "check", "--db", str(store_file)], tmp_path)
+    assert code == 0 and out.startswith("ok: 5 jobs")
+    assert "check:" in terminal and "5/5" in terminal
