@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -34,6 +35,11 @@ VALUE_OPTIONS: dict[str, Callable[[str, str], int]] = {
     "max_bytes": parse_size,
     "budget": parse_size,
 }
+
+
+#: What argparse takes for a value rather than an option: anything starting with a minus sign and a digit,
+#: so ``--ttl -1h`` reaches the parser of durations (argparse's own rule admits only plain numbers like -5).
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -76,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> Any:
         parents = [db, as_json] if json else [db]
         sub = commands.add_parser(name, parents=parents, help=text, description=text)
+        sub._negative_number_matcher = NEGATIVE_VALUE
         sub.set_defaults(handler=handler)
         return sub
 
