@@ -24,7 +24,14 @@ from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
-from .store import CommandError, default_db_path, file_sizes, opened
+from .store import (
+    CommandError,
+    default_db_path,
+    file_sizes,
+    new_simulation_store,
+    opened,
+    refuse_store_with_jobs,
+)
 from .units import BadValue, parse_duration, parse_size
 
 __all__ = ["build_parser", "main"]
@@ -132,7 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.epilog = (
         "Callers of both classes submit jobs (some repeat an idempotency key); worker threads write "
         "synthetic results and evict to the budget after each; sweeps run on a simulated clock; the runner "
-        "crashes half-way and restarts. Exits 1 if the store's invariants do not hold at the end."
+        "crashes half-way and restarts, and only the new runner reconciles (mark_in_flight_failed) at its "
+        "start, never the callers. Exits 1 if the store's invariants do not hold at the end. "
+        "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
+        "$TMPDIR (else /tmp), never ./sift.db; its path is printed, and the file is kept for inspection "
+        "(sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no jobs: one that "
+        "holds jobs is refused (exit 1) and left unchanged."
     )
     simulate.add_argument(
         "--jobs", metavar="N", type=_count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
@@ -180,6 +192,9 @@ def _prepare(args: argparse.Namespace) -> None:
     """Fill in the default store, reject text that is not UTF-8, and parse sizes and durations."""
     if getattr(args, "db", None) is None:
         args.db = default_db_path()
+        args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
+    else:
+        args.db_source = "--db"
     for name, value in vars(args).items():
         if isinstance(value, str):
             try:
@@ -194,6 +209,15 @@ def _prepare(args: argparse.Namespace) -> None:
             setattr(args, name, parse(text, f"--{name.replace('_', '-')}"))
 
 
+def _simulation_store(args: argparse.Namespace) -> None:
+    """simulate never changes a store holding jobs it did not make: without --db or $SIFT_DB it uses a new
+    file, and it refuses a named file that holds jobs before opening it."""
+    if args.db_source is None:
+        args.db = new_simulation_store()
+    else:
+        refuse_store_with_jobs(args.db, args.db_source)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``sift`` command; return its exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
@@ -203,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
         _prepare(args)
+        if args.command == "simulate":
+            _simulation_store(args)
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
         with opened(args.db):
             return int(args.handler(args))
