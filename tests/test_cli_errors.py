@@ -128,13 +128,20 @@ def test_a_store_whose_target_table_another_program_made(
 
 
 @pytest.mark.parametrize("where", ["missing-directory", "directory"])
+@pytest.mark.parametrize("command", [["reconcile", "--reason", "x"], ["shell"]])
 def test_a_path_that_cannot_be_a_store(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, command: list[str]
 ) -> None:
     path = tmp_path / "no" / "such" / "dir.db" if where == "missing-directory" else tmp_path
-    code, out, err = run(capsys, "stats", "--db", path)
+    code, out, err = run(capsys, *command, "--db", path)
     assert (code, out) == (1, "")
     assert one_line(err).startswith(f"sift: path: cannot open '{path}' as a batch store: ")
+
+
+def test_a_read_command_under_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "no" / "such" / "dir.db"
+    assert run(capsys, "stats", "--db", path) == (1, "", f"sift: no store at {path}\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_locked_past_the_timeout(

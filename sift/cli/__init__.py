@@ -31,6 +31,7 @@ from .store import (
     new_simulation_store,
     opened,
     refuse_store_with_jobs,
+    require_store,
 )
 from .units import BadValue, parse_duration, parse_size
 
@@ -71,7 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing",
+        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing, except by --dry-run",
+    )
+    read_db = argparse.ArgumentParser(add_help=False)
+    read_db.add_argument(
+        "--db",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="the store file (default: $SIFT_DB, else ./sift.db); it must exist, and is only read",
     )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts instead of columns")
@@ -85,21 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(
-        name: str, handler: Callable[[argparse.Namespace], int], text: str, *, json: bool = True
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        text: str,
+        *,
+        json: bool = True,
+        reads_only: bool = False,
     ) -> Any:
-        parents = [db, as_json] if json else [db]
+        parents = [read_db if reads_only else db, as_json] if json else [db]
         sub = commands.add_parser(name, parents=parents, help=text, description=text)
         sub._negative_number_matcher = NEGATIVE_VALUE
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler, reads_only=reads_only)
         return sub
 
     command(
         "stats",
         cmd_stats,
         "Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size, counters.",
+        reads_only=True,
     )
 
-    jobs = command("jobs", cmd_jobs, "One line per job, newest first.")
+    jobs = command("jobs", cmd_jobs, "One line per job, newest first.", reads_only=True)
     jobs.add_argument("--caller", metavar="C", help="only this caller's jobs")
     statuses = [s.value for s in JobStatus]
     jobs.add_argument(
@@ -109,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", metavar="N", type=_count(0), default=20, help="at most N jobs (default 20; 0: all)"
     )
 
-    show = command("show", cmd_show, "A job and its targets.")
+    show = command("show", cmd_show, "A job and its targets.", reads_only=True)
     show.add_argument("job_id", metavar="JOB_ID")
     show.add_argument(
         "--result", metavar="IDX", type=_count(0), help="print the result of target IDX instead"
@@ -229,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         _prepare(args)
         if args.command == "simulate":
             _simulation_store(args)
+        readonly = args.reads_only or getattr(args, "dry_run", False)
+        if readonly:
+            require_store(args.db)
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
         with opened(args.db):
             return int(args.handler(args))
