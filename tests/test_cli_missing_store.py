@@ -65,3 +65,9 @@ def test_the_commands_that_write_still_create_a_store(
     assert run(capsys, *command, "--db", path)[0] == 0
     assert path.exists()
     assert run(capsys, "stats", "--db", path)[0] == 0
+
+
+@pytest.mark.parametrize("command", ["stats", "jobs", "show"])
+def test_help_says_the_store_must_exist(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0 and "it must exist, and is only read" in " ".join(out.split())

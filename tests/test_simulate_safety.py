@@ -172,3 +172,14 @@ def test_only_the_restarted_runner_reconciles(
     assert calls == ["MainThread"]
     restart = next(line for line in out.splitlines() if line.startswith("  runner restart "))
     assert "the new runner alone reconciled at its start: " in restart
+
+
+def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert (
+        "a new file sim.db in a new directory sift-simulate-* under $TMPDIR or /tmp; never ./sift.db" in text
+    )
+    assert "one holding jobs is refused, unchanged" in text
+    assert "only the new runner reconciles (mark_in_flight_failed) at its start, never the callers" in text

@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="the store file (default: $SIFT_DB, else ./sift.db); it must exist, and is only read",
     )
+    new_db = argparse.ArgumentParser(add_help=False)
+    new_db.add_argument(
+        "--db",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="a new or empty store file; one holding jobs is refused, unchanged (default: $SIFT_DB, else "
+        "a new file sim.db in a new directory sift-simulate-* under $TMPDIR or /tmp; never ./sift.db)",
+    )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts instead of columns")
 
@@ -100,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         json: bool = True,
         reads_only: bool = False,
     ) -> Any:
-        parents = [read_db if reads_only else db, as_json] if json else [db]
+        store = read_db if reads_only else new_db if name == "simulate" else db
+        parents = [store, as_json] if json else [store]
         sub = commands.add_parser(name, parents=parents, help=text, description=text)
         sub._negative_number_matcher = NEGATIVE_VALUE
         sub.set_defaults(handler=handler, reads_only=reads_only)
@@ -156,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         "crashes half-way and restarts, and only the new runner reconciles (mark_in_flight_failed) at its "
         "start, never the callers. Exits 1 if the store's invariants do not hold at the end. "
         "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
-        "$TMPDIR (else /tmp), never ./sift.db; its path is printed, and the file is kept for inspection "
-        "(sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no jobs: one that "
-        "holds jobs is refused (exit 1) and left unchanged."
+        "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
+        "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
+        "jobs: one that holds jobs is refused (exit 1) and left unchanged."
     )
     simulate.add_argument(
         "--jobs", metavar="N", type=_count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
