@@ -135,7 +135,10 @@ def test_a_path_that_cannot_be_a_store(
     path = tmp_path / "no" / "such" / "dir.db" if where == "missing-directory" else tmp_path
     code, out, err = run(capsys, *command, "--db", path)
     assert (code, out) == (1, "")
-    assert one_line(err).startswith(f"sift: path: cannot open '{path}' as a batch store: ")
+    if where == "directory":
+        assert one_line(err) == f"sift: path: '{path}' is a directory, not a store file\n"
+    else:
+        assert one_line(err) == f"sift: path: the directory '{path.parent}' of '{path}' does not exist\n"
 
 
 def test_a_read_command_under_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

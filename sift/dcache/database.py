@@ -13,6 +13,7 @@ import functools
 import os
 import sqlite3
 import threading
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import peewee
 
 from .counters import counters
-from .errors import StoreNotOpen, StoreUnavailable
+from .errors import StoreNotOpen, StoreReadOnly, StoreUnavailable
 
 __all__ = ["SerializedSqliteDatabase", "close_db", "db", "open_db"]
 
@@ -89,6 +90,16 @@ SPEED_SCHEMA = (
     "WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN "
     "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END",
 )
+#: What a read-only store sets: nothing that writes the file (``journal_mode`` is the file's own), and
+#: ``query_only`` so that even an ad-hoc write through the connection is refused.
+READONLY_PRAGMAS: dict[str, object] = {
+    **{
+        k: v
+        for k, v in PRAGMAS.items()
+        if k not in ("journal_mode", "wal_autocheckpoint", "journal_size_limit")
+    },
+    "query_only": 1,
+}
 RECOMPUTE_TOTAL_SQL = (
     "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job"
 )
@@ -184,6 +195,10 @@ class _WriteTransaction:
 
     def __enter__(self) -> None:
         database = self.database
+        if database.readonly:
+            raise StoreReadOnly(
+                f"database: {database.path!r} is open read-only; open_db(path) without readonly=True to write"
+            )
         database.lock.acquire()
         try:
             if database._state.transactions:
@@ -240,6 +255,34 @@ class _BulkWrites:
         self.database.checkpoint()
 
 
+class _ThreadContexts(threading.local):
+    """Each thread's own stack of ``with db:`` blocks (Peewee keeps one stack for all threads)."""
+
+    def __init__(self) -> None:
+        self.stack: list[_Locked] = []
+
+
+class _StoreConnection:
+    """``db.connection_context()``: the store's connection is open inside; leaving never closes it."""
+
+    def __init__(self, database: SerializedSqliteDatabase) -> None:
+        self.database = database
+
+    def __enter__(self) -> None:
+        self.database.connect()
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
 class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 
@@ -251,8 +294,14 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
 
     def __init__(self) -> None:
-        super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
         self.lock = threading.RLock()
+        self._store_open = False  # between open_db and close_db: the connection belongs to the store
+        self.path: str | None = None
+        self.readonly = False
+        self._contexts = _ThreadContexts()
+        self._raw_init = True  # Peewee's constructor calls init(None)
+        super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
+        self._raw_init = False
         self._forked_in_transaction = False
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_lock = threading.Lock()
@@ -288,7 +337,42 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         self._checkpointer = None
         self._state.reset()
 
+    def __repr__(self) -> str:
+        if self.deferred:
+            return f"<{type(self).__name__}: no store open; call sift.dcache.open_db(path)>"
+        state = "closed" if self.is_closed() else "open"
+        return f"<{type(self).__name__} {self.path!r}: {state}{', read-only' if self.readonly else ''}>"
+
+    # Peewee's connection idioms assume a connection per thread. Here the one connection belongs to the
+    # store from open_db to close_db, so connect(), close(), `with db:` and connection_context() never
+    # open or close it while it is open: request hooks written for Peewee work unchanged from any thread.
+
+    def init(self, database: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Peewee's deferred-database idiom: ``db.init(path)`` is ``open_db(path)`` (the schema included),
+        and ``db.init(None)`` is ``close_db()``. Only ``timeout`` and ``readonly`` may be given."""
+        if self._raw_init:
+            super().init(database, **kwargs)
+        elif database is None:
+            self.close_store()
+            self._init_raw(None)
+        else:
+            if unknown := sorted(set(kwargs) - {"timeout", "readonly"}):
+                raise StoreUnavailable(
+                    f"{unknown[0]}: the store sets its own connection options; db.init(path) and "
+                    "open_db(path) take only timeout= and readonly="
+                )
+            self.open_store(database, **kwargs)
+
+    def _init_raw(self, database: Any, **kwargs: Any) -> None:
+        self._raw_init = True
+        try:
+            super().init(database, **kwargs)
+        finally:
+            self._raw_init = False
+
     def connect(self, reuse_if_open: bool = False) -> bool:
+        """Open the connection if it is closed; while the store is open this does nothing and returns
+        False (never "Connection already opened": other threads share the connection)."""
         if self.deferred:
             raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
         if self._forked_in_transaction:
@@ -297,20 +381,96 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 "fork outside transactions"
             )
         with self.lock:
-            return bool(super().connect(reuse_if_open))
+            if not self._state.closed:
+                return False
+            return bool(super().connect())
 
     def close(self) -> bool:
+        """Does nothing and returns False while the store is open: other threads use the connection, and
+        ``close_db()`` closes it. Otherwise (a connection opened by ``connect()`` after ``close_db()``)
+        closes it."""
+        with self.lock:
+            if self._store_open or self.deferred:
+                return False
+            return self._close_connection()
+
+    def _close_connection(self) -> bool:
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 self._checkpointer = None
+        return bool(super().close())
+
+    def __enter__(self) -> SerializedSqliteDatabase:
+        """``with db:`` is a transaction of this thread's (``db.atomic()``); it never closes the store."""
+        block = self.atomic()
+        block.__enter__()
+        self._contexts.stack.append(block)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Any:
+        return self._contexts.stack.pop().__exit__(exc_type, exc, tb)
+
+    def connection_context(self) -> _StoreConnection:  # type: ignore[override]
+        """A block (or decorator) that needs the store's connection open; it never closes it."""
+        return _StoreConnection(self)
+
+    def manual_commit(self) -> _Locked:  # type: ignore[override]
+        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
+
+    def open_store(
+        self, path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
+    ) -> None:
+        """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
+        store or on the new one, never in between. See :func:`open_db`."""
         with self.lock:
-            return bool(super().close())
+            self.close_store()
+            try:
+                target, shown = _store_target(path, readonly)
+                pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
+                self._init_raw(
+                    target,
+                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
+                    timeout=timeout,
+                    check_same_thread=False,
+                    uri=readonly,
+                )
+                self.path, self.readonly = shown, readonly
+                self.connect()
+                if readonly:
+                    _check_schema()
+                else:
+                    _prepare_schema()
+                _check_columns()
+            except (
+                peewee.DatabaseError,
+                sqlite3.DatabaseError,
+                OSError,
+                ValueError,
+                TypeError,
+                StoreUnavailable,
+            ) as exc:
+                self.close_store()
+                self._init_raw(None)
+                self.path, self.readonly = None, False
+                if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
+                    raise
+                raise StoreUnavailable(f"path: cannot open {path!r} as a batch store: {exc}") from exc
+            self._store_open = True
+
+    def close_store(self) -> None:
+        """Close the store's connection, waiting for any transaction of another thread to end first."""
+        with self.lock:
+            self._store_open = False
+            if not self.deferred:
+                self._close_connection()
 
     def checkpoint(self) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
         nothing else, without taking the lock, so other threads go on using the store meanwhile."""
-        if self.deferred or self.database == ":memory:":
+        if self.deferred or self.readonly or self.database == ":memory:":
             return
         with self._checkpoint_lock:
             if self._checkpointer is None:
@@ -394,34 +554,45 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
 db = SerializedSqliteDatabase()
 
 
-def open_db(path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S) -> SerializedSqliteDatabase:
+def open_db(
+    path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
+) -> SerializedSqliteDatabase:
     """Open (creating if missing) the store at ``path``, closing any database opened before.
 
     Creates what is missing of the schema, recomputes the byte total if it is missing or wrong, and resets
-    the counters. ``":memory:"`` gives a private in-memory store. Raises ``StoreUnavailable`` for a path
-    that cannot be opened, a file that is not a batch store, or one locked by another process past
-    ``timeout`` seconds.
+    the counters. ``":memory:"`` gives a private in-memory store. With ``readonly=True`` the file must
+    exist and hold the whole schema; nothing is ever written to it, and every write raises
+    ``StoreReadOnly``. Raises ``StoreUnavailable`` for a path that cannot be opened (saying why), a file
+    that is not a batch store, or one locked by another process past ``timeout`` seconds.
     """
-    close_db()
-    pragmas = dict(PRAGMAS, busy_timeout=int(timeout * 1000))
-    try:
-        db.init(os.fspath(path), pragmas=pragmas, timeout=timeout, check_same_thread=False)  # type: ignore[arg-type]
-        db.connect()
-        _prepare_schema()
-        _check_columns()
-    except (
-        peewee.DatabaseError,
-        sqlite3.DatabaseError,
-        OSError,
-        ValueError,
-        TypeError,
-        StoreUnavailable,
-    ) as exc:
-        close_db()
-        db.init(None)
-        raise StoreUnavailable(f"path: cannot open {path!r} as a batch store: {exc}") from exc
+    db.open_store(path, timeout=timeout, readonly=readonly)
     counters.reset()
     return db
+
+
+def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str]:
+    """What to hand SQLite for ``path`` (a ``mode=ro`` URI when read-only), and the path to show; a
+    path that cannot be a store file is refused with the reason."""
+    shown = os.fspath(path)
+    if not isinstance(shown, str):
+        raise StoreUnavailable(f"path: must be a str or os.PathLike of str, got {type(path).__name__}")
+    if not shown:
+        raise StoreUnavailable("path: is empty; give the store file's path, or ':memory:' for a private one")
+    if shown == ":memory:":
+        if readonly:
+            raise StoreUnavailable("path: a read-only store must be a file, not ':memory:'")
+        return shown, shown
+    full = os.path.abspath(shown)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise StoreUnavailable(f"path: {shown!r} is a directory, not a store file")
+    if not os.path.isdir(folder):
+        raise StoreUnavailable(f"path: the directory {folder!r} of {shown!r} does not exist")
+    if not readonly:
+        return shown, shown
+    if not os.path.isfile(full):
+        raise StoreUnavailable(f"path: no store at {shown!r}")
+    return f"file:{urllib.parse.quote(full)}?mode=ro", shown
 
 
 def _prepare_schema() -> None:
@@ -434,6 +605,15 @@ def _prepare_schema() -> None:
         for statement in BASE_SCHEMA + SPEED_SCHEMA:
             db.execute_sql(statement)
         db.execute_sql(RECOMPUTE_TOTAL_SQL)
+
+
+def _check_schema() -> None:
+    """A read-only store cannot add what is missing: refuse a file that lacks part of the schema."""
+    present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
+    if missing := sorted(SCHEMA_NAMES - present):
+        raise StoreUnavailable(
+            f"path: {db.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
+        )
 
 
 def _total_is_right() -> bool:
@@ -460,9 +640,9 @@ def _check_columns() -> None:
 
 
 def close_db() -> None:
-    """Close the store's connection. Safe to call when nothing is open, and twice."""
-    if not db.deferred:
-        db.close()
+    """Close the store's connection, after any other thread's transaction ends. Safe to call when
+    nothing is open, and twice."""
+    db.close_store()
 
 
 # -- SQLite spellings the rules need ------------------------------------------------------------------

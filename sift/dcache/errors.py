@@ -27,3 +27,7 @@ class StoreNotOpen(BatchError, RuntimeError):
 
 class StoreUnavailable(BatchError):
     """The file cannot be used: not a SQLite database, unreadable, or locked past the busy timeout."""
+
+
+class StoreReadOnly(StoreUnavailable):
+    """A write was asked of a store opened with ``readonly=True``, or of a file SQLite may not write."""
