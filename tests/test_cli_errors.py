@@ -108,7 +108,12 @@ def test_a_sqlite_file_of_another_program(tmp_path: Path, capsys: pytest.Capture
     path = tmp_path / "other.db"
     with closing(sqlite3.connect(path)) as conn:
         conn.execute("CREATE TABLE batch_job (something_else TEXT)")
-    code, out, err = run(capsys, "stats", "--db", path)
+    before = path.read_bytes()
+    code, out, err = run(capsys, "stats", "--db", path)  # read-only: the package's message, nothing written
+    assert (code, out) == (1, "")
+    assert one_line(err).startswith(f"sift: path: '{path}' lacks ")
+    assert path.read_bytes() == before
+    code, out, err = run(capsys, "reconcile", "--reason", "x", "--db", path)
     assert (code, out) == (1, "")
     assert one_line(err).startswith(f"sift: path: cannot open '{path}' as a batch store: ")
 

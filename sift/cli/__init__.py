@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if readonly:
             require_store(args.db)
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
-        with opened(args.db):
+        with opened(args.db, readonly=readonly):
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))

@@ -78,9 +78,10 @@ def require_store(path: str) -> None:
 
 
 @contextmanager
-def opened(path: str) -> Iterator[dcache.SerializedSqliteDatabase]:
-    """The store at ``path`` (created if missing), open for the duration of the block."""
-    database = dcache.open_db(path, timeout=OPEN_TIMEOUT_S)
+def opened(path: str, *, readonly: bool = False) -> Iterator[dcache.SerializedSqliteDatabase]:
+    """The store at ``path``, open for the duration of the block: read-only (never created, never written
+    to, so a file the user may not write works too), or for writing (created if missing)."""
+    database = dcache.open_db(path, timeout=OPEN_TIMEOUT_S, readonly=readonly)
     try:
         yield database
     finally:
