@@ -179,16 +179,31 @@ def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None
     With ``targets``, the job and its targets are stored in one transaction: all or nothing.
     """
     values = _job_values(job)
-    try:
-        with db.write():
-            _INSERT_JOB.run(**values)
-            put = 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
-    except peewee.IntegrityError as exc:
-        if "batch_job.id" in str(exc):
-            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
-        raise
+    with db.write():
+        put = _insert_job(values, targets)
     counters.add("jobs_created")
     counters.add("targets_put", put)
+
+
+def submit_batch_job(
+    job: BatchJob, targets: Iterable[BatchTarget] | None, ttl: Any, *, now: int | None = None
+) -> tuple[str, bool]:
+    """The idempotent create, in one write transaction: ``(id, False)`` for the job ``batch_job_by_idem``
+    finds for ``(job.caller, job.idem_key)``, writing nothing (``targets`` are not read); otherwise
+    ``create_batch_job(job, targets)`` and ``(job.id, True)``. An empty key always creates."""
+    values = _job_values(job)
+    cutoff = checks.cutoff(checks.now(now), ttl)
+    caller, idem_key = values["caller"], values["idem_key"]
+    with db.write():
+        found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
+        put = _insert_job(values, targets) if found is None else 0
+    if found is not None:
+        counters.add("batch_idem_hit")
+        return str(found), False
+    counters.add("batch_idem_miss")
+    counters.add("jobs_created")
+    counters.add("targets_put", put)
+    return values["id"], True
 
 
 def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
@@ -430,6 +445,17 @@ def _job_values(job: Any) -> dict[str, Any]:
     return values
 
 
+def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None) -> int:
+    """Insert the job and its targets inside the caller's transaction; return how many targets."""
+    try:
+        _INSERT_JOB.run(**values)
+    except peewee.IntegrityError as exc:
+        if "batch_job.id" in str(exc):
+            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
+        raise
+    return 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
+
+
 def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
     """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
     last: list[tuple[Any, ...]] = [()]  # the row SQLite ran last, to name the field when it fails
@@ -478,8 +504,8 @@ def _target_rows(
 
 def _check_unset_fields(data: dict[str, Any], job_id: str, idx: int) -> None:
     """A target to put may name its own job and the pending status, and nothing a run writes."""
-    if data.get("job_id") not in (None, job_id):
-        checks.invalid("job_id", f"target {idx} names job {data['job_id']!r}, not {job_id!r}")
+    if data.get("job") not in (None, job_id):
+        checks.invalid("job_id", f"target {idx} names job {data['job']!r}, not {job_id!r}")
     if data.get("status") not in (None, "pending"):
         checks.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
     for name in ("result", "error", "hint"):

@@ -50,6 +50,9 @@ class _StoreModel(peewee.Model):
     class Meta:
         database = db
         legacy_table_names = False
+        # save() writes only the fields set since the row was read: a stale instance never writes back
+        # targets_done, nbytes or lease that the store's functions moved meanwhile.
+        only_save_dirty = True
 
     @classmethod
     def from_row(cls: type[M], names: tuple[str, ...], row: tuple[Any, ...]) -> M:
@@ -84,7 +87,9 @@ class BatchJob(_StoreModel):
 class BatchTarget(_StoreModel):
     """One URL of a job, at position ``idx``; result, error and hint stay NULL until it finishes."""
 
-    job_id = peewee.TextField()
+    # The DDL has no foreign key; Peewee's field only gives joins, ``target.job`` and ``job.targets``.
+    job = peewee.ForeignKeyField(BatchJob, column_name="job_id", backref="targets", lazy_load=True)
+    job_id: Any  # Peewee's accessor for the raw column: BatchTarget.job_id == "…", target.job_id
     idx = peewee.IntegerField()
     url = peewee.TextField()
     options = peewee.TextField()
@@ -95,7 +100,7 @@ class BatchTarget(_StoreModel):
 
     class Meta:
         table_name = "batch_target"
-        primary_key = peewee.CompositeKey("job_id", "idx")
+        primary_key = peewee.CompositeKey("job", "idx")
 
 
 JOB_COLUMNS: tuple[str, ...] = tuple(BatchJob._meta.sorted_field_names)
