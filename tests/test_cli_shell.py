@@ -3,12 +3,14 @@ fed commands on standard input."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import pty
 import select
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_helpers import EXPECTED, dump, populate, run, sift_script
@@ -134,6 +136,22 @@ def test_the_console_script_with_piped_input(store_file: Path) -> None:
     assert proc.stdout.splitlines() == ["2 1", "every target failed"]
     assert proc.stderr.startswith("sift shell on ")
     assert "Traceback" not in proc.stderr
+
+
+def test_piped_input_is_a_script_even_with_ipython_installed(
+    store_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+
+    def ipython_everywhere(name: str, *args: Any) -> Any:
+        if name == "IPython":
+            return object()  # never imported: piped input does not start IPython
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", ipython_everywhere)
+    code, out, err = shell(capsys, monkeypatch, store_file, "print(1)\nbatch_job(1)\nprint(2)\n")
+    assert (code, out) == (1, "1\n")
+    assert err.rstrip("\n").splitlines()[-1].endswith("InvalidBatchInput: job_id: must be a str, got int")
 
 
 def test_the_console_script_with_a_piped_script_that_raises(store_file: Path) -> None:

@@ -1,10 +1,10 @@
 """``sift shell``: an interactive Python console on the open store, like ``flask shell``.
 
-Without IPython it is the standard console. On a terminal it has what ``python -i`` has: line editing,
-the history of ``~/.python_history`` and Tab completion, here of the shell's own names. With piped input
-it runs the lines as a script: no prompts, and the first uncaught exception (or syntax error) prints its
-traceback and ends the run with exit status 1, as ``python - < script`` does, so a failed step stops the
-steps after it.
+On a terminal it is IPython when installed, else the standard console with what ``python -i`` has: line
+editing, the history of ``~/.python_history`` and Tab completion, here of the shell's own names. Piped
+input, with or without IPython, runs as a script: no prompts, and the first uncaught exception (or syntax
+error) prints its traceback and ends the run with exit status 1, as ``python - < script`` does, so a
+failed step stops the steps after it.
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ def banner(path: str) -> str:
 def cmd_shell(args: argparse.Namespace) -> int:
     names = namespace()
     intro = banner(args.db)
+    piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
     try:
-        if importlib.util.find_spec("IPython") is not None:
+        if not piped and importlib.util.find_spec("IPython") is not None:
             print(intro, file=sys.stderr)
             importlib.import_module("IPython").start_ipython(argv=["--no-banner"], user_ns=names)
         else:
-            return _plain_console(names, intro)
+            return _plain_console(names, intro, piped)
     except SystemExit as exc:  # exit() or quit() typed in the console
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     return 0
@@ -95,10 +96,9 @@ def _line_editing(names: dict[str, Any]) -> None:
         readline.parse_and_bind("tab: complete")
 
 
-def _plain_console(names: dict[str, Any], intro: str) -> int:
+def _plain_console(names: dict[str, Any], intro: str, piped: bool) -> int:
     """``code.InteractiveConsole``. On a terminal, with line editing and completion; with piped input,
     without prompts (the output is only what the commands print), stopping at the first error (status 1)."""
-    piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
     saved = {name: getattr(sys, name) for name in ("ps1", "ps2") if hasattr(sys, name)}
     if piped:
         sys.ps1 = sys.ps2 = ""
