@@ -1,8 +1,11 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
-Built on the public functions of :mod:`sift.dcache` and its models. Errors the user caused (an unknown
-job id, a bad duration or size, a file that is not a store or stays locked) print one line on standard
-error and exit 1; usage errors exit 2, as argparse does.
+Built on the public functions of :mod:`sift.dcache` and its models. The commands that only read (stats,
+jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
+never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
+negative duration or size, no store at the path a read command names, a file that is not a store or
+stays locked, a store simulate refuses) print one line on standard error and exit 1; usage errors exit 2,
+as argparse does.
 """
 
 from __future__ import annotations
