@@ -154,6 +154,6 @@ def test_wal_size_while_another_connection_writes(
         assert code == 0
         report = json.loads(out)
         assert (report["file_bytes"], report["wal_bytes"]) == (file_bytes, wal_bytes)
-        wal_bytes = Path(f"{store_file}-wal").stat().st_size  # the first run's open wrote to it too
+        assert Path(f"{store_file}-wal").stat().st_size == wal_bytes  # read-only: stats wrote nothing
         code, out, _ = run(capsys, "stats", "--db", store_file)
         assert f"WAL size      {wal_bytes / 1024:.1f} KiB ({wal_bytes:,} bytes)" in out.splitlines()
