@@ -148,7 +148,8 @@ def test_a_path_that_cannot_be_a_store(
 
 def test_a_read_command_under_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "no" / "such" / "dir.db"
-    assert run(capsys, "stats", "--db", path) == (1, "", f"sift: no store at {path}\n")
+    message = f"sift: path: the directory '{path.parent}' of '{path}' does not exist\n"
+    assert run(capsys, "stats", "--db", path) == (1, "", message)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -39,7 +39,7 @@ def test_no_store_no_file(
     elif named_by == "$SIFT_DB":
         monkeypatch.setenv("SIFT_DB", "typo.db")
     expected = "sift.db" if named_by == "default" else "typo.db"
-    assert run(capsys, *argv) == (1, "", f"sift: no store at {expected}\n")
+    assert run(capsys, *argv) == (1, "", f"sift: path: no store at '{expected}'\n")
     assert os.listdir(tmp_path) == []
 
 
@@ -51,7 +51,7 @@ def test_through_the_console_script(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "sift: no store at typo.db\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "sift: path: no store at 'typo.db'\n")
     assert os.listdir(tmp_path) == []
 
 

@@ -34,7 +34,6 @@ from .store import (
     new_simulation_store,
     opened,
     refuse_store_with_jobs,
-    require_store,
 )
 from .units import BadValue, parse_duration, parse_size
 
@@ -255,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         _prepare(args)
         if args.command == "simulate":
             _simulation_store(args)
+        # A command that only reads opens the store read-only: it never creates the file (a typo in --db
+        # would leave a new empty store behind) and never writes to it.
         readonly = args.reads_only or getattr(args, "dry_run", False)
-        if readonly:
-            require_store(args.db)
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
         with opened(args.db, readonly=readonly):
             return int(args.handler(args))

@@ -20,7 +20,6 @@ __all__ = [
     "new_simulation_store",
     "opened",
     "refuse_store_with_jobs",
-    "require_store",
 ]
 
 #: The store used when neither ``--db`` nor ``$SIFT_DB`` names one.
@@ -68,13 +67,6 @@ def refuse_store_with_jobs(path: str, source: str) -> None:
             f"{source}: {path} already holds jobs; simulate runs only on a new or empty store, so it never "
             "changes real data (without --db and $SIFT_DB it makes a new file of its own)"
         )
-
-
-def require_store(path: str) -> None:
-    """Raise CommandError unless there is something at ``path`` to read: a command that only reads never
-    creates a store (a typo in --db would otherwise leave a new empty file behind)."""
-    if path != ":memory:" and not os.path.lexists(path):
-        raise CommandError(f"no store at {path}")
 
 
 @contextmanager
