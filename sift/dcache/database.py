@@ -380,17 +380,21 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 "database: this process was forked inside a transaction and cannot use the store; "
                 "fork outside transactions"
             )
+        if self._store_open and not self._state.closed:  # the usual case: no lock, so no wait
+            return False
         with self.lock:
             if not self._state.closed:
                 return False
             return bool(super().connect())
 
     def close(self) -> bool:
-        """Does nothing and returns False while the store is open: other threads use the connection, and
-        ``close_db()`` closes it. Otherwise (a connection opened by ``connect()`` after ``close_db()``)
-        closes it."""
+        """Does nothing and returns False while the store is open (other threads use the connection, and
+        ``close_db()`` closes it) or inside a transaction. Otherwise (a connection opened again after
+        ``close_db()``) closes it."""
+        if self._store_open or self.deferred:  # no lock: a request hook never waits on another thread
+            return False
         with self.lock:
-            if self._store_open or self.deferred:
+            if self._store_open or self.in_transaction():
                 return False
             return self._close_connection()
 

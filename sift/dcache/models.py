@@ -79,6 +79,7 @@ class BatchJob(_StoreModel):
     created_at = peewee.IntegerField()
     lease = peewee.IntegerField()
     nbytes = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
+    targets: Any  # the backref of BatchTarget.job: a query of this job's targets
 
     class Meta:
         table_name = "batch_job"  # the schema, indexes included, is created by open_db from the DDL

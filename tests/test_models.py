@@ -1,0 +1,51 @@
+"""Exploring the store as a Peewee project: ``BatchTarget.job`` is a foreign key with ``job.targets``.
+
+The schema stays the original DDL (no FOREIGN KEY constraint); the field only gives joins and accessors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers import make_job, make_targets
+
+from sift import dcache
+from sift.dcache import BatchJob, BatchTarget
+
+
+def test_job_targets_and_target_job(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=3), make_targets(3))
+    dcache.create_batch_job(make_job("b", targets_total=1), make_targets(1))
+    job = BatchJob.get_by_id("a")
+    assert [t.idx for t in job.targets.order_by(BatchTarget.idx)] == [0, 1, 2]
+    target = BatchTarget.get((BatchTarget.job_id == "b") & (BatchTarget.idx == 0))
+    assert target.job_id == "b"
+    assert target.job.id == "b"
+    assert target.job.caller == "alice"
+
+
+def test_join_targets_to_their_jobs(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", caller="ann", targets_total=2), make_targets(2))
+    dcache.create_batch_job(make_job("b", caller="bob", targets_total=1), make_targets(1))
+    rows = (
+        BatchTarget.select(BatchTarget.idx, BatchJob.caller)
+        .join(BatchJob)
+        .where(BatchJob.caller == "ann")
+        .order_by(BatchTarget.idx)
+        .tuples()
+    )
+    assert list(rows) == [(0, "ann"), (1, "ann")]
+
+
+def test_store_functions_return_targets_with_their_job_id(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=2), make_targets(2))
+    targets = dcache.batch_targets("a")
+    assert targets is not None
+    assert [(t.job_id, t.idx) for t in targets] == [("a", 0), ("a", 1)]
+    assert targets[1].job.id == "a"
+
+
+def test_a_target_built_with_job_id_is_put(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=1))
+    dcache.put_batch_targets("a", [BatchTarget(job_id="a", idx=0, url="https://e.x/", options="{}")])
+    assert BatchTarget.select().where(BatchTarget.job == "a").count() == 1
