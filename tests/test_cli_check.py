@@ -101,3 +101,23 @@ def test_a_bar_on_a_terminal_only(store_file: Path, tmp_path: Path) -> None:
     code, out, terminal = run_on_terminal([str(sift_script()), "check", "--db", str(store_file)], tmp_path)
     assert code == 0 and out.startswith("ok: 5 jobs")
     assert "check:" in terminal and "5/5" in terminal
+
+
+def test_check_opens_read_only_and_sees_a_drifted_total(
+    store_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --repair, check opens the store read-only: open_db does not mend the total first, the
+    check reports it, and the file is not written."""
+    foreign(store_file, "UPDATE batch_totals SET nbytes = nbytes + 7")
+    before = store_file.read_bytes()
+    code, out, _ = run(capsys, "check", "--db", store_file)
+    assert code == 1
+    assert "total" in out and "but SUM(nbytes) is" in out
+    assert store_file.read_bytes() == before
+
+
+def test_check_of_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "check", "--db", tmp_path / "typo.db")
+    assert (code, out) == (1, "")
+    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'\n"
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ import pytest
 from cli_helpers import populate, sift_script
 
 import sift
+from sift import dcache
 
 COMMANDS = {
     "console script": [str(sift_script())],
@@ -43,8 +44,14 @@ def test_entry_point_uses_sift_db_and_the_working_directory(tmp_path: Path, comm
     proc = subprocess.run(
         [*command, "jobs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "sift: path: no store at 'sift.db'\n")
+    assert list(tmp_path.iterdir()) == []  # a read command creates nothing
+    dcache.open_db(tmp_path / "sift.db")
+    dcache.close_db()
+    proc = subprocess.run(
+        [*command, "jobs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert (proc.returncode, proc.stdout) == (0, "no jobs\n")
-    assert (tmp_path / "sift.db").exists()
     populate(tmp_path / "elsewhere.db")
     env["SIFT_DB"] = str(tmp_path / "elsewhere.db")
     proc = subprocess.run(

@@ -43,7 +43,18 @@ def one_line(err: str) -> str:
             ["sweep", "--ttl", "10x"],
             "sift: --ttl: '10x' is not a duration (use e.g. 90s, 10m, 24h, 7d, or plain seconds)\n",
         ),
-        (["sweep", "--ttl=-1h", "--dry-run"], "sift: --ttl: '-1h' is not a duration"),
+        (["sweep", "--ttl=-1h", "--dry-run"], "sift: --ttl: ttl must not be negative, got '-1h'\n"),
+        (["sweep", "--ttl", "-1h", "--dry-run"], "sift: --ttl: ttl must not be negative, got '-1h'\n"),
+        (["sweep", "--ttl", "-1h"], "sift: --ttl: ttl must not be negative, got '-1h'\n"),
+        (["sweep", "--ttl", "-.5h"], "sift: --ttl: ttl must not be negative, got '-.5h'\n"),
+        (["sweep", "--ttl", "-1x"], "sift: --ttl: '-1x' is not a duration"),
+        (["evict", "--max-bytes", "-5"], "sift: --max-bytes: max-bytes must not be negative, got '-5'\n"),
+        (
+            ["evict", "--max-bytes", "-1MiB"],
+            "sift: --max-bytes: max-bytes must not be negative, got '-1MiB'\n",
+        ),
+        (["simulate", "--budget", "-2MiB"], "sift: --budget: budget must not be negative, got '-2MiB'\n"),
+        (["simulate", "--ttl", "-10m"], "sift: --ttl: ttl must not be negative, got '-10m'\n"),
         (["evict", "--max-bytes", "lots"], "sift: --max-bytes: 'lots' is not a size"),
         (["evict", "--max-bytes", "1.5"], "sift: --max-bytes: '1.5' is not a whole number of bytes\n"),
         (["simulate", "--budget", "1XB"], "sift: --budget: '1XB' is not a size"),
@@ -97,7 +108,12 @@ def test_a_sqlite_file_of_another_program(tmp_path: Path, capsys: pytest.Capture
     path = tmp_path / "other.db"
     with closing(sqlite3.connect(path)) as conn:
         conn.execute("CREATE TABLE batch_job (something_else TEXT)")
-    code, out, err = run(capsys, "stats", "--db", path)
+    before = path.read_bytes()
+    code, out, err = run(capsys, "stats", "--db", path)  # read-only: the package's message, nothing written
+    assert (code, out) == (1, "")
+    assert one_line(err).startswith(f"sift: path: '{path}' lacks ")
+    assert path.read_bytes() == before
+    code, out, err = run(capsys, "reconcile", "--reason", "x", "--db", path)
     assert (code, out) == (1, "")
     assert one_line(err).startswith(f"sift: path: cannot open '{path}' as a batch store: ")
 
@@ -117,16 +133,24 @@ def test_a_store_whose_target_table_another_program_made(
 
 
 @pytest.mark.parametrize("where", ["missing-directory", "directory"])
+@pytest.mark.parametrize("command", [["reconcile", "--reason", "x"], ["shell"]])
 def test_a_path_that_cannot_be_a_store(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, command: list[str]
 ) -> None:
     path = tmp_path / "no" / "such" / "dir.db" if where == "missing-directory" else tmp_path
-    code, out, err = run(capsys, "stats", "--db", path)
+    code, out, err = run(capsys, *command, "--db", path)
     assert (code, out) == (1, "")
     if where == "directory":
         assert one_line(err) == f"sift: path: '{path}' is a directory, not a store file\n"
     else:
         assert one_line(err) == f"sift: path: the directory '{path.parent}' of '{path}' does not exist\n"
+
+
+def test_a_read_command_under_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "no" / "such" / "dir.db"
+    message = f"sift: path: the directory '{path.parent}' of '{path}' does not exist\n"
+    assert run(capsys, "stats", "--db", path) == (1, "", message)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_locked_past_the_timeout(
@@ -159,6 +183,7 @@ def test_a_file_locked_past_the_timeout(
         ["show", "a", "--result", "9223372036854775808"],
         ["jobs", "--limit", "99999999999999999999"],
         ["sweep"],
+        ["sweep", "--ttl", "--dry-run"],
         ["evict", "--dry-run"],
         ["reconcile"],
         ["simulate", "--workers", "0"],

@@ -3,9 +3,14 @@ fed commands on standard input."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import os
+import pty
+import select
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_helpers import EXPECTED, dump, populate, run, sift_script
@@ -70,15 +75,41 @@ def test_writes_from_the_shell_reach_the_file(
     assert statuses["job-b"] == statuses["job-d"] == ("failed", "from the shell", 7)
 
 
-def test_an_error_in_the_shell_does_not_end_it(
+def test_a_caught_error_does_not_end_a_script(
     store_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = "batch_job(1)\ntry:\n    touch_batch_job('nope')\nexcept JobNotFound as e:\n    print(e)\n\n"
+    script = "try:\n    touch_batch_job('nope')\nexcept JobNotFound as e:\n    print(e)\n\n"
     script += "print('still here')\n"
     code, out, err = shell(capsys, monkeypatch, store_file, script)
     assert code == 0
     assert out.splitlines() == ["job_id: no job 'nope'", "still here"]
-    assert "InvalidBatchInput: job_id: must be a str, got int" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("failing", "error"),
+    [
+        ("batch_job(1)", "InvalidBatchInput: job_id: must be a str, got int"),
+        ("touch_batch_job('nope')", "JobNotFound: job_id: no job 'nope'"),
+        ("1 +", "SyntaxError: invalid syntax"),
+        ("for x in range(2):\n    print(x)\n    x / 0\n", "ZeroDivisionError: division by zero"),
+    ],
+)
+def test_a_piped_script_stops_at_its_first_error(
+    store_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    failing: str,
+    error: str,
+) -> None:
+    """Like ``python - < script``: the traceback, exit status 1, and no line after the failing one runs."""
+    script = f"print('before')\n{failing}\nmark_in_flight_failed('must not run')\nprint('after')\n"
+    before = dump(store_file)
+    code, out, err = shell(capsys, monkeypatch, store_file, script)
+    assert code == 1
+    assert out.splitlines()[0] == "before" and "after" not in out
+    assert err.rstrip("\n").splitlines()[-1].endswith(error)
+    assert dump(store_file) == before
 
 
 @pytest.mark.parametrize(("line", "status"), [("exit()", 0), ("exit(3)", 3), ("raise SystemExit", 0)])
@@ -107,8 +138,105 @@ def test_the_console_script_with_piped_input(store_file: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_piped_input_is_a_script_even_with_ipython_installed(
+    store_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+
+    def ipython_everywhere(name: str, *args: Any) -> Any:
+        if name == "IPython":
+            return object()  # never imported: piped input does not start IPython
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", ipython_everywhere)
+    code, out, err = shell(capsys, monkeypatch, store_file, "print(1)\nbatch_job(1)\nprint(2)\n")
+    assert (code, out) == (1, "1\n")
+    assert err.rstrip("\n").splitlines()[-1].endswith("InvalidBatchInput: job_id: must be a str, got int")
+
+
+def test_the_console_script_with_a_piped_script_that_raises(store_file: Path) -> None:
+    proc = subprocess.run(
+        [str(sift_script()), "shell", "--db", str(store_file)],
+        input="print(batch_job('job-c').error)\nbatch_targets('job-c', 'x')\nprint('after')\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == "every target failed\n"
+    assert "Traceback (most recent call last):" in proc.stderr
+    assert proc.stderr.rstrip("\n").splitlines()[-1].startswith("TypeError: ")
+
+
 def test_the_shell_closes_the_store(
     store_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert shell(capsys, monkeypatch, store_file, "print(db.is_closed())\n")[1] == "False\n"
     assert dcache.db.is_closed()
+
+
+class Terminal:
+    """``sift shell`` with standard input, output and error on a pseudo-terminal, typed at like a user."""
+
+    def __init__(self, path: Path, home: Path) -> None:
+        self.master, slave = pty.openpty()
+        env = dict(os.environ, HOME=str(home), TERM="xterm", COLUMNS="100", LINES="24")
+        self.proc = subprocess.Popen(
+            [str(sift_script()), "shell", "--db", str(path)],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+        )
+        os.close(slave)
+        self.seen = b""
+        self.pos = 0  # where the next wait_for starts looking
+
+    def wait_for(self, text: bytes) -> None:
+        """Read what the terminal shows until ``text`` appears after what was waited for before."""
+        start = self.pos
+        while text not in self.seen[start:]:
+            ready, _, _ = select.select([self.master], [], [], 60)
+            assert ready, f"{text!r} never appeared; the terminal shows {self.seen[start:]!r}"
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the shell closed the terminal
+                chunk = b""
+            assert chunk, f"{text!r} never appeared; the terminal shows {self.seen[start:]!r}"
+            self.seen += chunk
+        self.pos = self.seen.index(text, start) + len(text)
+
+    def type(self, keys: bytes, then: bytes = b">>> ") -> None:
+        os.write(self.master, keys)
+        self.wait_for(then)
+
+    def close(self) -> int:
+        os.write(self.master, b"exit()\r")
+        code = self.proc.wait(timeout=60)
+        os.close(self.master)
+        return code
+
+
+def test_on_a_terminal_line_editing_history_and_completion(store_file: Path, tmp_path: Path) -> None:
+    term = Terminal(store_file, tmp_path)
+    term.wait_for(b">>> ")
+    # Tab completes the shell's names: "BatchJ" becomes "BatchJob(".
+    term.type(b"x = BatchJ\t", b"x = BatchJob(")
+    term.type(b")\r")
+    term.type(b"print(type(x).__name__, 'completed')\r", b"BatchJob completed")
+    term.wait_for(b">>> ")
+    # The up arrow brings back the line before (no "^[[A" typed into the code).
+    term.type(b"print(6 * 7, 'first')\r", b"42 first")
+    term.wait_for(b">>> ")
+    term.type(b"\x1b[A\r", b"42 first")
+    term.wait_for(b">>> ")
+    # Line editing: the left arrow moves back into the line to insert a character.
+    term.type(b"print(1234)\x1b[D\x1b[D5\r", b"12354")
+    term.wait_for(b">>> ")
+    # On a terminal an error does not end the session.
+    term.type(b"touch_batch_job('nope')\r", b"JobNotFound")
+    term.type(b"print('still', 'here')\r", b"still here")
+    assert term.close() == 0
+    history = (tmp_path / ".python_history").read_text().splitlines()
+    assert "print(6 * 7, 'first')" in history  # the console's history file, as with python -i

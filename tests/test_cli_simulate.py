@@ -139,19 +139,21 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert lines[0].startswith(
         "Simulated 40 submissions from 6 callers (3 fleet, 3 restricted) with 3 workers in "
     )
-    labels = [line.split("  ")[1] for line in lines[2:10]]
+    labels = [line.split("  ")[1] for line in lines[2:11]]
     assert labels == [
+        "store",
         "jobs created",
         "targets written",
         "idempotent repeats",
-        "restart",
+        "runner restart",
         "sweeps",
         "eviction",
         "bytes stored",
         "polls",
     ]
-    assert "targets/s" in lines[3]
-    assert "of 64.0 KiB budget" in lines[8]
+    assert lines[2].split() == ["store", str(tmp_path / "sim.db")]
+    assert "targets/s" in lines[4]
+    assert "of 64.0 KiB budget" in lines[9]
     checks = lines[lines.index("Invariants") + 1 : -2]
     assert len(checks) == 8 and all(line.startswith("  ok    ") for line in checks)
     assert lines[-1] == "All invariants hold."
@@ -187,12 +189,15 @@ def test_a_broken_store_fails_the_check(
     assert all("targets_done" not in line for line in failed)
 
 
-def test_runs_again_on_the_same_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_second_run_on_the_same_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The file now holds jobs this run did not make: the second run refuses it and leaves it as it was."""
     path = tmp_path / "sim.db"
-    first = run(capsys, "simulate", "--db", path, "--json", *SMALL)
-    second = run(capsys, "simulate", "--db", path, "--json", *SMALL)
-    assert first[0] == second[0] == 0
-    assert json.loads(second[1])["ok"] is True
+    assert run(capsys, "simulate", "--db", path, "--json", *SMALL)[0] == 0
+    before = path.read_bytes()
+    code, out, err = run(capsys, "simulate", "--db", path, "--json", *SMALL)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"sift: --db: {path} already holds jobs; ") and err.count("\n") == 1
+    assert path.read_bytes() == before
     view = independent_view(path)
     assert view["bad_done"] == [] and view["bad_bytes"] == []
 

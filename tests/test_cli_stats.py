@@ -12,6 +12,7 @@ import pytest
 from cli_helpers import EXPECTED, FROZEN, NOW, connect_ro, dump, populate, run
 from freezegun import freeze_time
 
+from sift import dcache
 from sift.dcache import stats
 
 
@@ -95,12 +96,13 @@ def test_human_report(store_file: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert [line.split()[0] for line in counters[1:]] == list(stats())
 
 
-def test_empty_store_is_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "new.db"
+    dcache.open_db(path)
+    dcache.close_db()
     code, out, _ = run(capsys, "stats", "--db", path, "--json")
     assert code == 0
     report = json.loads(out)
-    assert path.exists()
     assert set(report["jobs"].values()) == {0} and set(report["targets"].values()) == {0}
     assert report["oldest_lease"] is None and report["newest_lease"] is None and report["nbytes"] == 0
     code, out, _ = run(capsys, "stats", "--db", path)
@@ -113,9 +115,13 @@ def test_store_from_environment_or_working_directory(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SIFT_DB", raising=False)
-    assert run(capsys, "stats")[0] == 0
-    assert (tmp_path / "sift.db").exists()
+    populate(tmp_path / "sift.db")
+    code, out, _ = run(capsys, "stats", "--json")
+    assert code == 0 and json.loads(out)["db"] == "sift.db"
+    assert sum(json.loads(out)["jobs"].values()) == 5
     populate(tmp_path / "env.db")
+    dcache.open_db(tmp_path / "other.db")
+    dcache.close_db()
     monkeypatch.setenv("SIFT_DB", str(tmp_path / "env.db"))
     code, out, _ = run(capsys, "stats", "--json")
     assert code == 0 and json.loads(out)["db"] == str(tmp_path / "env.db")
@@ -148,6 +154,6 @@ def test_wal_size_while_another_connection_writes(
         assert code == 0
         report = json.loads(out)
         assert (report["file_bytes"], report["wal_bytes"]) == (file_bytes, wal_bytes)
-        wal_bytes = Path(f"{store_file}-wal").stat().st_size  # the first run's open wrote to it too
+        assert Path(f"{store_file}-wal").stat().st_size == wal_bytes  # read-only: stats wrote nothing
         code, out, _ = run(capsys, "stats", "--db", store_file)
         assert f"WAL size      {wal_bytes / 1024:.1f} KiB ({wal_bytes:,} bytes)" in out.splitlines()

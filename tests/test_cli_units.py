@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sift.cli.units import BadValue, parse_duration, parse_size
@@ -81,6 +83,29 @@ def test_durations(text: str, expected: int) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(BadValue, match=r"^--ttl: ") as caught:
         parse_duration(text, "--ttl")
+    assert repr(text) in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["-1h", "-5", " -90s", "-1h30m", "-.5h", "-0"])
+def test_negative_durations(text: str) -> None:
+    with pytest.raises(BadValue) as caught:
+        parse_duration(text, "--ttl")
+    assert str(caught.value) == f"--ttl: ttl must not be negative, got {text!r}"
+
+
+@pytest.mark.parametrize("text", ["-5", "-1MiB", "-0.5KB", "-0"])
+def test_negative_sizes(text: str) -> None:
+    with pytest.raises(BadValue) as caught:
+        parse_size(text, "--max-bytes")
+    assert str(caught.value) == f"--max-bytes: max-bytes must not be negative, got {text!r}"
+
+
+@pytest.mark.parametrize(
+    ("text", "parse"), [("-1x", parse_duration), ("--5", parse_duration), ("-lots", parse_size)]
+)
+def test_a_malformed_value_after_a_minus_sign_is_malformed(text: str, parse: Any) -> None:
+    with pytest.raises(BadValue, match=r"is not a (duration|size)") as caught:
+        parse(text, "--opt")
     assert repr(text) in str(caught.value)
 
 

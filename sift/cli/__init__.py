@@ -1,15 +1,19 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
-Built on the public functions of :mod:`sift.dcache` and its models. Errors the user caused (an unknown
-job id, a bad duration or size, a file that is not a store or stays locked) and failures of the store
-(a full disk, a damaged file: the store raises them as ``BatchError`` too) print one line on standard
-error and exit 1; usage errors exit 2, as argparse does.
+Built on the public functions of :mod:`sift.dcache` and its models. The commands that only read (stats,
+jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
+never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
+negative duration or size, no store at the path a read command names, a file that is not a store or
+stays locked, a store simulate refuses) and failures of the store (a full disk, a damaged file: the store
+raises them as ``BatchError`` too) print one line on standard error and exit 1; usage errors exit 2,
+as argparse does.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +26,14 @@ from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
-from .store import CommandError, default_db_path, file_sizes, opened
+from .store import (
+    CommandError,
+    default_db_path,
+    file_sizes,
+    new_simulation_store,
+    opened,
+    refuse_store_with_jobs,
+)
 from .units import BadValue, parse_duration, parse_size
 
 __all__ = ["build_parser", "main"]
@@ -33,6 +44,11 @@ VALUE_OPTIONS: dict[str, Callable[[str, str], int]] = {
     "max_bytes": parse_size,
     "budget": parse_size,
 }
+
+
+#: What argparse takes for a value rather than an option: anything starting with a minus sign and a digit,
+#: so ``--ttl -1h`` reaches the parser of durations (argparse's own rule admits only plain numbers like -5).
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -57,7 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing",
+        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing, except by --dry-run",
+    )
+    read_db = argparse.ArgumentParser(add_help=False)
+    read_db.add_argument(
+        "--db",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="the store file (default: $SIFT_DB, else ./sift.db); it must exist, and is only read",
+    )
+    new_db = argparse.ArgumentParser(add_help=False)
+    new_db.add_argument(
+        "--db",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="a new or empty store file; one holding jobs is refused, unchanged (default: $SIFT_DB, else "
+        "a new file sim.db in a new directory sift-simulate-* under $TMPDIR or /tmp; never ./sift.db)",
     )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts instead of columns")
@@ -71,20 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(
-        name: str, handler: Callable[[argparse.Namespace], int], text: str, *, json: bool = True
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        text: str,
+        *,
+        json: bool = True,
+        reads_only: bool = False,
     ) -> Any:
-        parents = [db, as_json] if json else [db]
+        store = read_db if reads_only else new_db if name == "simulate" else db
+        parents = [store, as_json] if json else [store]
         sub = commands.add_parser(name, parents=parents, help=text, description=text)
-        sub.set_defaults(handler=handler)
+        sub._negative_number_matcher = NEGATIVE_VALUE
+        sub.set_defaults(handler=handler, reads_only=reads_only)
         return sub
 
     command(
         "stats",
         cmd_stats,
         "Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size, counters.",
+        reads_only=True,
     )
 
-    jobs = command("jobs", cmd_jobs, "One line per job, newest first.")
+    jobs = command("jobs", cmd_jobs, "One line per job, newest first.", reads_only=True)
     jobs.add_argument("--caller", metavar="C", help="only this caller's jobs")
     statuses = [s.value for s in JobStatus]
     jobs.add_argument(
@@ -94,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", metavar="N", type=_count(0), default=20, help="at most N jobs (default 20; 0: all)"
     )
 
-    show = command("show", cmd_show, "A job and its targets.")
+    show = command("show", cmd_show, "A job and its targets.", reads_only=True)
     show.add_argument("job_id", metavar="JOB_ID")
     show.add_argument(
         "--result", metavar="IDX", type=_count(0), help="print the result of target IDX instead"
@@ -131,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.epilog = (
         "Callers of both classes submit jobs (some repeat an idempotency key); worker threads write "
         "synthetic results and evict to the budget after each; sweeps run on a simulated clock; the runner "
-        "crashes half-way and restarts. Exits 1 if the store's invariants do not hold at the end."
+        "crashes half-way and restarts, and only the new runner reconciles (mark_in_flight_failed) at its "
+        "start, never the callers. Exits 1 if the store's invariants do not hold at the end. "
+        "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
+        "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
+        "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
+        "jobs: one that holds jobs is refused (exit 1) and left unchanged."
     )
     simulate.add_argument(
         "--jobs", metavar="N", type=_count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
@@ -179,6 +223,9 @@ def _prepare(args: argparse.Namespace) -> None:
     """Fill in the default store, reject text that is not UTF-8, and parse sizes and durations."""
     if getattr(args, "db", None) is None:
         args.db = default_db_path()
+        args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
+    else:
+        args.db_source = "--db"
     for name, value in vars(args).items():
         if isinstance(value, str):
             try:
@@ -193,6 +240,15 @@ def _prepare(args: argparse.Namespace) -> None:
             setattr(args, name, parse(text, f"--{name.replace('_', '-')}"))
 
 
+def _simulation_store(args: argparse.Namespace) -> None:
+    """simulate never changes a store holding jobs it did not make: without --db or $SIFT_DB it uses a new
+    file, and it refuses a named file that holds jobs before opening it."""
+    if args.db_source is None:
+        args.db = new_simulation_store()
+    else:
+        refuse_store_with_jobs(args.db, args.db_source)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``sift`` command; return its exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
@@ -202,8 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     try:
         _prepare(args)
+        if args.command == "simulate":
+            _simulation_store(args)
+        # A command that only reads opens the store read-only: it never creates the file (a typo in --db
+        # would leave a new empty store behind) and never writes to it.
+        readonly = args.reads_only or getattr(args, "dry_run", False)
+        readonly = readonly or (args.command == "check" and not args.repair)
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
-        with opened(args.db):
+        with opened(args.db, readonly=readonly):
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))

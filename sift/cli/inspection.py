@@ -22,7 +22,7 @@ from .report import (
     key_values,
     table,
 )
-from .store import CommandError, file_sizes
+from .store import CommandError
 
 __all__ = ["cmd_jobs", "cmd_show", "cmd_stats", "counts_by_status", "job_row", "result_size"]
 
@@ -66,10 +66,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     targets = counts_by_status(BatchTarget, tuple(s.value for s in TargetStatus))
     leases: Any = BatchJob.select(peewee.fn.MIN(BatchJob.lease), peewee.fn.MAX(BatchJob.lease)).tuples()
     oldest, newest = leases.get()
-    # The sizes as found before this command opened the file (which writes a page or two to the WAL);
-    # a file this command created is measured now.
-    before = getattr(args, "sizes_before", (None, None))
-    file_bytes, wal_bytes = before if before[0] is not None else file_sizes(args.db)
+    # The sizes as found before this command opened the file (its read-only open may add SQLite's empty
+    # -wal file).
+    file_bytes, wal_bytes = args.sizes_before
     report: dict[str, Any] = {
         "db": args.db,
         "file_bytes": file_bytes,

@@ -1,4 +1,11 @@
-"""``sift shell``: an interactive Python console on the open store, like ``flask shell``."""
+"""``sift shell``: an interactive Python console on the open store, like ``flask shell``.
+
+On a terminal it is IPython when installed, else the standard console with what ``python -i`` has: line
+editing, the history of ``~/.python_history`` and Tab completion, here of the shell's own names. Piped
+input, with or without IPython, runs as a script: no prompts, and the first uncaught exception (or syntax
+error) prints its traceback and ends the run with exit status 1, as ``python - < script`` does, so a
+failed step stops the steps after it.
+"""
 
 from __future__ import annotations
 
@@ -43,29 +50,69 @@ def banner(path: str) -> str:
 def cmd_shell(args: argparse.Namespace) -> int:
     names = namespace()
     intro = banner(args.db)
+    piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
     try:
-        if importlib.util.find_spec("IPython") is not None:
+        if not piped and importlib.util.find_spec("IPython") is not None:
             print(intro, file=sys.stderr)
             importlib.import_module("IPython").start_ipython(argv=["--no-banner"], user_ns=names)
         else:
-            _plain_console(names, intro)
+            return _plain_console(names, intro, piped)
     except SystemExit as exc:  # exit() or quit() typed in the console
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     return 0
 
 
-def _plain_console(names: dict[str, Any], intro: str) -> None:
-    """``code.interact``; with piped input there are no prompts, so the output is only what the
-    commands print."""
-    piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
+class _ScriptFailed(Exception):
+    """A line of a piped script raised (its traceback is already printed)."""
+
+
+class _ScriptConsole(code.InteractiveConsole):
+    """The console for piped input: the first uncaught exception or syntax error ends the run."""
+
+    def showtraceback(self) -> None:
+        super().showtraceback()
+        raise _ScriptFailed
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: Any) -> None:
+        super().showsyntaxerror(filename, **kwargs)
+        raise _ScriptFailed
+
+
+def _line_editing(names: dict[str, Any]) -> None:
+    """What the interpreter sets up for ``python -i``: readline's line editing, and the history of
+    ``~/.python_history`` (site's interactive hook), then Tab completion of the shell's names."""
+    try:
+        import readline
+        import rlcompleter
+    except ImportError:  # a Python built without readline: the console still works, unedited
+        return
+    hook = getattr(sys, "__interactivehook__", None)  # absent under python -I or -S: no saved history
+    if hook is not None:
+        hook()
+    readline.set_completer(rlcompleter.Completer(names).complete)
+    if "libedit" in (readline.__doc__ or ""):
+        readline.parse_and_bind("bind ^I rl_complete")
+    else:
+        readline.parse_and_bind("tab: complete")
+
+
+def _plain_console(names: dict[str, Any], intro: str, piped: bool) -> int:
+    """``code.InteractiveConsole``. On a terminal, with line editing and completion; with piped input,
+    without prompts (the output is only what the commands print), stopping at the first error (status 1)."""
     saved = {name: getattr(sys, name) for name in ("ps1", "ps2") if hasattr(sys, name)}
     if piped:
         sys.ps1 = sys.ps2 = ""
+    else:
+        _line_editing(names)
+    console = (_ScriptConsole if piped else code.InteractiveConsole)(locals=names, filename="<sift shell>")
     try:
-        code.InteractiveConsole(locals=names, filename="<sift shell>").interact(banner=intro, exitmsg="")
+        console.interact(banner=intro, exitmsg="")
+    except _ScriptFailed:
+        return 1
     finally:
         for name in ("ps1", "ps2"):
             if name in saved:
                 setattr(sys, name, saved[name])
             elif hasattr(sys, name):
                 delattr(sys, name)
+    return 0

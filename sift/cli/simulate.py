@@ -6,9 +6,14 @@ synthetic JSON result envelope of random size, and call ``evict_batch_oldest(bud
 Time is a simulated clock (every store call gets ``now=`` from it): it advances ``STEP_S`` seconds per
 target written, and a sweep runs whenever it passes the next multiple of a quarter of the ttl. Once half
 the submissions are handled, the runner crashes: its workers stop after their current target, the callers
-wait, the queue (and whatever a caller had not queued yet) is lost, the store is reopened as a new process
-would open it, ``mark_in_flight_failed`` fails the jobs that were in flight, and the callers carry on
-against a new set of workers.
+wait, the queue (and whatever a caller had not queued yet) is lost, the store is reopened as a new runner
+process would open it, and that runner, at its start, calls ``mark_in_flight_failed`` to fail the jobs that
+were in flight; then the callers carry on against its new set of workers. Reconciliation is the runner's
+alone, as in a real deployment: the callers (the web workers) never call ``mark_in_flight_failed``.
+
+It never changes a store holding jobs it did not make: without ``--db`` or ``$SIFT_DB`` it works on a new
+file of its own (see :func:`sift.cli.store.new_simulation_store`), and a named file that already holds
+jobs is refused before it is opened for writing.
 """
 
 from __future__ import annotations
@@ -185,7 +190,7 @@ class Simulation:
         self.path = path
         self.bar = bar
         self.prefix = f"sim-{secrets.token_hex(3)}"
-        # Ids and keys carry the run's prefix: a second run on the same file is a new set of clients.
+        # Ids and keys carry the run's prefix, so they cannot collide with jobs of another run.
         self.specs = [
             replace(spec, idem_key=f"{self.prefix}-{spec.idem_key}" if spec.idem_key else "")
             for spec in plan(settings)
@@ -494,6 +499,9 @@ class Simulation:
             raise self.errors[0]
 
     def restart(self) -> None:
+        """The runner process starts again: its queue is gone; it opens the store and, before it takes any
+        work, reconciles (``mark_in_flight_failed``). Only the runner does this; the callers, which stand
+        for web workers, never do."""
         dropped = 0
         while True:
             try:
@@ -631,6 +639,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield from key_values(
         [
+            ("store", summary["db"]),
             ("jobs created", format_count(t["jobs_created"])),
             (
                 "targets written",
@@ -643,9 +652,10 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
                 f"{format_count(t['idem_started_anew'])} started anew (original gone or failed)",
             ),
             (
-                "restart",
+                "runner restart",
                 f"after {format_count(summary['restart_after_submissions'])} submissions: "
-                f"{plural(t['restart_dropped_targets'], 'queued target')} lost, "
+                f"{plural(t['restart_dropped_targets'], 'queued target')} lost; "
+                "the new runner alone reconciled at its start: "
                 f"{plural(t['restart_marked_failed'], 'in-flight job')} marked failed",
             ),
             (

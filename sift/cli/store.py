@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from sift import dcache
 
-__all__ = ["DEFAULT_DB", "CommandError", "OPEN_TIMEOUT_S", "default_db_path", "file_sizes", "opened"]
+__all__ = [
+    "DEFAULT_DB",
+    "OPEN_TIMEOUT_S",
+    "CommandError",
+    "default_db_path",
+    "file_sizes",
+    "new_simulation_store",
+    "opened",
+    "refuse_store_with_jobs",
+]
 
 #: The store used when neither ``--db`` nor ``$SIFT_DB`` names one.
 DEFAULT_DB = "sift.db"
@@ -27,10 +38,42 @@ def default_db_path() -> str:
     return os.environ.get("SIFT_DB") or DEFAULT_DB
 
 
+def new_simulation_store() -> str:
+    """A path no store has used: ``sim.db`` in a new directory ``sift-simulate-*`` under the system's
+    temporary directory (``$TMPDIR``, else ``/tmp``). The file stays after the run, for inspection."""
+    return str(Path(tempfile.mkdtemp(prefix="sift-simulate-")) / "sim.db")
+
+
+def refuse_store_with_jobs(path: str, source: str) -> None:
+    """Raise CommandError if the file at ``path`` (named by ``source``: ``--db`` or ``$SIFT_DB``) holds any
+    job, deciding without writing to it.
+
+    The file is read with a read-only SQLite connection, which sees the jobs committed to its -wal file
+    too. A path that is not an existing file (a new store, ``:memory:``) passes.
+    """
+    if path == ":memory:" or not os.path.isfile(path):
+        return
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    try:
+        with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
+            tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'batch_job'")
+            holds_jobs = bool(
+                tables.fetchone() and conn.execute("SELECT EXISTS (SELECT 1 FROM batch_job)").fetchone()[0]
+            )
+    except sqlite3.DatabaseError as exc:
+        raise CommandError(f"path: cannot open {path!r} as a batch store: {exc}") from exc
+    if holds_jobs:
+        raise CommandError(
+            f"{source}: {path} already holds jobs; simulate runs only on a new or empty store, so it never "
+            "changes real data (without --db and $SIFT_DB it makes a new file of its own)"
+        )
+
+
 @contextmanager
-def opened(path: str) -> Iterator[dcache.SerializedSqliteDatabase]:
-    """The store at ``path`` (created if missing), open for the duration of the block."""
-    database = dcache.open_db(path, timeout=OPEN_TIMEOUT_S)
+def opened(path: str, *, readonly: bool = False) -> Iterator[dcache.SerializedSqliteDatabase]:
+    """The store at ``path``, open for the duration of the block: read-only (never created, never written
+    to, so a file the user may not write works too), or for writing (created if missing)."""
+    database = dcache.open_db(path, timeout=OPEN_TIMEOUT_S, readonly=readonly)
     try:
         yield database
     finally:

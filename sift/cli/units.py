@@ -2,12 +2,14 @@
 
 Sizes: ``512MiB``, ``1GB``, ``1.5KiB`` or plain bytes. Durations: ``90s``, ``10m``, ``24h``, ``7d``,
 compounds such as ``1h30m``, or plain seconds. A bad value raises :class:`BadValue` naming the option,
-which the command line reports as one line with exit status 1.
+which the command line reports as one line with exit status 1. Neither may be negative: a value written
+with a leading minus sign is refused as such (``--ttl: ttl must not be negative``), even ``-0``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
 __all__ = ["BadValue", "parse_duration", "parse_size"]
@@ -41,8 +43,25 @@ def _whole(amount: Decimal, option: str, text: str, what: str) -> int:
     return int(amount)
 
 
+def _refuse_negative(text: str, option: str, parse: Callable[[str, str], int]) -> None:
+    """A value with a leading minus sign: refused as negative if the rest is well formed."""
+    cleaned = text.strip()
+    if cleaned.startswith("-"):
+        try:
+            parse(cleaned[1:], option)
+        except BadValue:
+            parse(text, option)  # malformed after the sign: the usual message, naming the whole text
+            raise
+        raise BadValue(f"{option}: {option.lstrip('-')} must not be negative, got {text!r}")
+
+
 def parse_size(text: str, option: str = "size") -> int:
     """Bytes from ``512MiB``, ``1GB``, ``1.5KiB`` or a plain number of bytes (case-insensitive)."""
+    _refuse_negative(text, option, _parse_size)
+    return _parse_size(text, option)
+
+
+def _parse_size(text: str, option: str) -> int:
     match = _SIZE.fullmatch(text.strip().lower())
     if match is None or match.group(2) not in ("", *SIZE_UNITS):
         raise BadValue(
@@ -55,6 +74,11 @@ def parse_size(text: str, option: str = "size") -> int:
 
 def parse_duration(text: str, option: str = "duration") -> int:
     """Whole seconds from ``90s``, ``10m``, ``24h``, ``7d``, ``1h30m`` or plain seconds."""
+    _refuse_negative(text, option, _parse_duration)
+    return _parse_duration(text, option)
+
+
+def _parse_duration(text: str, option: str) -> int:
     cleaned = text.strip().lower()
     parts = _DURATION_PART.findall(cleaned) if cleaned else []
     rebuilt = "".join(number + unit for number, unit in parts)

@@ -667,7 +667,17 @@ def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, st
         return shown, shown
     if not os.path.isfile(full):
         raise StoreUnavailable(f"path: no store at {shown!r}")
-    return f"file:{urllib.parse.quote(full)}?mode=ro", shown
+    uri = f"file:{urllib.parse.quote(full)}?mode=ro"
+    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm"):
+        return uri, shown
+    # SQLite reads a WAL file only with a -shm file beside it, which a folder we cannot write cannot get.
+    # With no -wal file either, everything committed is in the file itself: read it as it stands.
+    if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
+        raise StoreUnavailable(
+            f"path: {shown!r} has writes in its -wal file, and its directory cannot hold the -shm file "
+            "that reading them needs; open it once where the directory is writable"
+        )
+    return uri + "&immutable=1", shown
 
 
 def _prepare_schema() -> None:

@@ -1,0 +1,185 @@
+"""``sift simulate`` never changes a store holding jobs it did not make: by default it works on a new file of
+its own, and a store named by ``--db`` or ``$SIFT_DB`` that holds jobs is refused and left byte-for-byte
+unchanged, also when its jobs are only in the -wal file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import EXPECTED, job_ids, populate, run, sift_script
+from helpers import make_job, make_targets
+from test_cli_simulate import SMALL, independent_view
+
+from sift import dcache
+
+REFUSAL = (
+    "already holds jobs; simulate runs only on a new or empty store, so it never changes real data "
+    "(without --db and $SIFT_DB it makes a new file of its own)\n"
+)
+
+
+def files_of(path: Path) -> dict[str, bytes | None]:
+    """The bytes of the store file and of its -wal file (None when there is none)."""
+    found: dict[str, bytes | None] = {}
+    for suffix in ("", "-wal"):
+        candidate = Path(f"{path}{suffix}")
+        found[suffix or "db"] = candidate.read_bytes() if candidate.exists() else None
+    return found
+
+
+def assert_unchanged(path: Path, before: dict[str, bytes | None]) -> None:
+    after = files_of(path)
+    assert after["db"] == before["db"]
+    if before["-wal"] is not None:
+        assert after["-wal"] == before["-wal"]
+    else:  # a read-only open may leave SQLite's empty -wal file, never one with content
+        assert after["-wal"] in (None, b"")
+
+
+def jobs_in_main_file(path: Path) -> int:
+    """Jobs in the main database file alone, ignoring any -wal file."""
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True)) as conn:
+        return int(conn.execute("SELECT COUNT(*) FROM batch_job").fetchone()[0])
+
+
+@pytest.fixture(params=["in the file", "only in the wal"])
+def populated(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A store holding jobs, made with the package: checkpointed into the file, or (while this process
+    keeps its connection open) committed only to the -wal file."""
+    path = tmp_path / "work" / "sift.db"
+    path.parent.mkdir()
+    if request.param == "in the file":
+        populate(path)
+        assert jobs_in_main_file(path) == len(EXPECTED)
+        yield path
+        return
+    dcache.open_db(path)
+    dcache.close_db()  # the schema, checkpointed; no job yet
+    dcache.open_db(path)
+    try:
+        for n in range(3):
+            dcache.create_batch_job(make_job(f"live-{n}", targets_total=2), make_targets(2))
+        assert jobs_in_main_file(path) == 0 and Path(f"{path}-wal").stat().st_size > 0
+        yield path
+    finally:
+        dcache.close_db()
+
+
+def sift(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, with ``$SIFT_DB`` only if given and temporary files under cwd/tmp."""
+    environ = {k: v for k, v in os.environ.items() if k != "SIFT_DB"}
+    (cwd / "tmp").mkdir(exist_ok=True)
+    environ.update(TMPDIR=str(cwd / "tmp"), **env)
+    return subprocess.run(
+        [str(sift_script()), *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("named_by", ["--db", "$SIFT_DB"])
+def test_a_named_store_holding_jobs_is_refused_and_unchanged(populated: Path, named_by: str) -> None:
+    before, ids = files_of(populated), job_ids(populated)
+    if named_by == "--db":
+        proc = sift(["simulate", "--db", str(populated), *SMALL], populated.parent)
+    else:
+        proc = sift(["simulate", *SMALL], populated.parent, SIFT_DB=str(populated))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"sift: {named_by}: {populated} {REFUSAL}"
+    assert_unchanged(populated, before)
+    assert job_ids(populated) == ids
+    assert list((populated.parent / "tmp").iterdir()) == []  # no new store either
+
+
+def test_sift_db_in_the_working_directory_is_not_used(populated: Path) -> None:
+    before, ids = files_of(populated), job_ids(populated)
+    proc = sift(["simulate", "--json", *SMALL], populated.parent)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["ok"] is True
+    assert Path(summary["db"]).parent.parent == populated.parent / "tmp"
+    assert_unchanged(populated, before)
+    assert job_ids(populated) == ids
+
+
+def test_the_default_store_is_a_new_file_whose_path_is_printed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SIFT_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    paths = []
+    for _ in range(2):  # a second run makes another new file
+        code, out, _ = run(capsys, "simulate", *SMALL)
+        assert code == 0
+        lines = out.splitlines()
+        assert lines[-1] == "All invariants hold."
+        store = [line.split(None, 1)[1] for line in lines if line.startswith("  store ")]
+        assert len(store) == 1
+        path = Path(store[0])
+        assert path.name == "sim.db" and path.parent.name.startswith("sift-simulate-")
+        assert path.parent.parent == tmp_path / "tmp"
+        view = independent_view(path)  # the file is kept, and holds what the run left
+        assert view["bad_done"] == [] and view["bad_bytes"] == [] and view["jobs"] > 0
+        paths.append(path)
+    assert paths[0] != paths[1]
+    assert not (tmp_path / "sift.db").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty store", "empty file"])
+def test_a_named_store_without_jobs_is_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    path = tmp_path / "new.db"
+    if kind == "empty store":
+        dcache.open_db(path)
+        dcache.close_db()
+    elif kind == "empty file":
+        path.touch()
+    code, out, _ = run(capsys, "simulate", "--db", path, "--json", *SMALL)
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["ok"] is True and summary["db"] == str(path)
+    assert independent_view(path)["jobs"] > 0
+
+
+def test_only_the_restarted_runner_reconciles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mark_in_flight_failed is called once, by the restart that stands for the new runner process; never
+    from a caller thread (a web worker)."""
+    calls: list[str] = []
+    real = dcache.mark_in_flight_failed
+
+    def recording(*args: Any, **kwargs: Any) -> int:
+        calls.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dcache, "mark_in_flight_failed", recording)
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *SMALL)
+    assert code == 0
+    assert calls == ["MainThread"]
+    restart = next(line for line in out.splitlines() if line.startswith("  runner restart "))
+    assert "the new runner alone reconciled at its start: " in restart
+
+
+def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert (
+        "a new file sim.db in a new directory sift-simulate-* under $TMPDIR or /tmp; never ./sift.db" in text
+    )
+    assert "one holding jobs is refused, unchanged" in text
+    assert "only the new runner reconciles (mark_in_flight_failed) at its start, never the callers" in text
