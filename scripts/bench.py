@@ -82,6 +82,9 @@ class Sizes:
     rss_targets: int  # targets put from a generator in the memory case
     plugin_tests: int  # tests of each pytest run in the testing case
     plugin_rounds: int  # pytest runs of each side
+    hooks_threads: int  # request threads of the hooks case
+    hooks_requests: int  # requests per thread in each batch
+    hooks_rounds: int  # batches of each side
 
 
 FULL = Sizes(
@@ -108,6 +111,9 @@ FULL = Sizes(
     rss_targets=1_000_000,
     plugin_tests=1_000,
     plugin_rounds=7,
+    hooks_threads=8,
+    hooks_requests=250,
+    hooks_rounds=9,
 )
 
 QUICK = Sizes(
@@ -134,6 +140,9 @@ QUICK = Sizes(
     rss_targets=20_000,
     plugin_tests=100,
     plugin_rounds=2,
+    hooks_threads=8,
+    hooks_requests=20,
+    hooks_rounds=2,
 )
 
 FLAT_CASES = (
@@ -155,6 +164,8 @@ CASE_NAMES = (
     "memory/put_from_generator",
     "testing/empty_tests",
     "testing/sift_store_tests",
+    "hooks/without_hooks",
+    "hooks/peewee_flask_hooks",
 )
 
 
@@ -967,6 +978,65 @@ def bench_testing(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+def bench_hooks(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """Peewee's documented request hooks (``db.connect()`` before a request, ``db.close()`` after it) around
+    a poll request (a read and a touch), from several threads at once, against the same requests
+    without them: the time per request of each side, alternating which side goes first."""
+    path = tmp / "hooks.db"
+    dcache.open_db(path)
+    ids = [f"job-{t}" for t in range(sizes.hooks_threads)]
+    for job_id in ids:
+        dcache.create_batch_job(make_job(job_id, 1))
+
+    def poll(job_id: str, now: int) -> None:
+        job = dcache.batch_job(job_id)
+        assert job is not None
+        dcache.touch_batch_job(job_id, now=now)
+
+    def with_hooks(job_id: str, now: int) -> None:
+        dcache.db.connect()
+        try:
+            poll(job_id, now)
+        finally:
+            if not dcache.db.is_closed():
+                dcache.db.close()
+
+    def batch(request: Callable[[str, int], None]) -> float:
+        def work(job_id: str) -> None:
+            for i in range(sizes.hooks_requests):
+                request(job_id, T0 + i)
+
+        threads = [threading.Thread(target=work, args=(job_id,)) for job_id in ids]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return (time.perf_counter() - start) * 1e6 / (len(ids) * sizes.hooks_requests)
+
+    batch(poll)  # warm-up
+    plain: list[float] = []
+    hooked: list[float] = []
+    for rnd in range(sizes.hooks_rounds):
+        sides = ((poll, plain), (with_hooks, hooked))
+        for request, out in sides if rnd % 2 == 0 else sides[::-1]:
+            out.append(batch(request))
+    dcache.close_db()
+    n = sizes.hooks_threads
+    base = report.case("hooks/without_hooks", n, plain)
+    hooks = report.case("hooks/peewee_flask_hooks", n, hooked)
+    base.ratio, hooks.ratio = 1.0, hooks.median_us / base.median_us
+    report.goals.append(
+        Goal(
+            f"free hooks: time per poll request with Peewee's connect/close hooks / without, {n} threads "
+            "(1.11 x = 90% of the throughput)",
+            hooks.ratio,
+            round(1 / 0.9, 2),
+            "x",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1020,7 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "testing"),
+        choices=("flat", "raw", "locks", "memory", "testing", "hooks"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1031,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "testing"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "testing", "hooks"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -1042,6 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
             ("locks", bench_locks),
             ("memory", bench_memory),
             ("testing", bench_testing),
+            ("hooks", bench_hooks),
         ):
             if group in groups:
                 t0 = time.perf_counter()

@@ -382,3 +382,17 @@ def test_repr_names_the_file_and_its_state(tmp_path: Path) -> None:
         assert repr(db) == f"<SerializedSqliteDatabase {str(path)!r}: open, read-only>"
     finally:
         dcache.close_db()
+
+
+def test_request_hooks_run_no_statement(file_store: Path) -> None:
+    """What keeps Peewee's hooks free (the bench measures it): no SQL, and no wait on the lock."""
+    statements: list[str] = []
+    connection = db.connection()  # type: ignore[no-untyped-call]
+    connection.set_trace_callback(statements.append)
+    try:
+        for _ in range(10):
+            with flask_hooks(file_store), connection_context(file_store):
+                pass
+    finally:
+        connection.set_trace_callback(None)
+    assert statements == []

@@ -42,20 +42,23 @@ def test_web_app_example(tmp_path: Path) -> None:
         assert status == 200 and page["done"] == 1 and page["total"] == 2
         assert page["results"][0]["result"] == '{"status": 200}'
         status, error = app["submit"]("alice", "", ["https://a.example/", ""])
-        assert status == 400 and error["error"].startswith("url:")
+        assert status == 400 and error["field"] == "url" and error["error"].startswith("url:")
         assert dcache.BatchJob.select().count() == 1  # the bad submission left nothing behind
     finally:
         dcache.close_db()
 
 
-def test_restart_reconciles(tmp_path: Path) -> None:
+def test_only_the_runner_reconciles(tmp_path: Path) -> None:
     app = web_app_example()
     path = str(tmp_path / "app.db")
     app["start"](path)
     job_id = app["submit"]("alice", "k", ["https://a.example/"])[1]["id"]
-    app["start"](path)  # a new process start: the queued job died with the old one
+    app["start"](path)  # a web worker (re)starting: leaves its siblings' jobs alone
     job = dcache.batch_job(job_id)
-    assert job is not None and job.status == "failed" and job.error == "the service restarted"
+    assert job is not None and job.status == "queued"
+    app["start_runner"](path)  # the runner's start: the jobs in flight died with its previous run
+    job = dcache.batch_job(job_id)
+    assert job is not None and job.status == "failed" and job.error == "the runner restarted"
     dcache.close_db()
 
 
