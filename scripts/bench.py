@@ -40,7 +40,7 @@ from typing import Any
 
 from sift import dcache
 from sift.dcache import manager, statements
-from sift.dcache.database import BASE_SCHEMA, PRAGMAS, TOTAL_NBYTES_SQL
+from sift.dcache.sqlite import BASE_SCHEMA, PRAGMAS, TOTAL_NBYTES_SQL
 
 perf_ns = time.perf_counter_ns
 
@@ -465,8 +465,7 @@ LAYOUTS: dict[str, list[object]] = {
 def check_layouts() -> None:
     for name, layout in LAYOUTS.items():
         stmt: statements.Statement = getattr(manager, name)
-        stmt.sql  # noqa: B018 - compiles the statement
-        actual = [getattr(p, "name", p) for p in stmt._template]
+        actual = [getattr(p, "name", p) for p in stmt.template]
         if actual != layout:
             raise SystemExit(f"bench.py: manager.{name} now takes {actual}, the baseline assumes {layout}")
 
@@ -774,7 +773,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     """Run a sweep or eviction with db.lock timed and a reader thread polling batch_job."""
     os.sync()  # no writeback of earlier groups' files (or their deletion) left to stall the timed run
     lock = TimedLock(dcache.db.lock)
-    dcache.db.lock = lock  # type: ignore[assignment]
+    dcache.db.lock = lock
     reader = Reader("keep-0000000")
     try:
         reader.start()

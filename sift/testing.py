@@ -150,7 +150,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
-def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.SerializedSqliteDatabase]:
+def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.StoreDatabase]:
     """A fresh, empty store for the test, in memory, closed after it even when the test fails; yields the
     opened database. ``@pytest.mark.sift_store(file=True)``: a WAL file in ``tmp_path`` instead;
     ``check=True``: ``check_store_invariants()`` after the test. The closest marker's arguments win."""
@@ -204,7 +204,7 @@ def _marker_options(request: pytest.FixtureRequest) -> dict[str, Any]:
     return options
 
 
-def _open_in_memory() -> dcache.SerializedSqliteDatabase:
+def _open_in_memory() -> dcache.StoreDatabase:
     global _template, _template_params
     dcache.close_db()
     if _template is None or db.database != ":memory:" or db.connect_params is not _template_params:
@@ -221,4 +221,4 @@ def _open_in_memory() -> dcache.SerializedSqliteDatabase:
 
 
 def _connection() -> sqlite3.Connection:
-    return db.connection()  # type: ignore[no-any-return,no-untyped-call]
+    return db.connection()  # type: ignore[no-any-return]

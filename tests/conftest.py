@@ -17,7 +17,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(params=["memory", "file"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dcache.SerializedSqliteDatabase]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dcache.StoreDatabase]:
     """The store opened in memory and on a real WAL file: every test using it runs on both."""
     path = ":memory:" if request.param == "memory" else tmp_path / "store.db"
     yield dcache.open_db(path)

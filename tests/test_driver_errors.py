@@ -245,9 +245,9 @@ def test_a_connect_whose_pragmas_fail_keeps_no_half_open_connection(file_store: 
 
 def test_connecting_twice_keeps_the_open_connection(file_store: Path) -> None:
     dcache.create_batch_job(make_job("job-1"))
-    conn = dcache.db.connection()  # type: ignore[no-untyped-call]
+    conn = dcache.db.connection()
     assert dcache.db.connect() is False  # the store's connection is open already: nothing to do
-    assert dcache.db.connection() is conn  # type: ignore[no-untyped-call]
+    assert dcache.db.connection() is conn
     assert dcache.batch_job("job-1") is not None
 
 

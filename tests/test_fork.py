@@ -73,7 +73,7 @@ def wait_child(pid: int, read_fd: int) -> tuple[int, str]:
 
 def connection() -> object:
     """The store's current SQLite connection (Peewee opens one if there is none)."""
-    return db.connection()  # type: ignore[no-untyped-call]
+    return db.connection()
 
 
 def child_writes(job_id: str) -> None:

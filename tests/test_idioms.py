@@ -197,7 +197,7 @@ def test_idiom_never_closes_the_store_under_another_thread(tmp_path: Path, idiom
     path = tmp_path / "store.db"
     dcache.open_db(path)
     dcache.create_batch_job(make_job("held", targets_total=1), make_targets(1))
-    connection = db.connection()  # type: ignore[no-untyped-call]
+    connection = db.connection()
     inside, others_done = threading.Event(), threading.Event()
     errors: list[str] = []
 
@@ -233,7 +233,7 @@ def test_idiom_never_closes_the_store_under_another_thread(tmp_path: Path, idiom
         for o in others:
             o.join(30)
         assert errors == []
-        assert db.connection() is connection  # type: ignore[no-untyped-call]
+        assert db.connection() is connection
         assert_nothing_left_open(path)
         assert second_connection_view(path)["held"] == (1, 1, 1)
     finally:
@@ -242,17 +242,17 @@ def test_idiom_never_closes_the_store_under_another_thread(tmp_path: Path, idiom
 
 
 def test_connect_and_close_while_open_do_nothing(file_store: Path) -> None:
-    connection = db.connection()  # type: ignore[no-untyped-call]
+    connection = db.connection()
     assert db.connect() is False
     assert db.connect(reuse_if_open=True) is False
     assert db.close() is False
     assert not db.is_closed()
-    assert db.connection() is connection  # type: ignore[no-untyped-call]
+    assert db.connection() is connection
     with db.connection_context():
         pass
     with db:
         pass
-    assert db.connection() is connection  # type: ignore[no-untyped-call]
+    assert db.connection() is connection
 
 
 def test_connection_context_as_a_decorator(file_store: Path) -> None:
@@ -387,7 +387,7 @@ def test_repr_names_the_file_and_its_state(tmp_path: Path) -> None:
 def test_request_hooks_run_no_statement(file_store: Path) -> None:
     """What keeps Peewee's hooks free (the bench measures it): no SQL, and no wait on the lock."""
     statements: list[str] = []
-    connection = db.connection()  # type: ignore[no-untyped-call]
+    connection = db.connection()
     connection.set_trace_callback(statements.append)
     try:
         for _ in range(10):

@@ -29,7 +29,7 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
-from sift.dcache.database import TOTAL_NBYTES_SQL
+from sift.dcache.sqlite import TOTAL_NBYTES_SQL
 from sift.dcache.statements import Statement
 
 FINISHED = ("done", "partial", "failed", "cancelled")
@@ -183,8 +183,7 @@ def plan(sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[str]:
 def bound(statement: Statement) -> tuple[str, tuple[Any, ...]]:
     """The statement's SQL and its parameters, bound the way the manager binds them (only its own slots:
     the manager never passes a statement a value it has no slot for)."""
-    statement.sql  # noqa: B018 - compiles it, which fills the template
-    slots = {name for name in (getattr(p, "name", None) for p in statement._template) if name is not None}
+    slots = {name for name in (getattr(p, "name", None) for p in statement.template) if name is not None}
     return statement.bind({name: SLOT_VALUES[name] for name in slots})
 
 
@@ -248,7 +247,7 @@ def test_trigger_bodies_update_the_total_by_primary_key(history: int) -> None:
 @contextmanager
 def traced() -> Iterator[list[str]]:
     """Every statement run on the shared connection inside the block, as sqlite3 reports it."""
-    conn: sqlite3.Connection = dcache.db.connection()  # type: ignore[no-untyped-call]
+    conn: sqlite3.Connection = dcache.db.connection()
     log: list[str] = []
     conn.set_trace_callback(log.append)
     try:

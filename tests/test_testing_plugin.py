@@ -265,7 +265,7 @@ def test_in_memory_store_is_what_open_db_creates(
     opened: list[object] = []
     real_open_db = dcache.open_db
 
-    def counting_open_db(path: Any, **kwargs: Any) -> dcache.SerializedSqliteDatabase:
+    def counting_open_db(path: Any, **kwargs: Any) -> dcache.StoreDatabase:
         opened.append(path)
         return real_open_db(path, **kwargs)
 

@@ -70,7 +70,7 @@ def refuse_store_with_jobs(path: str, source: str) -> None:
 
 
 @contextmanager
-def opened(path: str, *, readonly: bool = False) -> Iterator[dcache.SerializedSqliteDatabase]:
+def opened(path: str, *, readonly: bool = False) -> Iterator[dcache.StoreDatabase]:
     """The store at ``path``, open for the duration of the block: read-only (never created, never written
     to, so a file the user may not write works too), or for writing (created if missing)."""
     database = dcache.open_db(path, timeout=OPEN_TIMEOUT_S, readonly=readonly)

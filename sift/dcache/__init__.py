@@ -6,7 +6,7 @@ Open it once at start-up with :func:`open_db`, then call the functions from any 
 from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
-from .database import SerializedSqliteDatabase, close_db, db, open_db
+from .database import StoreDatabase, close_db, db, open_db
 from .errors import (
     BatchError,
     DuplicateJob,
@@ -39,6 +39,7 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
     "BatchError",
@@ -51,6 +52,7 @@ __all__ = [
     "JobStatus",
     "SerializedSqliteDatabase",
     "StoreCorrupt",
+    "StoreDatabase",
     "StoreFull",
     "StoreNotOpen",
     "StoreReadOnly",

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .database import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SCHEMA_NAMES, SPEED_SCHEMA, TOTAL_NBYTES_SQL, db
+from .database import db
 from .errors import StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
+from .sqlite import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SCHEMA_NAMES, SPEED_SCHEMA, TOTAL_NBYTES_SQL
 
 __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
@@ -279,7 +280,7 @@ def _name(job_id: Any) -> str:
 def _read_transaction() -> Iterator[None]:
     """One chunk's reads as one snapshot, under the lock; inside a caller's transaction, that one."""
     with db.lock:
-        conn: sqlite3.Connection = db.connection()  # type: ignore[no-untyped-call]
+        conn: sqlite3.Connection = db.connection()
         if conn.in_transaction:
             yield
             return
@@ -296,7 +297,8 @@ def _side_read(sql: str) -> list[Any]:
     lock held, nothing blocked); an in-memory store has only the shared connection."""
     if db.deferred or db.database in (":memory:", ""):
         with db.lock:
-            return db.run_sql(sql, ()).fetchall()
+            rows: list[Any] = db.run_sql(sql, ()).fetchall()
+            return rows
     try:  # db.database is the path, or the mode=ro URI of a read-only store
         conn = sqlite3.connect(
             db.database, timeout=db.timeout, isolation_level=None, check_same_thread=False, uri=db.readonly

@@ -1,635 +1,186 @@
-"""The deferred SQLite database, its lifecycle, and everything in the store that is specific to SQLite.
+"""The store's database as users see it, whatever the backend: ``db``, :func:`open_db` and :func:`close_db`.
 
-One connection is shared by every thread of the process, as in the Go original (``SetMaxOpenConns(1)``).
-Peewee's ``thread_safe=False`` shares that connection *and* its transaction state without any lock, so
-:class:`SerializedSqliteDatabase` holds one re-entrant lock from BEGIN to COMMIT and around every single
-statement, including ad-hoc model queries made by a web view or a shell.
+What is SQLite's (the shared connection and its lock, pragmas, DDL, open-time repair, SQLite's spellings of
+byte length, the JSON check, insertion order and the byte total) lives in :mod:`.sqlite`. This module holds
+only what every backend shares: the object users bind to, and which backend a target names.
+
+Why ``db`` is a :class:`peewee.DatabaseProxy` subclass that forwards every entry point. The models and the
+users' code (``from sift.dcache import db``, ``with db:``, ``@db.atomic()``, request hooks calling
+``db.connect()``/``db.close()``) hold this one object for the life of the process, while ``open_db`` may
+open a store on another backend. Peewee's own ``DatabaseProxy`` follows the open backend but builds its
+``atomic()``, ``transaction()``, ``manual_commit()`` and ``connection_context()`` objects around the proxy
+itself, so they would run Peewee's plain transaction code and skip the SQLite store's lock (the lock that
+makes one shared connection safe for many threads). :class:`StoreDatabase` hands each of those, and
+``connect``/``close``/``with``/sessions/``execute_sql``/``init``, to the open backend's own method. Binding
+the models to a new database at every ``open_db`` instead would leave users' references to ``db`` behind
+on the old one.
+
+The rules (:mod:`.manager`) are written once. What they must spell per backend is asked of
+:attr:`StoreDatabase.backend` (:class:`Backend`); compiled statements are cached per backend class
+(:mod:`.statements`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import sqlite3
-import threading
-import urllib.parse
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 import peewee
 
 from .counters import counters
-from .driver_errors import is_busy, store_error
-from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
+from .errors import StoreUnavailable
+from .sqlite import BUSY_TIMEOUT_S, SerializedSqliteDatabase, StoreConnection
 
-__all__ = ["SerializedSqliteDatabase", "close_db", "db", "open_db"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Peewee's context manager that turns sqlite3 errors into peewee.IntegrityError, OperationalError, …
-_peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
-
-#: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
-WAL_AUTOCHECKPOINT_PAGES = 1000
-
-#: The busy timeout: how long a write waits for another process's write lock before failing.
-BUSY_TIMEOUT_S = 10.0
-
-#: Connection pragmas, applied on every connect.
-PRAGMAS: dict[str, object] = {
-    # Readers never block the writer and vice versa; two processes can share the file.
-    "journal_mode": "wal",
-    # In WAL mode, commits survive a process kill; a power loss may drop the last transactions,
-    # never corrupt the file.
-    "synchronous": "normal",
-    # Milliseconds a statement waits on another process's lock (BEGIN IMMEDIATE uses it too).
-    "busy_timeout": int(BUSY_TIMEOUT_S * 1000),
-    # Truncate the -wal file back to 64 MiB after each checkpoint, so one big sweep cannot leave it huge.
-    "journal_size_limit": 64 * 1024 * 1024,
-    # SQLite's default: a COMMIT that takes the -wal file past this many pages checkpoints it.
-    "wal_autocheckpoint": WAL_AUTOCHECKPOINT_PAGES,
-    # 32 MiB of page cache: the hot indexes of a large store stay in memory.
-    "cache_size": -32 * 1024,
-    # An INSERT OR REPLACE deletes the row it replaces; only with this on does that delete fire the
-    # trigger that keeps batch_totals right.
-    "recursive_triggers": 1,
-    # The schema has no foreign keys; keep SQLite from checking any another program may add.
-    "foreign_keys": 0,
-}
-
-#: The original schema, verbatim. Files written by the Go service have exactly these tables.
-BASE_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS batch_job (
-    id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, idem_key TEXT NOT NULL,
-    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', targets_total INTEGER NOT NULL,
-    targets_done INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, lease INTEGER NOT NULL,
-    nbytes INTEGER NOT NULL DEFAULT 0)""",
-    """CREATE TABLE IF NOT EXISTS batch_target (
-    job_id TEXT NOT NULL, idx INTEGER NOT NULL, url TEXT NOT NULL, options TEXT NOT NULL,
-    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx))""",
-    "CREATE INDEX IF NOT EXISTS batch_job_idem  ON batch_job(caller, idem_key)",
-    "CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease)",
-)
-
-# What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only
-# jobs that eviction may take; triggers keep the byte total whoever writes the file, and open_db
-# recomputes it, so a file written by a program that never knew of this table is still right.
-SPEED_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
-    "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
-    "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
-    "CREATE TABLE IF NOT EXISTS batch_totals ("
-    "id INTEGER PRIMARY KEY CHECK (id = 0), nbytes INTEGER NOT NULL)",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_insert AFTER INSERT ON batch_job BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes WHERE id = 0; END",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_delete AFTER DELETE ON batch_job BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes - OLD.nbytes WHERE id = 0; END",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_update AFTER UPDATE OF nbytes ON batch_job "
-    "WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END",
-)
-#: What a read-only store sets: nothing that writes the file (``journal_mode`` is the file's own), and
-#: ``query_only`` so that even an ad-hoc write through the connection is refused.
-READONLY_PRAGMAS: dict[str, object] = {
-    **{
-        k: v
-        for k, v in PRAGMAS.items()
-        if k not in ("journal_mode", "wal_autocheckpoint", "journal_size_limit")
-    },
-    "query_only": 1,
-}
-RECOMPUTE_TOTAL_SQL = (
-    "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job"
-)
-SCHEMA_NAMES = frozenset(
-    {"batch_job", "batch_target", "batch_job_idem", "batch_job_lease", "batch_job_live"}
-    | {"batch_job_evictable", "batch_totals", "batch_totals_insert", "batch_totals_delete"}
-    | {"batch_totals_update"}
-)
-
-# Connections a forked child inherited. They are kept referenced, never used and never closed:
-# closing SQLite's handle in the child could release or break the parent's locks on the file.
-_inherited_connections: list[sqlite3.Connection] = []
+__all__ = ["Backend", "StoreDatabase", "close_db", "db", "open_db"]
 
 
-class BufferedCursor:
-    """A finished statement: its rows fetched while the lock was held, so no statement stays open."""
+class Backend(Protocol):
+    """What the rules ask of the open store's database, beyond Peewee's ``Database`` API."""
 
-    __slots__ = ("_pos", "_rows", "description", "lastrowid", "rowcount")
+    #: Where the store is, as shown in messages; None when nothing is open.
+    path: str | None
+    readonly: bool
+    #: The SQL that reads the byte total (one row, one column).
+    total_nbytes_sql: str
+    #: An expression ordering rows by insertion: ties in created_at go to the later insert.
+    insertion_order: peewee.ColumnBase
 
-    def __init__(self, cursor: sqlite3.Cursor) -> None:
-        self._rows = cursor.fetchall() if cursor.description else []
-        self._pos = 0
-        self.description = cursor.description
-        self.rowcount = cursor.rowcount
-        self.lastrowid = cursor.lastrowid
-        cursor.close()
+    def byte_length(self, expr: peewee.Node) -> peewee.Node:
+        """The UTF-8 byte length of a text expression (NULL stays NULL)."""
 
-    def fetchone(self) -> Any:
-        if self._pos >= len(self._rows):
-            return None
-        self._pos += 1
-        return self._rows[self._pos - 1]
+    def json_or_null(self, expr: peewee.Node) -> peewee.Node:
+        """``expr`` when it is valid JSON text, else NULL."""
 
-    def fetchmany(self, size: int = 1) -> list[Any]:
-        rows = self._rows[self._pos : self._pos + size]
-        self._pos += len(rows)
-        return rows
+    def write(self) -> AbstractContextManager[None]:
+        """The store's write transaction; driver errors leaving it become the package's errors."""
 
-    def fetchall(self) -> list[Any]:
-        rows = self._rows[self._pos :]
-        self._pos = len(self._rows)
-        return rows
+    def bulk_writes(self) -> AbstractContextManager[None]:
+        """Around many write transactions in a row (a sweep, an eviction)."""
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.fetchall())
+    def checkpoint(self) -> None:
+        """Between bulk write transactions: let the backend do its housekeeping."""
 
-    def close(self) -> None:
-        self._rows = []
+    def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
+        """Execute one statement; return its cursor."""
 
+    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Every row of a query."""
 
-class _Locked:
-    """Holds the database lock around a Peewee transaction or atomic block (usable as a decorator)."""
+    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
+        """The first row of a query, or None."""
 
-    def __init__(self, database: SerializedSqliteDatabase, make: Callable[[], Any]) -> None:
-        self.database = database
-        self.make = make
+    def executemany(self, sql: str, rows: Any) -> int:
+        """Run one statement per row; return the rows changed."""
 
-    def __enter__(self) -> Any:
-        self.database.lock.acquire()
-        try:
-            self.inner = self.make()
-            return self.inner.__enter__()
-        except BaseException:
-            self.database.lock.release()
-            raise
+    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
+        """Raise the package error for the driver exception ``exc``, if it is one."""
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Any:
-        try:
-            return self.inner.__exit__(exc_type, exc, tb)
-        finally:
-            self.database.lock.release()
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with _Locked(self.database, self.make):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+    def close_store(self) -> None:
+        """Close the store's connection(s)."""
 
 
-class _WriteTransaction:
-    """BEGIN IMMEDIATE … COMMIT under the database lock, without Peewee's per-transaction bookkeeping
-    (the hot paths run one per call). Inside another transaction it is a Peewee savepoint instead."""
-
-    __slots__ = ("database", "savepoint")
-
-    def __init__(self, database: SerializedSqliteDatabase) -> None:
-        self.database = database
-        self.savepoint: Any = None
-
-    def __enter__(self) -> None:
-        database = self.database
-        if database.readonly:
-            raise StoreReadOnly(
-                f"database: {database.path!r} is open read-only; open_db(path) without readonly=True to write"
-            )
-        database.lock.acquire()
-        try:
-            if database._state.transactions:
-                self.savepoint = peewee.SqliteDatabase.atomic(database)
-                self.savepoint.__enter__()
-            else:
-                database.run_sql("BEGIN IMMEDIATE", ())
-                database._state.transactions.append(self)
-        except BaseException as exc:
-            database.lock.release()
-            database.raise_store_error(exc)
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        database = self.database
-        try:
-            if self.savepoint is not None:
-                self.savepoint.__exit__(exc_type, exc, tb)
-            else:
-                database._state.transactions.pop()
-                if exc_type is None:
-                    try:
-                        database.run_sql("COMMIT", ())
-                    except BaseException:
-                        database.rollback_if_open()
-                        raise
-                else:
-                    database.rollback_if_open()
-        except BaseException as end_error:
-            database.raise_store_error(end_error, constraints=True)
-            raise
-        finally:
-            database.lock.release()
-        if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
-            database.raise_store_error(exc, constraints=True)
+#: The one SQLite database object of the process: the backend whenever no other store is open.
+_sqlite = SerializedSqliteDatabase()
 
 
-class _BulkWrites:
-    # SQLite's automatic checkpoint runs inside the COMMIT that takes the -wal file past 1,000 pages.
-    # It copies the log back and fsyncs both files, tens of milliseconds with the lock held, stalling
-    # every thread; bulk deletes reach it every few transactions.
-    def __init__(self, database: SerializedSqliteDatabase) -> None:
-        self.database = database
+class StoreDatabase(peewee.DatabaseProxy):
+    """The database the models and users bind to; every call goes to the open store's backend."""
 
-    def __enter__(self) -> None:
-        with self.database.lock:
-            self.database.run_sql("PRAGMA wal_autocheckpoint = 0", ())
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self.database.lock:
-            self.database.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
-        self.database.checkpoint()
-
-
-class _ThreadContexts(threading.local):
-    """Each thread's own stack of ``with db:`` blocks (Peewee keeps one stack for all threads)."""
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.stack: list[_Locked] = []
+        super().__init__()
+        self.initialize(_sqlite)
 
+    @property
+    def backend(self) -> Backend:
+        """The open store's database object (a :class:`~sift.dcache.sqlite.SerializedSqliteDatabase`)."""
+        backend: Backend = self.obj
+        return backend
 
-class _StoreConnection:
-    """``db.connection_context()``: the store's connection is open inside; leaving never closes it."""
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Attributes set on db (a test's monkeypatch, the bench's timed lock) are the backend's.
+        if name in ("obj", "_callbacks", "_Model"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.obj, name, value)
 
-    def __init__(self, database: SerializedSqliteDatabase) -> None:
-        self.database = database
-
-    def __enter__(self) -> None:
-        self.database.connect()
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-
-class SerializedSqliteDatabase(peewee.SqliteDatabase):
-    """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
-
-    Every transaction is ``BEGIN IMMEDIATE``: a deferred BEGIN that reads and then writes fails at once
-    with "database is locked" when another process writes, without waiting on the busy timeout.
-    A child made by ``fork()`` drops the inherited connection unused and opens its own on first use.
-    """
-
-    _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self._store_open = False  # between open_db and close_db: the connection belongs to the store
-        self.path: str | None = None
-        self.readonly = False
-        self._contexts = _ThreadContexts()
-        self._raw_init = True  # Peewee's constructor calls init(None)
-        super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
-        self._raw_init = False
-        self._forked_in_transaction = False
-        self._checkpointer: sqlite3.Connection | None = None
-        self._checkpoint_lock = threading.Lock()
-        this = weakref.ref(self)
-
-        def call(method: str) -> Callable[[], None]:
-            def hook() -> None:
-                database = this()
-                if database is not None:
-                    getattr(database, method)()
-
-            return hook
-
-        # A fork waits until no other thread is inside a transaction: a child that inherits SQLite's
-        # in-process lock state from an open transaction cannot write to the file.
-        os.register_at_fork(
-            before=call("_before_fork"),
-            after_in_parent=call("_after_fork_in_parent"),
-            after_in_child=call("_after_fork"),
-        )
-
-    def _before_fork(self) -> None:
-        self.lock.acquire()
-
-    def _after_fork_in_parent(self) -> None:
-        self.lock.release()
-
-    def _after_fork(self) -> None:
-        self._forked_in_transaction = bool(self._state.transactions)
-        self.lock = threading.RLock()
-        self._checkpoint_lock = threading.Lock()
-        _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
-        self._checkpointer = None
-        self._state.reset()
+    def __delattr__(self, name: str) -> None:
+        delattr(self.obj, name)
 
     def __repr__(self) -> str:
-        if self.deferred:
-            return f"<{type(self).__name__}: no store open; call sift.dcache.open_db(path)>"
-        state = "closed" if self.is_closed() else "open"
-        return f"<{type(self).__name__} {self.path!r}: {state}{', read-only' if self.readonly else ''}>"
+        return repr(self.obj)
 
-    # Peewee's connection idioms assume a connection per thread. Here the one connection belongs to the
-    # store from open_db to close_db, so connect(), close(), `with db:` and connection_context() never
-    # open or close it while it is open: request hooks written for Peewee work unchanged from any thread.
-
-    def init(self, database: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        """Peewee's deferred-database idiom: ``db.init(path)`` is ``open_db(path)`` (the schema included),
-        and ``db.init(None)`` is ``close_db()``. Only ``timeout`` and ``readonly`` may be given."""
-        if self._raw_init:
-            super().init(database, **kwargs)
-        elif database is None:
-            self.close_store()
-            self._init_raw(None)
-        else:
-            if unknown := sorted(set(kwargs) - {"timeout", "readonly"}):
-                raise StoreUnavailable(
-                    f"{unknown[0]}: the store sets its own connection options; db.init(path) and "
-                    "open_db(path) take only timeout= and readonly="
-                )
-            self.open_store(database, **kwargs)
-
-    def _init_raw(self, database: Any, **kwargs: Any) -> None:
-        self._raw_init = True
-        try:
-            super().init(database, **kwargs)
-        finally:
-            self._raw_init = False
-
-    def connect(self, reuse_if_open: bool = False) -> bool:
-        """Open the connection if it is closed; while the store is open this does nothing and returns
-        False (never "Connection already opened": other threads share the connection)."""
-        if self.deferred:
-            raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
-        if self._forked_in_transaction:
-            raise StoreUnavailable(
-                "database: this process was forked inside a transaction and cannot use the store; "
-                "fork outside transactions"
-            )
-        if self._store_open and not self._state.closed:  # the usual case: no lock, so no wait
-            return False
-        with self.lock:
-            if not self._state.closed:
-                return False
-            try:
-                return bool(super().connect())
-            except Exception as exc:
-                if self._state.conn is not None:  # opened, but a pragma failed: not kept
-                    self._state.conn.close()
-                    self._state.reset()
-                self.raise_store_error(exc)
-                raise
-
-    def close(self) -> bool:
-        """Does nothing and returns False while the store is open (other threads use the connection, and
-        ``close_db()`` closes it) or inside a transaction. Otherwise (a connection opened again after
-        ``close_db()``) closes it."""
-        if self._store_open or self.deferred:  # no lock: a request hook never waits on another thread
-            return False
-        with self.lock:
-            if self._store_open or self.in_transaction():
-                return False
-            return self._close_connection()
-
-    def _close_connection(self) -> bool:
-        with self._checkpoint_lock:
-            if self._checkpointer is not None:
-                self._checkpointer.close()
-                self._checkpointer = None
-        return bool(super().close())
-
-    def __enter__(self) -> SerializedSqliteDatabase:
-        """``with db:`` is a transaction of this thread's (``db.atomic()``); it never closes the store."""
-        block = self.atomic()
-        block.__enter__()
-        self._contexts.stack.append(block)
+    def __enter__(self) -> StoreDatabase:
+        self.obj.__enter__()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Any:
-        return self._contexts.stack.pop().__exit__(exc_type, exc, tb)
+        return self.obj.__exit__(exc_type, exc, tb)
 
-    def connection_context(self) -> _StoreConnection:  # type: ignore[override]
-        """A block (or decorator) that needs the store's connection open; it never closes it."""
-        return _StoreConnection(self)
-
-    def manual_commit(self) -> _Locked:  # type: ignore[override]
-        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
-
-    def open_store(
-        self, path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
-    ) -> None:
-        """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
-        store or on the new one, never in between. See :func:`open_db`."""
-        with self.lock:
-            self.close_store()
-            try:
-                target, shown = _store_target(path, readonly)
-                pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
-                self._init_raw(
-                    target,
-                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
-                    timeout=timeout,
-                    check_same_thread=False,
-                    uri=readonly,
-                )
-                self.path, self.readonly = shown, readonly
-                self.connect()
-                if readonly:
-                    _check_schema()
-                else:
-                    _prepare_schema()
-                _check_columns()
-            except (
-                peewee.DatabaseError,
-                sqlite3.DatabaseError,
-                OSError,
-                ValueError,
-                TypeError,
-                StoreUnavailable,
-            ) as exc:
-                self.close_store()
-                self._init_raw(None)
-                self.path, self.readonly = None, False
-                if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
-                    raise
-                # Keep the kind (StoreCorrupt, StoreFull, ...) and the driver's error as the cause.
-                kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
-                cause = exc.__cause__ if isinstance(exc, BatchError) and exc.__cause__ is not None else exc
-                raise kind(f"path: cannot open {path!r} as a batch store: {exc}") from cause
-            self._store_open = True
-
-    def close_store(self) -> None:
-        """Close the store's connection, waiting for any transaction of another thread to end first."""
-        with self.lock:
-            self._store_open = False
-            if not self.deferred:
-                self._close_connection()
-
-    def checkpoint(self) -> None:
-        """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
-        nothing else, without taking the lock, so other threads go on using the store meanwhile."""
-        if self.deferred or self.readonly or self.database == ":memory:":
+    def init(self, database: Any, **kwargs: Any) -> None:
+        """Peewee's deferred-database idiom: ``db.init(target)`` is ``open_db(target)`` (the schema
+        included), and ``db.init(None)`` is ``close_db()``. Only ``timeout`` and ``readonly`` may be given."""
+        if database is None:
+            self.obj.init(None)  # closes the store and forgets it: db is deferred again
             return
-        with self._checkpoint_lock:
-            try:
-                if self._checkpointer is None:
-                    self._checkpointer = sqlite3.connect(
-                        self.database, isolation_level=None, check_same_thread=False
-                    )
-                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            except sqlite3.Error as exc:
-                if is_busy(exc):  # another process is checkpointing, which does the same work
-                    return
-                self.raise_store_error(exc)
-                raise
+        if unknown := sorted(set(kwargs) - {"timeout", "readonly"}):
+            raise StoreUnavailable(
+                f"{unknown[0]}: the store sets its own connection options; db.init(path) and "
+                "open_db(path) take only timeout= and readonly="
+            )
+        open_db(database, **kwargs)
 
-    def bulk_writes(self) -> _BulkWrites:
-        """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
-        lock; call ``checkpoint()`` between them, and one runs at the end."""
-        return _BulkWrites(self)
+    def connect(self, reuse_if_open: bool = False) -> bool:
+        return bool(self.obj.connect(reuse_if_open))
 
-    def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
-        with self.lock:
-            try:
-                return BufferedCursor(super().execute_sql(sql, params))  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
+    def close(self) -> bool:
+        return bool(self.obj.close())
 
-    def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
-        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
+    def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        return self.obj.execute_sql(sql, params)
 
-    def transaction(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
-        return _Locked(self, lambda: super(SerializedSqliteDatabase, self).transaction(*args, **kwargs))
+    def atomic(self, *args: Any, **kwargs: Any) -> Any:
+        return self.obj.atomic(*args, **kwargs)
 
-    # Peewee's session calls (e.g. in request hooks) open a transaction in one call and end it in another,
-    # so the lock is taken in session_start and released when the session's transaction ends.
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        return self.obj.transaction(*args, **kwargs)
+
+    def manual_commit(self) -> Any:
+        return self.obj.manual_commit()
+
+    def savepoint(self) -> Any:
+        return self.obj.savepoint()
+
+    def connection(self) -> Any:
+        return self.obj.connection()
+
+    def connection_context(self) -> StoreConnection:  # type: ignore[override]
+        context: StoreConnection = self.obj.connection_context()
+        return context
+
     def session_start(self) -> Any:
-        self.lock.acquire()
-        try:
-            return peewee.SqliteDatabase.transaction(self).__enter__()
-        except BaseException:
-            self.lock.release()
-            raise
+        return self.obj.session_start()
 
     def session_commit(self) -> bool:
-        return self._end_session(super().session_commit)
+        return bool(self.obj.session_commit())
 
     def session_rollback(self) -> bool:
-        return self._end_session(super().session_rollback)
-
-    def _end_session(self, end: Callable[[], bool]) -> bool:
-        with self.lock:
-            if not self._state.transactions:
-                return False
-            try:
-                return end()
-            finally:
-                self.lock.release()  # the one session_start took
-
-    def write(self) -> _WriteTransaction:
-        """The store's write transaction: BEGIN IMMEDIATE under the lock. Inside another transaction it
-        is a savepoint. Any driver error leaving the block, a constraint violation included, becomes the
-        package's error: StoreUnavailable (a lock held by another process past the busy timeout, say) or
-        one of its subclasses."""
-        return _WriteTransaction(self)
-
-    def run_sql(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
-        """Execute on the shared connection without Peewee's query wrapping. The caller holds the lock
-        while it reads rows from the cursor; one-shot statements take it here. A constraint violation
-        is a ``peewee.IntegrityError``; any other driver error is the package's StoreUnavailable (or a
-        subclass)."""
-        with self.lock:
-            try:
-                with _peewee_errors:
-                    conn = self._state.conn
-                    if conn is None:
-                        self.connect()
-                        conn = self._state.conn
-                    return conn.execute(sql, params)  # type: ignore[no-any-return]
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
-
-    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the
-        statement again, and can meet a damaged page or an I/O error too)."""
-        with self.lock:
-            cursor = self.run_sql(sql, params)
-            try:
-                return cursor.fetchall()
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
-
-    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
-        """The first row of a query, or None; errors as in :meth:`fetch_all`."""
-        with self.lock:
-            cursor = self.run_sql(sql, params)
-            try:
-                return cursor.fetchone()
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
-        """Run one statement for each row, streaming ``rows``; return the rows changed. Errors as in
-        :meth:`run_sql`."""
-        with self.lock:
-            try:
-                with _peewee_errors:
-                    cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
-                    cursor.executemany(sql, rows)
-                    return cursor.rowcount
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
-
-    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
-        """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`); return
-        when ``exc`` is none, or is a constraint violation and ``constraints`` is false."""
-        error = store_error(exc, path=self.path or "", timeout=self.timeout, constraints=constraints)
-        if error is not None:
-            raise error
-
-    def rollback_if_open(self) -> None:
-        """Roll back the connection's transaction, if one is open (SQLite ends it itself after some
-        errors, a full disk among them)."""
-        conn = self._state.conn
-        if conn is not None and conn.in_transaction:
-            with _peewee_errors:
-                conn.execute("ROLLBACK")
-
-    def set_variable_limit(self, limit: int) -> int:
-        """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
-        with self.lock:
-            conn: sqlite3.Connection = self.connection()  # type: ignore[no-untyped-call]
-            return conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
+        return bool(self.obj.session_rollback())
 
 
-#: The store's database. Deferred: importing the package opens nothing; ``open_db`` initialises it.
-db = SerializedSqliteDatabase()
+#: The store's database. Deferred: importing the package opens nothing; ``open_db`` opens a store.
+db = StoreDatabase()
 
 
 def open_db(
     path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
-) -> SerializedSqliteDatabase:
+) -> StoreDatabase:
     """Open (creating if missing) the store at ``path``, closing any database opened before.
 
     Creates what is missing of the schema, recomputes the byte total if it is missing or wrong, and resets
@@ -640,111 +191,12 @@ def open_db(
     for a file that is not a SQLite database or is damaged, and ``StoreFull`` when the disk is too full
     to create the schema.
     """
-    db.open_store(path, timeout=timeout, readonly=readonly)
+    _sqlite.open_store(path, timeout=timeout, readonly=readonly)
     counters.reset()
     return db
-
-
-def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str]:
-    """What to hand SQLite for ``path`` (a ``mode=ro`` URI when read-only), and the path to show; a
-    path that cannot be a store file is refused with the reason."""
-    shown = os.fspath(path)
-    if not isinstance(shown, str):
-        raise StoreUnavailable(f"path: must be a str or os.PathLike of str, got {type(path).__name__}")
-    if not shown:
-        raise StoreUnavailable("path: is empty; give the store file's path, or ':memory:' for a private one")
-    if shown == ":memory:":
-        if readonly:
-            raise StoreUnavailable("path: a read-only store must be a file, not ':memory:'")
-        return shown, shown
-    full = os.path.abspath(shown)
-    folder = os.path.dirname(full)
-    if os.path.isdir(full):
-        raise StoreUnavailable(f"path: {shown!r} is a directory, not a store file")
-    if not os.path.isdir(folder):
-        raise StoreUnavailable(f"path: the directory {folder!r} of {shown!r} does not exist")
-    if not readonly:
-        return shown, shown
-    if not os.path.isfile(full):
-        raise StoreUnavailable(f"path: no store at {shown!r}")
-    uri = f"file:{urllib.parse.quote(full)}?mode=ro"
-    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm"):
-        return uri, shown
-    # SQLite reads a WAL file only with a -shm file beside it, which a folder we cannot write cannot get.
-    # With no -wal file either, everything committed is in the file itself: read it as it stands.
-    if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
-        raise StoreUnavailable(
-            f"path: {shown!r} has writes in its -wal file, and its directory cannot hold the -shm file "
-            "that reading them needs; open it once where the directory is writable"
-        )
-    return uri + "&immutable=1", shown
-
-
-def _prepare_schema() -> None:
-    """Create what is missing, and recompute the byte total if anything was missing or the total is wrong;
-    a complete, consistent file is only read (so opening does not wait on another process's write)."""
-    present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
-    if present >= SCHEMA_NAMES and _total_is_right():
-        return
-    with db.atomic():
-        for statement in BASE_SCHEMA + SPEED_SCHEMA:
-            db.execute_sql(statement)
-        db.execute_sql(RECOMPUTE_TOTAL_SQL)
-
-
-def _check_schema() -> None:
-    """A read-only store cannot add what is missing: refuse a file that lacks part of the schema."""
-    present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
-    if missing := sorted(SCHEMA_NAMES - present):
-        raise StoreUnavailable(
-            f"path: {db.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
-        )
-
-
-def _total_is_right() -> bool:
-    """Whether batch_totals holds SUM(nbytes): a program writing the file without recursive triggers
-    (an INSERT OR REPLACE) or with the triggers dropped can make it drift; open_db then recomputes it."""
-    kept = db.execute_sql(TOTAL_NBYTES_SQL).fetchone()
-    actual = db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
-    return kept is not None and kept[0] == actual[0]
-
-
-def _check_columns() -> None:
-    """Refuse a file whose batch tables were made by someone else with other columns."""
-    reference = sqlite3.connect(":memory:")
-    try:
-        for statement in BASE_SCHEMA:
-            reference.execute(statement)
-        for table in ("batch_job", "batch_target"):
-            want = [row[1] for row in reference.execute(f"PRAGMA table_info({table})")]
-            have = {row[1] for row in db.execute_sql(f"PRAGMA table_info({table})")}
-            if missing := [name for name in want if name not in have]:
-                raise StoreUnavailable(f"table {table} lacks the column(s) {', '.join(missing)}")
-    finally:
-        reference.close()
 
 
 def close_db() -> None:
     """Close the store's connection, after any other thread's transaction ends. Safe to call when
     nothing is open, and twice."""
-    db.close_store()
-
-
-# -- SQLite spellings the rules need ------------------------------------------------------------------
-
-
-def byte_length(expr: peewee.Node) -> peewee.Node:
-    """The UTF-8 byte length of a TEXT expression (NULL stays NULL)."""
-    return peewee.fn.length(peewee.Cast(expr, "BLOB"))
-
-
-def json_or_null(expr: peewee.Node) -> peewee.Node:
-    """``expr`` when it is valid JSON text, else NULL (which the NOT NULL column then rejects)."""
-    return peewee.Case(None, [(peewee.fn.json_valid(expr), expr)], None)
-
-
-#: The order rows were inserted in: ties in created_at go to the later insert.
-INSERTION_ORDER = peewee.SQL("_rowid_")
-
-#: The running byte total kept by the triggers above.
-TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
+    db.backend.close_store()

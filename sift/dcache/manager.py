@@ -15,7 +15,7 @@ import peewee
 
 from . import checks, driver_errors
 from .counters import counters
-from .database import INSERTION_ORDER, TOTAL_NBYTES_SQL, byte_length, db, json_or_null
+from .database import db
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
 from .models import (
     FINAL_TARGET_STATUSES,
@@ -55,7 +55,7 @@ _INSERT_TARGET = Statement(
             T.job_id: Slot("job_id"),
             T.idx: Slot("idx"),
             T.url: Slot("url"),
-            T.options: json_or_null(Slot("options")),
+            T.options: db.backend.json_or_null(Slot("options")),
             T.status: Inline(peewee.Value("pending")),
         }
     )
@@ -81,7 +81,7 @@ _IDEM = Statement(
             & (J.lease > Slot("cutoff"))
             & Inline(J.status.in_(IDEM_JOB_STATUSES))
         )
-        .order_by(J.created_at.desc(), INSERTION_ORDER.desc())
+        .order_by(J.created_at.desc(), db.backend.insertion_order.desc())
         .limit(1)
     )
 )
@@ -102,7 +102,9 @@ _FINISH_ON_JOB = Statement(
             J.targets_done: J.targets_done
             + Slot("final")
             - _target_value(peewee.Case(None, [(Inline(T.status.in_(FINAL_TARGET_STATUSES)), 1)], 0)),
-            J.nbytes: J.nbytes + Slot("size") - _target_value(peewee.fn.COALESCE(byte_length(T.result), 0)),
+            J.nbytes: J.nbytes
+            + Slot("size")
+            - _target_value(peewee.fn.COALESCE(db.backend.byte_length(T.result), 0)),
             J.lease: Slot("now"),
         }
     ).where(
@@ -404,7 +406,7 @@ def live_batch_jobs_total() -> int:
 
 def batch_nbytes() -> int:
     """The total of ``nbytes`` over every job (a running total, not a scan)."""
-    row = db.fetch_one(TOTAL_NBYTES_SQL, ())
+    row = db.backend.fetch_one(db.backend.total_nbytes_sql, ())
     return 0 if row is None else int(row[0])
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import peewee
 
-from .database import db
+from .database import Backend, db
 
 __all__ = ["Inline", "Slot", "Statement"]
 
@@ -49,65 +49,85 @@ class Inline(peewee.Node):
         return ctx
 
 
+class _Compiled:
+    """One statement's SQL for one backend, and how to bind its parameters from slot values."""
+
+    __slots__ = ("constants", "getter", "sql", "template")
+
+    def __init__(self, build: Callable[[], peewee.Node]) -> None:
+        sql: str
+        params: list[Any]
+        sql, params = build().sql()  # type: ignore[attr-defined]
+        keys = [p.name if type(p) is _SlotValue else f" constant {i}" for i, p in enumerate(params)]
+        self.constants = {key: p for key, p in zip(keys, params, strict=True) if type(p) is not _SlotValue}
+        # itemgetter of one key returns the bare value, not a 1-tuple, and of no key is an error
+        self.getter: Callable[[dict[str, Any]], tuple[Any, ...]]
+        if len(keys) > 1:
+            self.getter = operator.itemgetter(*keys)
+        elif keys:
+            key = keys[0]
+            self.getter = lambda values: (values[key],)
+        else:
+            self.getter = lambda values: ()
+        self.template = params
+        self.sql = sql
+
+
 class Statement:
-    """A Peewee query compiled to SQL on first use; later runs only bind parameters.
+    """A Peewee query compiled to SQL on first use on each backend; later runs only bind parameters.
 
     Compiling a query costs several times what SQLite needs to run a one-row update, so the hot paths
-    build each query once. Parameters are :class:`Slot` names, filled from keyword arguments.
+    build each query once. Parameters are :class:`Slot` names, filled from keyword arguments. Each
+    backend class gets its own compilation (Peewee writes ``?`` for SQLite, ``%s`` for PostgreSQL, and the
+    backend's spellings differ), and every run goes to the backend open now.
     """
+
+    __slots__ = ("_build", "_compiled")
 
     def __init__(self, build: Callable[[], peewee.Node]) -> None:
         self._build = build
-        self._sql: str | None = None
-        self._template: list[Any] = []
-        self._constants: dict[str, Any] = {}
-        self._getter: Callable[[dict[str, Any]], tuple[Any, ...]] = tuple
+        self._compiled: dict[type[Any], _Compiled] = {}
 
-    def _compile(self) -> str:
-        sql: str
-        params: list[Any]
-        sql, params = self._build().sql()  # type: ignore[attr-defined]
-        keys = [p.name if type(p) is _SlotValue else f" constant {i}" for i, p in enumerate(params)]
-        self._constants = {key: p for key, p in zip(keys, params, strict=True) if type(p) is not _SlotValue}
-        # itemgetter of one key returns the bare value, not a 1-tuple, and of no key is an error
-        if len(keys) > 1:
-            self._getter = operator.itemgetter(*keys)
-        elif keys:
-            key = keys[0]
-            self._getter = lambda values: (values[key],)
-        else:
-            self._getter = lambda values: ()
-        self._template = params
-        self._sql = sql
-        return sql
+    def _for(self, backend: Backend) -> _Compiled:
+        compiled = self._compiled.get(type(backend))
+        if compiled is None:  # the models compile for db's backend, which is ``backend``
+            compiled = self._compiled[type(backend)] = _Compiled(self._build)
+        return compiled
 
     @property
     def sql(self) -> str:
-        return self._sql if self._sql is not None else self._compile()
+        """The SQL for the backend open now."""
+        return self._for(db.backend).sql
+
+    @property
+    def template(self) -> list[Any]:
+        """The compiled parameters for the backend open now: slot values stand for the named slots."""
+        return self._for(db.backend).template
 
     def bind(self, values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
-        """The SQL and its parameters for these slot values."""
-        sql = self._sql or self._compile()
-        if self._constants:
-            values.update(self._constants)
-        return sql, self._getter(values)
+        """The SQL for the backend open now, and its parameters for these slot values."""
+        compiled = self._for(db.backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        return compiled.sql, compiled.getter(values)
 
     def run(self, **values: Any) -> int:
         """Execute once; return the number of rows changed."""
-        return db.run_sql(*self.bind(values)).rowcount
+        return int(db.backend.run_sql(*self.bind(values)).rowcount)
 
     def rows(self, **values: Any) -> list[Any]:
         """Execute once; return every row."""
-        return db.fetch_all(*self.bind(values))
+        return db.backend.fetch_all(*self.bind(values))
 
     def scalar(self, **values: Any) -> Any:
         """Execute once; return the first column of the first row, or None."""
-        row = db.fetch_one(*self.bind(values))
+        row = db.backend.fetch_one(*self.bind(values))
         return None if row is None else row[0]
 
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
         """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
-        sql = self.sql
-        if [getattr(p, "name", p) for p in self._template] != list(names):
-            raise AssertionError(f"statement parameters are {self._template}, not {names}")
-        return db.executemany(sql, rows)
+        backend = db.backend
+        compiled = self._for(backend)
+        if [getattr(p, "name", p) for p in compiled.template] != list(names):
+            raise AssertionError(f"statement parameters are {compiled.template}, not {names}")
+        return backend.executemany(compiled.sql, rows)
