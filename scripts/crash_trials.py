@@ -50,7 +50,7 @@ JOB_COLUMNS = (
     "id", "caller", "caller_class", "idem_key", "status", "error", "targets_total", "targets_done",
     "created_at", "lease", "nbytes",
 )  # fmt: skip
-PIECES = "aé☃🎉ß'\"\\\x00 "
+PIECES = "aé☃🎉ß'\"\\\x01 "
 
 Op = list[Any]
 Query = Callable[[str], Sequence[tuple[Any, ...]]]
@@ -259,7 +259,7 @@ def choose(state: State, rng: random.Random, now: int, name: str) -> Op:
         )
         spec = [rng.randrange(10**9), size] if rng.random() < 0.9 else None
         error = f"error {rng.randrange(1000)} é" if status == "failed" else None
-        return ["update", job.fields["id"], idx, status, spec, error, rng.choice((None, "hint\x00")), now]
+        return ["update", job.fields["id"], idx, status, spec, error, rng.choice((None, "hint\x01")), now]
     if kind == "status":
         job_id = rng.choice(sorted(state))
         return ["status", job_id, rng.choice(JOB_STATUSES), rng.choice(("", "boom ☃")), now]

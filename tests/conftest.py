@@ -16,11 +16,69 @@ settings.register_profile("deep", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
-@pytest.fixture(params=["memory", "file"])
+#: The PostgreSQL server the postgres cases use (this project's machines run one there).
+POSTGRES_URL = os.environ.get("SIFT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_missing() -> str | None:
+    """Why the postgres cases cannot run here (no server answers), or None; under CI always None, so that
+    they run and fail rather than skip."""
+    import psycopg
+
+    if os.environ.get("CI") == "true":
+        return None
+    try:
+        psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"no PostgreSQL server answers at {POSTGRES_URL} (set SIFT_TEST_POSTGRES): {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_schema() -> Iterator[str]:
+    """This test process's own schema on the test server (dropped at the end); skips every postgres case
+    with one reason when no server answers, except under CI (``CI=true``), where they fail."""
+    import psycopg
+
+    schema = f"sift_test_{os.getpid()}"
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    except psycopg.Error as exc:
+        reason = f"no PostgreSQL server answers at {POSTGRES_URL} (set SIFT_TEST_POSTGRES): {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    yield schema
+    dcache.close_db()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def postgres_target(schema: str) -> str:
+    return f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={schema}"
+
+
+def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
+    """The worker's schema, opened and emptied (TRUNCATE: a fresh schema per test costs three times as
+    much)."""
+    opened = dcache.open_db(postgres_target(schema))
+    opened.execute_sql("TRUNCATE batch_job, batch_target")
+    opened.execute_sql("UPDATE batch_totals SET nbytes = 0 WHERE nbytes <> 0")
+    return opened
+
+
+@pytest.fixture(params=["memory", "file", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dcache.StoreDatabase]:
-    """The store opened in memory and on a real WAL file: every test using it runs on both."""
-    path = ":memory:" if request.param == "memory" else tmp_path / "store.db"
-    yield dcache.open_db(path)
+    """The store opened in memory, on a real WAL file, and in a PostgreSQL schema: every test using it runs
+    on all three (a test marked ``sqlite_only`` on the first two)."""
+    if request.param == "postgres":
+        if request.node.get_closest_marker("sqlite_only"):
+            pytest.skip("about SQLite alone")
+        yield open_empty_postgres(request.getfixturevalue("postgres_schema"))
+    else:
+        path = ":memory:" if request.param == "memory" else tmp_path / "store.db"
+        yield dcache.open_db(path)
     dcache.close_db()
 
 

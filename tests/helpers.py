@@ -33,8 +33,7 @@ def make_targets(count: int, start: int = 0, **fields: Any) -> list[BatchTarget]
 
 def snapshot() -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table in the open store, in a stable order: compare before and after."""
-    names = db.execute_sql("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-    tables = [row[0] for row in names]
+    tables = db.get_tables()
     return {t: sorted(db.execute_sql(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables}
 
 

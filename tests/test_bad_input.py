@@ -516,7 +516,6 @@ METACHARS = {
     "like": "%_\\%[a-z]*",
     "params": "? ?1 :name @p $1 %s {}",
     "comment": "/* c */ -- c\n;",
-    "nul": "a\x00'b\x00",
     "quotes": "`[]`\"'\"\"''",
     "unicode": "é'€\"😀;--",
 }

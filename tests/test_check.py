@@ -18,6 +18,9 @@ from sift import dcache
 from sift.dcache import check
 from sift.dcache.check import Repair, Violation
 
+# check_store reads SQLite files only, so far.
+pytestmark = pytest.mark.sqlite_only
+
 
 def foreign(path: Path, *statements: str) -> None:
     """Run statements as another program would: its own connection, recursive triggers off (the default)."""

@@ -16,6 +16,8 @@ from faults import PUBLIC_CALLS, damage, populate, public_functions
 from sift import dcache
 from sift.cli import main
 
+pytestmark = pytest.mark.sqlite_only
+
 
 def make_store(directory: Path, kind: str) -> Path:
     """A closed store to copy and damage: 40 jobs whose results fill most pages (about 500 KB), or 3,000

@@ -26,6 +26,8 @@ SEED = 2026
 #: Figures of the last run, for the README's Guarantees section.
 RECORD: dict[str, Any] = {}
 
+pytestmark = pytest.mark.sqlite_only
+
 
 def load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("crash_trials", SCRIPT)
@@ -84,7 +86,7 @@ def failures_of(path: Path, log: list[dict[str, Any]]) -> list[str]:
 
 
 CREATE = ["create", "full-a", 20_000, 20_000, "running", 10_000]
-UPDATE = ["update", "full-a", 7, "done", [1, 500], None, "hint\x00", 10_001]
+UPDATE = ["update", "full-a", 7, "done", [1, 500], None, "hint\x01", 10_001]
 
 
 def test_checker_passes_an_untouched_file(tmp_path: Path) -> None:

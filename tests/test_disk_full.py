@@ -23,6 +23,8 @@ from sift import dcache
 LIMIT = 2 * 1024 * 1024  # bytes a file may reach under RLIMIT_FSIZE
 FILLER = 1024 * 1024  # bytes of the filler on the 3 MiB tmpfs
 
+pytestmark = pytest.mark.sqlite_only
+
 
 class FullDisk:
     """Where the store lives, how the disk limit is put in force around a call, and how space is freed."""

@@ -25,6 +25,8 @@ from sift.dcache import BatchJob, db
 BUSY_TIMEOUT_S = 5.0
 CHILD_TIMEOUT_S = 30.0  # well past the busy timeout: a child stuck on a lock fails, it does not hang
 
+pytestmark = pytest.mark.sqlite_only
+
 
 @pytest.fixture
 def store_path(tmp_path: Path) -> Iterator[Path]:

@@ -40,6 +40,8 @@ TARGET_PK = "sqlite_autoindex_batch_target_1"  # batch_target(job_id, idx)
 #: Two sizes of retained history; everything pinned here must be the same at both.
 HISTORY = (20, 2_000)
 
+pytestmark = pytest.mark.sqlite_only
+
 
 def populate(jobs: int) -> None:
     """``jobs`` retained finished jobs with 10 finished targets each, all holding results, written with

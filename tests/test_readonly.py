@@ -20,6 +20,8 @@ from sift import dcache
 from sift.dcache import BatchJob, BatchTarget
 from sift.dcache.sqlite import BASE_SCHEMA
 
+pytestmark = pytest.mark.sqlite_only
+
 
 @pytest.fixture
 def populated(tmp_path: Path) -> Iterator[Path]:

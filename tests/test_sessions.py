@@ -36,6 +36,7 @@ def test_session_releases_the_lock(store: dcache.SerializedSqliteDatabase, end: 
     assert job.caller == ("bob" if end == "session_commit" else "alice")
 
 
+@pytest.mark.sqlite_only  # the shared connection's lock; on PostgreSQL each thread has its own connection
 def test_session_keeps_other_threads_out_until_it_ends(store: dcache.SerializedSqliteDatabase) -> None:
     dcache.create_batch_job(make_job())
     db.session_start()

@@ -406,11 +406,13 @@ def test_make_targets_are_valid_and_distinct(store: Any) -> None:
     assert make_targets(0) == []
 
 
+@pytest.mark.sqlite_only  # check_store reads SQLite files only, so far
 def test_check_store_invariants_passes_on_a_clean_store(store: Any) -> None:
     dcache.create_batch_job(make_job(targets_total=2), make_targets(2))
     check_store_invariants()
 
 
+@pytest.mark.sqlite_only  # check_store reads SQLite files only, so far
 def test_check_store_invariants_names_every_violation(store: Any) -> None:
     dcache.create_batch_job(make_job(id="a", targets_total=2), make_targets(2))
     dcache.create_batch_job(make_job(id="b"), make_targets(1))

@@ -14,11 +14,13 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import open_empty_postgres
 from helpers import make_job, make_targets
 
 from sift import dcache
@@ -244,7 +246,10 @@ class Worker:
     def check_job_atomically(self) -> None:
         """Rule 4 must hold at every commit: read one job and its targets in one ad-hoc transaction."""
         job_id = self.some_job()
-        with db.atomic():
+        # One snapshot: SQLite's transaction holds the store; PostgreSQL's READ COMMITTED (Peewee's default)
+        # takes a snapshot per statement, so a read that must be one snapshot asks for REPEATABLE READ.
+        sqlite = isinstance(db.backend, dcache.SerializedSqliteDatabase)
+        with db.atomic() if sqlite else db.atomic(isolation_level="REPEATABLE READ"):
             job = BatchJob.get(BatchJob.id == job_id)
             targets = list(BatchTarget.select().where(BatchTarget.job_id == job_id))
         done = sum(t.status in FINAL for t in targets)
@@ -255,7 +260,18 @@ class Worker:
             )
 
 
-def test_threads_mixed_operations(file_store: Path) -> None:
+@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """A WAL file, or a PostgreSQL schema (each thread on its own pooled connection)."""
+    if request.param == "postgres":
+        open_empty_postgres(request.getfixturevalue("postgres_schema"))
+    else:
+        dcache.open_db(tmp_path / "store.db")
+    yield
+    dcache.close_db()
+
+
+def test_threads_mixed_operations(shared_store: None) -> None:
     for j in range(SHARED_JOBS):
         dcache.create_batch_job(
             make_job(shared_id(j), targets_total=SHARED_TOTAL), make_targets(SHARED_TOTAL)

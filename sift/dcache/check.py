@@ -18,9 +18,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .database import db
-from .errors import StoreCorrupt
+from .errors import StoreCorrupt, StoreUnavailable
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
-from .sqlite import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SCHEMA_NAMES, SPEED_SCHEMA, TOTAL_NBYTES_SQL
+from .sqlite import (
+    BASE_SCHEMA,
+    RECOMPUTE_TOTAL_SQL,
+    SCHEMA_NAMES,
+    SPEED_SCHEMA,
+    TOTAL_NBYTES_SQL,
+    SerializedSqliteDatabase,
+)
 
 __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
@@ -104,6 +111,8 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
     """Check every invariant of the open store and name each violation with the job it affects;
     with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
     ``progress`` is called after each chunk with the number of jobs it read."""
+    if not isinstance(db.backend, SerializedSqliteDatabase):
+        raise StoreUnavailable("check_store: reads SQLite stores only so far, not a PostgreSQL store")
     report = StoreReport()
     try:
         damage = _side_read("PRAGMA quick_check")

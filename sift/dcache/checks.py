@@ -37,20 +37,25 @@ def count(field: str, value: Any) -> int:
 
 
 def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
-    """A str that encodes as UTF-8 (no lone surrogates); returned as a plain str."""
+    """A str that encodes as UTF-8 (no lone surrogates) and holds no NUL; returned as a plain str."""
     if not isinstance(value, str):
         invalid(field, f"must be a str, got {type(value).__name__}")
     if not allow_empty and not value:
         invalid(field, "must not be empty")
-    if not value.isascii():
-        utf8_size(field, value)
+    utf8_size(field, value)
     return str(value)
 
 
+#: Why a NUL is refused: one rule on both backends, and PostgreSQL's text cannot hold one.
+NUL_PROBLEM = "must not contain NUL characters (\\x00): no store text may, so data moves between backends"
+
+
 def utf8_size(field: str, value: Any) -> int:
-    """The UTF-8 byte length of a str, which must encode (no lone surrogates)."""
+    """The UTF-8 byte length of a str, which must encode (no lone surrogates) and hold no NUL."""
     if not isinstance(value, str):
         invalid(field, f"must be a str, got {type(value).__name__}")
+    if "\x00" in value:
+        invalid(field, NUL_PROBLEM)
     if value.isascii():
         return len(value)
     try:

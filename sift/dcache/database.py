@@ -22,19 +22,25 @@ The rules (:mod:`.manager`) are written once. What they must spell per backend i
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import peewee
 
 from .counters import counters
-from .errors import StoreUnavailable
+from .errors import StoreConflict, StoreUnavailable
 from .sqlite import BUSY_TIMEOUT_S, SerializedSqliteDatabase, StoreConnection
 
-__all__ = ["Backend", "StoreDatabase", "close_db", "db", "open_db"]
+__all__ = ["Backend", "StoreDatabase", "close_db", "db", "open_db", "retried"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Pooled connections per process of a PostgreSQL store, unless open_db says otherwise.
+DEFAULT_MAX_CONNECTIONS = 20
 
 
 class Backend(Protocol):
@@ -80,6 +86,26 @@ class Backend(Protocol):
 
     def close_store(self) -> None:
         """Close the store's connection(s)."""
+
+    def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
+        """``query`` locking the rows it selects until the transaction ends (skipping rows another
+        transaction holds, with ``skip_locked``), where the backend needs row locks."""
+
+    def removals(self) -> AbstractContextManager[None]:
+        """A sweep or eviction chunk's write transaction: one at a time per store, where that matters."""
+
+    def lock_job(self, job_id: str) -> None:
+        """Inside a write: lock the job's row (before its targets), where the backend needs it."""
+
+    def lock_target(self, job_id: str, idx: int) -> None:
+        """Inside a write: lock the job's row, then the target's, where the backend needs it."""
+
+    def lock_key(self, caller: str, idem_key: str) -> None:
+        """Inside a write: hold (caller, idem_key) until the transaction ends, where the backend needs it."""
+
+    def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
+        """After ``conflict`` (a StoreConflict), run the rule's transaction again a bounded number of
+        times, or raise."""
 
 
 #: The one SQLite database object of the process: the backend whenever no other store is open.
@@ -127,7 +153,8 @@ class StoreDatabase(peewee.DatabaseProxy):
         """Peewee's deferred-database idiom: ``db.init(target)`` is ``open_db(target)`` (the schema
         included), and ``db.init(None)`` is ``close_db()``. Only ``timeout`` and ``readonly`` may be given."""
         if database is None:
-            self.obj.init(None)  # closes the store and forgets it: db is deferred again
+            close_db()
+            self.obj.init(None)  # forgets the store: db is deferred again
             return
         if unknown := sorted(set(kwargs) - {"timeout", "readonly"}):
             raise StoreUnavailable(
@@ -179,24 +206,105 @@ db = StoreDatabase()
 
 
 def open_db(
-    path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
+    target: str | os.PathLike[str],
+    *,
+    timeout: float = BUSY_TIMEOUT_S,
+    readonly: bool = False,
+    max_connections: int | None = None,
 ) -> StoreDatabase:
-    """Open (creating if missing) the store at ``path``, closing any database opened before.
+    """Open (creating if missing) the store at ``target``, closing any store opened before.
 
-    Creates what is missing of the schema, recomputes the byte total if it is missing or wrong, and resets
-    the counters. ``":memory:"`` gives a private in-memory store. With ``readonly=True`` the file must
-    exist and hold the whole schema; nothing is ever written to it, and every write raises
-    ``StoreReadOnly``. Raises ``StoreUnavailable`` for a path that cannot be opened (saying why), a file
-    that is not a batch store, or one locked by another process past ``timeout`` seconds; ``StoreCorrupt``
-    for a file that is not a SQLite database or is damaged, and ``StoreFull`` when the disk is too full
-    to create the schema.
+    ``target`` is a SQLite file's path (``":memory:"`` gives a private in-memory store), or
+    ``sqlite:///path``; or ``postgresql://user@host:5432/dbname`` (also ``postgres://``), where
+    ``?schema=NAME`` keeps the store in its own schema (``public`` otherwise) and ``max_connections``
+    bounds the pooled connections of this process (default 20: one per thread using the store).
+
+    Creates what is missing of the schema, recomputes a SQLite file's byte total if it is missing or wrong,
+    and resets the counters. With ``readonly=True`` the store must exist and hold the whole schema;
+    nothing is ever written to it, and every write raises ``StoreReadOnly``. Raises ``StoreUnavailable``
+    for a target that cannot be opened (saying why), one that is not a batch store, or one locked by
+    another process past ``timeout`` seconds; ``StoreCorrupt`` for a file that is not a SQLite database
+    or is damaged, and ``StoreFull`` when the disk is too full to create the schema.
     """
-    _sqlite.open_store(path, timeout=timeout, readonly=readonly)
+    text = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
+    if isinstance(text, str) and text.startswith(("postgresql://", "postgres://")):
+        _open_postgres(text, timeout=timeout, readonly=readonly, max_connections=max_connections)
+    else:
+        if max_connections is not None:
+            raise StoreUnavailable("max_connections: only a PostgreSQL store pools connections")
+        if isinstance(text, str) and text.startswith("sqlite://"):
+            text = _sqlite_path(text)
+        _use_sqlite()
+        _sqlite.open_store(text, timeout=timeout, readonly=readonly)
     counters.reset()
     return db
 
 
+def _sqlite_path(url: str) -> str:
+    """The path of a ``sqlite:///path`` URL: ``sqlite:///relative.db``, ``sqlite:////absolute.db``
+    (SQLAlchemy's forms), ``sqlite://`` or ``sqlite:///:memory:`` for a private in-memory store."""
+    rest = url[len("sqlite://") :]
+    if rest in ("", "/:memory:"):
+        return ":memory:"
+    if not rest.startswith("/"):
+        raise StoreUnavailable(f"path: {url!r} is not a sqlite:///path URL")
+    return rest[1:]
+
+
+def _use_sqlite() -> None:
+    """Close a PostgreSQL store if one is open, and make SQLite's database the backend again."""
+    backend = db.obj
+    if backend is not _sqlite:
+        backend.close_store()
+        db.initialize(_sqlite)
+
+
+def _open_postgres(target: str, *, timeout: float, readonly: bool, max_connections: int | None) -> None:
+    if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
+        raise StoreUnavailable(f"max_connections: must be a positive int, got {max_connections!r}")
+    try:
+        from .postgres import PostgresStore  # only now: psycopg is sift[postgres]'s
+    except ImportError as exc:
+        raise StoreUnavailable(
+            f"path: a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' ({exc})"
+        ) from exc
+    _use_sqlite()
+    _sqlite.init(None)  # closes the SQLite store; db is deferred until the new store is open
+    backend = PostgresStore(
+        target,
+        timeout=timeout,
+        readonly=readonly,
+        max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
+    )
+    try:
+        backend.open_store()
+    except Exception as exc:
+        backend.close_store()
+        shown = backend.path
+        if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
+            raise
+        kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
+        cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ is not None else exc
+        raise kind(f"path: cannot open {shown!r} as a batch store: {exc}") from cause
+    db.initialize(backend)
+
+
 def close_db() -> None:
-    """Close the store's connection, after any other thread's transaction ends. Safe to call when
-    nothing is open, and twice."""
-    db.backend.close_store()
+    """Close the store's connection(s), after any other thread's transaction ends (on SQLite). Safe to
+    call when nothing is open, and twice."""
+    _use_sqlite()
+    _sqlite.close_store()
+
+
+def retried(fn: F) -> F:
+    """A rule whose one transaction runs again after a deadlock or a serialization failure (PostgreSQL),
+    a bounded number of times; past the bound, or inside a caller's transaction, StoreConflict."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StoreConflict as conflict:
+            return db.backend.retry(conflict, lambda: fn(*args, **kwargs))
+
+    return wrapper  # type: ignore[return-value]

@@ -5,18 +5,29 @@ SQLite gives every error an extended result code (``sqlite3.Error.sqlite_errorco
 in :data:`SQLITE_ERRORS`. Peewee re-raises sqlite3's errors as its own classes, keeping the original as
 ``__context__`` and first argument; :func:`sqlite_error` finds it there.
 
-A PostgreSQL backend would add a table beside :data:`SQLITE_ERRORS`, keyed by SQLSTATE (``53100`` disk full,
-``XX001`` data corrupted, class ``08`` connection lost, ``57P01`` admin shutdown), and name constraints by
-``diag.constraint_name`` in :func:`violated`'s place.
+PostgreSQL's errors (psycopg 3, found the same way, by duck type so this module imports no driver) are
+classified by SQLSTATE in :data:`POSTGRES_ERRORS`, then by its two-character class in
+:data:`POSTGRES_CLASSES`; constraint violations are named by ``diag.constraint_name``.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-from .errors import BatchError, StoreCorrupt, StoreFull, StoreReadOnly, StoreUnavailable
+from .errors import BatchError, StoreConflict, StoreCorrupt, StoreFull, StoreReadOnly, StoreUnavailable
 
-__all__ = ["NOT_NULL", "PRIMARY_KEY", "SQLITE_ERRORS", "is_busy", "sqlite_error", "store_error", "violated"]
+__all__ = [
+    "NOT_NULL",
+    "POSTGRES_CLASSES",
+    "POSTGRES_ERRORS",
+    "PRIMARY_KEY",
+    "SQLITE_ERRORS",
+    "is_busy",
+    "postgres_error",
+    "sqlite_error",
+    "store_error",
+    "violated",
+]
 
 #: What a constraint violation broke, as :func:`violated` names it.
 PRIMARY_KEY = "primary key"
@@ -58,6 +69,34 @@ SQLITE_ERRORS: dict[int, tuple[type[StoreUnavailable], str]] = {
 #: Any other driver error: a file changed by another program, or a bug.
 _OTHER = (StoreUnavailable, "unexpected SQLite error on {path} ({sqlite})")
 
+_UNREACHABLE = "cannot reach the PostgreSQL server of {path} ({pg}); check that it runs, and the URL"
+
+#: SQLSTATE -> the package error and its message; ``{path}``, ``{timeout}`` and ``{pg}`` are filled in.
+POSTGRES_ERRORS: dict[str, tuple[type[StoreUnavailable], str]] = {
+    "53100": (StoreFull, "the server disk holding {path} is full ({pg}): free space and retry"),
+    "40P01": (StoreConflict, "a deadlock on {path} persisted through the retries ({pg})"),
+    "40001": (StoreConflict, "a serialization failure on {path} persisted through the retries ({pg})"),
+    "55P03": (StoreUnavailable, "a row of {path} was locked by another session past {timeout:g} s ({pg})"),
+    "25006": (StoreReadOnly, "{path} is read-only ({pg})"),
+    "XX001": (StoreCorrupt, "{path} holds damaged data ({pg}): restore it from a backup"),
+    "XX002": (StoreCorrupt, "an index of {path} is damaged ({pg}): REINDEX it"),
+    "57P01": (StoreUnavailable, "the PostgreSQL server of {path} shut down ({pg}); the next call reconnects"),
+    "57P02": (StoreUnavailable, "the PostgreSQL server of {path} crashed ({pg}); the next call reconnects"),
+    "57P03": (StoreUnavailable, "the PostgreSQL server of {path} is starting or stopping ({pg}); retry"),
+}
+
+#: SQLSTATE class (its first two characters) -> the package error and its message.
+POSTGRES_CLASSES: dict[str, tuple[type[StoreUnavailable], str]] = {
+    "08": (StoreUnavailable, "the connection to {path} was lost ({pg}); the next call reconnects"),
+    "28": (StoreUnavailable, "PostgreSQL refused the login to {path} ({pg}): check the user and password"),
+    "3D": (StoreUnavailable, "no such database for {path} ({pg})"),
+    "53": (StoreUnavailable, "the PostgreSQL server of {path} ran out of a resource ({pg})"),
+    "57": (StoreUnavailable, "the PostgreSQL server of {path} stopped the statement ({pg})"),
+    "58": (StoreUnavailable, "I/O error on the PostgreSQL server of {path} ({pg})"),
+}
+
+_OTHER_POSTGRES = (StoreUnavailable, "unexpected PostgreSQL error on {path} ({pg})")
+
 _VIOLATIONS = {
     sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY: PRIMARY_KEY,
     sqlite3.SQLITE_CONSTRAINT_NOTNULL: NOT_NULL,
@@ -78,6 +117,35 @@ def sqlite_error(exc: BaseException) -> sqlite3.Error | None:
     return None
 
 
+def postgres_error(exc: BaseException) -> Exception | None:
+    """The ``psycopg.Error`` that ``exc`` is or wraps (Peewee's error classes wrap one), else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, BatchError):
+            return None
+        if isinstance(seen, Exception) and type(seen).__module__.partition(".")[0] == "psycopg":
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _sqlstate(error: BaseException) -> str:
+    state = getattr(error, "sqlstate", None)
+    return state if isinstance(state, str) else ""
+
+
+def _pg_violated(error: BaseException) -> str | None:
+    state = _sqlstate(error)
+    if not state.startswith("23"):
+        return None
+    if state == "23502":
+        return NOT_NULL
+    name = getattr(getattr(error, "diag", None), "constraint_name", None) or ""
+    if state == "23505" and name.endswith("_pkey"):
+        return PRIMARY_KEY
+    return name or state
+
+
 def _code(exc: BaseException) -> int | None:
     """The extended result code of the sqlite3 error ``exc`` is or wraps."""
     code = getattr(sqlite_error(exc), "sqlite_errorcode", None)
@@ -93,6 +161,9 @@ def is_busy(exc: BaseException) -> bool:
 def violated(exc: BaseException) -> str | None:
     """What constraint violation ``exc`` is (:data:`PRIMARY_KEY`, :data:`NOT_NULL`, or SQLite's name of
     another one), or None when it is not a constraint violation."""
+    pg = postgres_error(exc)
+    if pg is not None:
+        return _pg_violated(pg)
     code = _code(exc)
     if code is None or code & 0xFF != sqlite3.SQLITE_CONSTRAINT:
         return None
@@ -105,6 +176,9 @@ def store_error(
     """The package error for a driver exception, with the ``sqlite3.Error`` as its ``__cause__``; None
     when ``exc`` is no driver exception (or is a constraint violation and ``constraints`` is false: the
     rule that ran the statement names the field at fault)."""
+    pg = postgres_error(exc)
+    if pg is not None:
+        return _postgres_store_error(pg, path=path, timeout=timeout, constraints=constraints)
     error = sqlite_error(exc)
     if error is None or (not constraints and violated(error) is not None):
         return None
@@ -115,5 +189,25 @@ def store_error(
     if name and name not in sqlite:
         sqlite = f"{name}: {sqlite}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, sqlite=sqlite))
+    store.__cause__ = error
+    return store
+
+
+def _postgres_store_error(
+    error: Exception, *, path: str, timeout: float, constraints: bool
+) -> StoreUnavailable | None:
+    if not constraints and _pg_violated(error) is not None:
+        return None
+    state = _sqlstate(error)
+    if state:
+        cls, message = POSTGRES_ERRORS.get(state) or POSTGRES_CLASSES.get(state[:2], _OTHER_POSTGRES)
+    elif type(error).__name__ in ("OperationalError", "InterfaceError"):  # no SQLSTATE: no server answer
+        cls, message = StoreUnavailable, _UNREACHABLE
+    else:
+        cls, message = _OTHER_POSTGRES
+    pg = " ".join(str(error).split()) or type(error).__name__
+    if state and state not in pg:
+        pg = f"{state}: {pg}"
+    store = cls("database: " + message.format(path=repr(path), timeout=timeout, pg=pg))
     store.__cause__ = error
     return store

@@ -1,8 +1,8 @@
 """Every exception the batch store raises. Messages start with the field at fault.
 
 A failure of the database itself (disk full, I/O error, a damaged file, a lock held too long) is a
-:class:`StoreUnavailable` or one of its subclasses, with the driver's exception (a ``sqlite3.Error``) as
-``__cause__``; :mod:`sift.dcache.driver_errors` decides which.
+:class:`StoreUnavailable` or one of its subclasses, with the driver's exception as
+``__cause__`` (a ``sqlite3.Error`` or a ``psycopg.Error``); :mod:`sift.dcache.driver_errors` decides which.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class StoreUnavailable(BatchError):
 
 class StoreFull(StoreUnavailable):
     """The disk holding the store is full; the failed transaction was rolled back. Free space, retry."""
+
+
+class StoreConflict(StoreUnavailable):
+    """A deadlock or serialization failure on PostgreSQL persisted through the package's retries."""
 
 
 class StoreCorrupt(StoreUnavailable):

@@ -15,7 +15,7 @@ import peewee
 
 from . import checks, driver_errors
 from .counters import counters
-from .database import db
+from .database import db, retried
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
 from .models import (
     FINAL_TARGET_STATUSES,
@@ -146,16 +146,18 @@ def _evictable() -> peewee.Node:
     return Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES))
 
 
+# A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see postgres.py).
 _EXPIRED = Statement(
-    lambda: (
+    lambda: db.backend.lock_rows(
         J.select(J.id, J.targets_total, J.nbytes)
         .where(J.lease <= Slot("cutoff"))
         .order_by(J.lease)
-        .limit(JOBS_PER_TRANSACTION)
+        .limit(JOBS_PER_TRANSACTION),
+        skip_locked=True,
     )
 )
 _EVICTABLE = Statement(
-    lambda: (
+    lambda: db.backend.lock_rows(
         J.select(J.id, J.targets_total, J.nbytes)
         .where(_evictable())
         .order_by(J.lease, J.created_at, J.id)
@@ -197,6 +199,8 @@ def submit_batch_job(
     cutoff = checks.cutoff(checks.now(now), ttl)
     caller, idem_key = values["caller"], values["idem_key"]
     with db.write():
+        if idem_key:
+            db.backend.lock_key(caller, idem_key)  # one submit of this (caller, key) at a time
         found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
         put = _insert_job(values, targets) if found is None else 0
     if found is not None:
@@ -215,6 +219,7 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
     """
     job_id = checks.job_id(job_id)
     with db.write():
+        db.backend.lock_job(job_id)  # a sweep cannot delete the job between these statements
         total = _TARGETS_TOTAL.scalar(job_id=job_id)
         if total is None:
             _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
@@ -222,6 +227,7 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
     counters.add("targets_put", put)
 
 
+@retried
 def update_batch_target(
     job_id: str,
     idx: int,
@@ -249,12 +255,14 @@ def update_batch_target(
     hint = checks.optional_text("hint", hint)
     now = checks.now(now)
     with db.write():
+        db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
         if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now):
             _explain_target_miss(job_id, idx, status)
         _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
     counters.add("target_writes")
 
 
+@retried
 def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int | None = None) -> None:
     """Set the job's status and error, and its lease to ``now``."""
     job_id = checks.job_id(job_id)
@@ -266,6 +274,7 @@ def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int 
             _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
 
 
+@retried
 def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
     """Set the job's lease to ``now``: a consumer's read keeps the job alive through this call."""
     job_id = checks.job_id(job_id)
@@ -275,6 +284,7 @@ def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
             _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
 
 
+@retried
 def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
     """Restart reconciliation: every queued or running job becomes failed with ``error = reason``
     and ``lease = now``. Returns how many jobs changed."""
@@ -297,8 +307,7 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
     swept = chunks = 0
     with db.bulk_writes():
         while True:
-            with db.write():  # reads its chunk again: another process may have touched it meanwhile
-                deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+            deleted = _sweep_chunk(cutoff)
             if not deleted:
                 break
             counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
@@ -318,10 +327,7 @@ def evict_batch_oldest(max_bytes: int) -> int:
     evicted = chunks = 0
     with db.bulk_writes():
         while batch_nbytes() > max_bytes:
-            with db.write():
-                excess = batch_nbytes() - max_bytes
-                chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
-                deleted = _delete_jobs(chosen)
+            deleted, chosen = _evict_chunk(max_bytes)
             if not deleted:
                 break
             counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
@@ -331,6 +337,20 @@ def evict_batch_oldest(max_bytes: int) -> int:
             if chunks % TRANSACTIONS_PER_CHECKPOINT == 0:
                 db.checkpoint()
     return evicted
+
+
+@retried
+def _sweep_chunk(cutoff: int) -> int:
+    with db.removals():  # reads its chunk again: another process may have touched it meanwhile
+        return _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+
+
+@retried
+def _evict_chunk(max_bytes: int) -> tuple[int, list[Any]]:
+    with db.removals():
+        excess = batch_nbytes() - max_bytes
+        chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
+        return _delete_jobs(chosen), chosen
 
 
 def sweep_candidates(ttl: Any, *, now: int | None = None) -> list[BatchJob]:
@@ -499,6 +519,8 @@ def _target_rows(
         url = data.get("url")
         if type(url) is not str or not url:
             checks.invalid("url", f"must be a non-empty str (target {idx})")
+        if "\x00" in url:
+            checks.invalid("url", f"{checks.NUL_PROBLEM} (target {idx})")
         options = data.get("options")
         if type(options) is not str:
             options = checks.options_text(options)

@@ -687,6 +687,31 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """``expr`` when it is valid JSON text, else NULL (which the NOT NULL column then rejects)."""
         return peewee.Case(None, [(peewee.fn.json_valid(expr), expr)], None)
 
+    # BEGIN IMMEDIATE holds the whole file from the first statement, so no rule needs a row lock, and no
+    # transaction meets a deadlock: these are no-ops here (PostgreSQL's backend does the work).
+
+    @staticmethod
+    def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
+        """``query`` as it is: SQLite has no ``FOR UPDATE``."""
+        return query
+
+    def removals(self) -> _WriteTransaction:
+        """A sweep or eviction chunk's transaction: the write transaction."""
+        return _WriteTransaction(self)
+
+    def lock_job(self, job_id: str) -> None:
+        pass
+
+    def lock_target(self, job_id: str, idx: int) -> None:
+        pass
+
+    def lock_key(self, caller: str, idem_key: str) -> None:
+        pass
+
+    def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
+        """SQLite raises no StoreConflict; should one arrive, it is not retried."""
+        raise conflict
+
 
 def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str]:
     """What to hand SQLite for ``path`` (a ``mode=ro`` URI when read-only), and the path to show; a

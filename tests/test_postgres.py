@@ -1,0 +1,393 @@
+"""What is PostgreSQL's own: choosing the backend by URL, the schema, driver errors by SQLSTATE, retries of
+conflicts, broken connections, fork, read-only opens. The rules themselves run on PostgreSQL through the
+``store`` fixture of every other test file."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
+from helpers import make_job, make_targets, snapshot
+
+from sift import dcache
+from sift.dcache import db
+from sift.dcache.postgres import CONFLICT_RETRIES, PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+ctx = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def pg(postgres_schema: str) -> Iterator[str]:
+    """The worker's schema, open and empty; yields its target URL."""
+    open_empty_postgres(postgres_schema)
+    yield postgres_target(postgres_schema)
+    dcache.close_db()
+
+
+@pytest.fixture
+def fresh_schema(postgres_schema: str) -> Iterator[str]:
+    """A schema name no store uses yet (dropped after the test)."""
+    name = f"{postgres_schema}_new"
+    yield name
+    dcache.close_db()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+# -- Choosing the backend -------------------------------------------------------------------------------
+
+
+def test_postgresql_url_opens_a_postgres_store(pg: str) -> None:
+    assert isinstance(db.backend, PostgresStore)
+    assert repr(db) == f"<PostgresStore {pg!r}: open>"
+    dcache.close_db()
+    assert repr(db) == "<SerializedSqliteDatabase: no store open; call sift.dcache.open_db(path)>"
+    with pytest.raises(dcache.StoreNotOpen):
+        dcache.batch_job("x")
+
+
+def test_postgres_scheme_is_the_same_store(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    dcache.open_db(pg.replace("postgresql://", "postgres://", 1))
+    assert isinstance(db.backend, PostgresStore)
+    assert dcache.batch_job("job-1") is not None
+
+
+@pytest.mark.parametrize("form", ["sqlite:///{rel}", "sqlite:///{abs}"])
+def test_sqlite_url_opens_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    dcache.open_db(form.format(rel="store.db", abs=str(tmp_path / "store.db")))
+    try:
+        assert isinstance(db.backend, dcache.SerializedSqliteDatabase)
+        dcache.create_batch_job(make_job("job-1"))
+    finally:
+        dcache.close_db()
+    assert (tmp_path / "store.db").is_file()
+
+
+def test_switching_backends_keeps_db_the_object_models_use(pg: str, tmp_path: Path) -> None:
+    dcache.create_batch_job(make_job("in-postgres"))
+    dcache.open_db(tmp_path / "store.db")
+    dcache.create_batch_job(make_job("in-sqlite"))
+    assert [j.id for j in dcache.BatchJob.select()] == ["in-sqlite"]
+    with db.atomic():  # the SQLite store's own atomic: it holds the store's lock
+        assert db.backend.lock._is_owned()  # type: ignore[attr-defined]
+    dcache.open_db(pg)
+    assert [j.id for j in dcache.BatchJob.select()] == ["in-postgres"]
+    with db:
+        dcache.create_batch_job(make_job("in-block"))
+    assert dcache.batch_job("in-block") is not None
+
+
+@pytest.mark.parametrize(
+    ("target", "field"),
+    [
+        (POSTGRES_URL + "?schema=Bad-Name", "schema"),
+        (POSTGRES_URL + "?schema=", "schema"),
+    ],
+)
+def test_bad_schema_names_are_refused(target: str, field: str) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match=rf"^{field}:"):
+        dcache.open_db(target)
+    assert repr(db).startswith("<SerializedSqliteDatabase: no store open")
+
+
+def test_max_connections_is_postgres_only(tmp_path: Path, postgres_schema: str) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match=r"^max_connections:"):
+        dcache.open_db(tmp_path / "store.db", max_connections=4)
+    with pytest.raises(dcache.StoreUnavailable, match=r"^max_connections:"):
+        dcache.open_db(postgres_target(postgres_schema), max_connections=0)
+    dcache.open_db(postgres_target(postgres_schema), max_connections=3)
+    assert db.backend._max_connections == 3  # type: ignore[attr-defined]
+    dcache.close_db()
+
+
+def test_no_server_is_store_unavailable_naming_it() -> None:
+    with pytest.raises(dcache.StoreUnavailable, match=r"^path: cannot open .*127\.0\.0\.1:1/") as info:
+        dcache.open_db("postgresql://postgres@127.0.0.1:1/test", timeout=2)
+    assert isinstance(info.value.__cause__, psycopg.Error)
+    assert repr(db).startswith("<SerializedSqliteDatabase: no store open")
+
+
+def test_no_such_database_is_store_unavailable() -> None:
+    with pytest.raises(dcache.StoreUnavailable, match="no_such_database_for_sift"):
+        dcache.open_db(POSTGRES_URL.rsplit("/", 1)[0] + "/no_such_database_for_sift")
+
+
+def test_password_is_not_shown(postgres_schema: str) -> None:
+    url = POSTGRES_URL.replace("postgresql://postgres@", "postgresql://postgres:secret@", 1)
+    dcache.open_db(f"{url}?schema={postgres_schema}")
+    assert "secret" not in repr(db)
+    dcache.close_db()
+
+
+# -- Schema ---------------------------------------------------------------------------------------------
+
+
+def _open_new(target: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        dcache.open_db(target)
+        dcache.create_batch_job(make_job(f"job-{os.getpid()}"))
+        results.put("ok")
+    except Exception as exc:
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
+    target = postgres_target(fresh_schema)
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    processes = [ctx.Process(target=_open_new, args=(target, barrier, results)) for _ in range(8)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=120)
+    assert outcomes == ["ok"] * 8
+    dcache.open_db(target)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 1)]
+    assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
+    assert db.execute_sql("SELECT COUNT(*), COUNT(DISTINCT slot) FROM batch_totals").fetchone() == (16, 16)
+
+
+def test_columns_are_bigint_and_options_json(pg: str) -> None:
+    types = dict(
+        db.execute_sql(
+            "SELECT table_name || '.' || column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name IN ('batch_job', 'batch_target')"
+        ).fetchall()
+    )
+    ints = {name for name, kind in types.items() if kind in ("integer", "bigint", "smallint")}
+    assert ints and all(types[name] == "bigint" for name in ints)
+    assert types["batch_target.options"] == "json"
+
+
+def test_largest_int_and_options_text_round_trip(pg: str) -> None:
+    big = 2**63 - 1
+    options = '{"b": 1,  "a":2, "a":3, "s":"\\u0000é"}'  # jsonb would rewrite this; json keeps it
+    dcache.create_batch_job(
+        make_job("job-1", lease=big, created_at=big, targets_total=big, nbytes=big),
+        [dcache.BatchTarget(idx=0, url="u", options=options)],
+    )
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.lease, job.created_at, job.targets_total, job.nbytes) == (big,) * 4
+    targets = dcache.batch_targets("job-1")
+    assert targets is not None and targets[0].options == options
+    assert dcache.batch_nbytes() == big
+
+
+def test_byte_total_spreads_over_slots_and_sums(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    dcache.update_batch_target("job-1", 0, "done", result="é" * 10, now=5)
+    assert dcache.batch_nbytes() == 20
+    assert db.execute_sql("SELECT SUM(nbytes) FROM batch_totals").fetchone()[0] == 20
+
+
+# -- Driver errors by SQLSTATE --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "error"),
+    [
+        ("40P01", dcache.StoreConflict),
+        ("40001", dcache.StoreConflict),
+        ("53100", dcache.StoreFull),
+        ("57P01", dcache.StoreUnavailable),
+        ("08006", dcache.StoreUnavailable),
+        ("XX001", dcache.StoreCorrupt),
+        ("25006", dcache.StoreReadOnly),
+        ("55P03", dcache.StoreUnavailable),
+    ],
+)
+def test_server_errors_become_package_errors(pg: str, sqlstate: str, error: type[Exception]) -> None:
+    raise_it = f"DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{sqlstate}'; END $$"
+    with pytest.raises(error) as info:
+        db.backend.run_sql(raise_it, ())
+    assert type(info.value) is error
+    assert str(info.value).startswith("database: ")
+    assert getattr(info.value.__cause__, "sqlstate", None) == sqlstate
+
+
+def _conflicts(times: int) -> Any:
+    """A lock_target that meets a deadlock the first ``times`` calls."""
+    calls = {"n": 0}
+    original = db.backend.lock_target
+
+    def lock_target(job_id: str, idx: int) -> None:
+        calls["n"] += 1
+        if calls["n"] <= times:
+            db.backend.run_sql("DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$", ())
+        original(job_id, idx)
+
+    return lock_target, calls
+
+
+def test_a_deadlock_is_retried_and_counts_once(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    lock_target, calls = _conflicts(CONFLICT_RETRIES)
+    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
+    assert calls["n"] == CONFLICT_RETRIES + 1
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
+
+
+def test_a_deadlock_past_the_retries_is_store_conflict(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    lock_target, calls = _conflicts(CONFLICT_RETRIES + 1)
+    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    before = snapshot()
+    with pytest.raises(dcache.StoreConflict) as info:
+        dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
+    assert isinstance(info.value, dcache.StoreUnavailable)
+    assert calls["n"] == CONFLICT_RETRIES + 1
+    assert snapshot() == before
+
+
+def test_no_retry_inside_a_callers_transaction(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    lock_target, calls = _conflicts(1)
+    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    with pytest.raises(dcache.StoreConflict), db.atomic():
+        dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
+    assert calls["n"] == 1
+
+
+# -- Connections ----------------------------------------------------------------------------------------
+
+
+def test_a_broken_connection_fails_one_call_and_the_next_reconnects(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    pid = db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(dcache.StoreUnavailable) as info:
+        dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
+    assert isinstance(info.value.__cause__, psycopg.Error)
+    dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
+    assert db.execute_sql("SELECT pg_backend_pid()").fetchone()[0] != pid
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
+
+
+def test_threads_get_their_own_connections(pg: str) -> None:
+    import threading
+
+    pids: list[int] = []
+    together = threading.Barrier(4)
+
+    def work() -> None:
+        pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
+        together.wait(timeout=30)  # all four hold their connections at once
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(pids)) == 4
+
+
+def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None:
+    import gc
+    import threading
+
+    dcache.open_db(postgres_target(postgres_schema), max_connections=2, timeout=1)
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            dcache.batch_job("x")
+        except BaseException as exc:
+            failures.append(exc)
+
+    for _ in range(6):  # more threads than connections, one after another
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        gc.collect()
+    assert failures == []
+    dcache.close_db()
+
+
+def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
+    import threading
+
+    dcache.open_db(postgres_target(postgres_schema), max_connections=1, timeout=1)
+    dcache.batch_job("x")  # this thread holds the one connection (it keeps it while it runs)
+    failures: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            dcache.batch_job("x")
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert len(failures) == 1 and isinstance(failures[0], dcache.StoreUnavailable), failures
+    assert "max_connections" in str(failures[0])
+    dcache.close_db()
+
+
+def _child_uses_the_store(target: str, results: Any) -> None:
+    results.put(dcache.batch_job("job-1") is not None)
+    dcache.create_batch_job(make_job("from-child"))
+    results.put(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
+
+
+def test_a_forked_child_never_uses_the_parents_connection(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    pid = db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    child = fork.Process(target=_child_uses_the_store, args=(pg, results))
+    child.start()
+    assert results.get(timeout=60) is True
+    assert results.get(timeout=60) != pid  # the child's own session
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    # The parent's session survived the child's use and exit.
+    assert db.execute_sql("SELECT pg_backend_pid()").fetchone()[0] == pid
+    assert dcache.batch_job("from-child") is not None
+
+
+def test_read_only_open_reads_and_refuses_writes(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    dcache.open_db(pg, readonly=True)
+    assert dcache.batch_job("job-1") is not None
+    before = snapshot()
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.touch_batch_job("job-1", now=5)
+    with pytest.raises(dcache.StoreReadOnly):
+        db.execute_sql("DELETE FROM batch_job")
+    assert snapshot() == before
+
+
+def test_read_only_open_of_a_missing_store_is_refused(fresh_schema: str) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match="no batch store"):
+        dcache.open_db(postgres_target(fresh_schema), readonly=True)
+
+
+# -- Not yet on PostgreSQL: refused plainly --------------------------------------------------------------
+
+
+def test_check_store_is_refused_on_postgres(pg: str) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match=r"^check_store: .*SQLite"):
+        dcache.check_store()
+
+
+def test_the_cli_refuses_postgres_targets(pg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from sift.cli import main
+
+    assert main(["stats", "--db", pg]) == 1
+    assert "works on SQLite stores only so far" in capsys.readouterr().err
