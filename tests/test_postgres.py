@@ -391,3 +391,39 @@ def test_the_cli_refuses_postgres_targets(pg: str, capsys: pytest.CaptureFixture
 
     assert main(["stats", "--db", pg]) == 1
     assert "works on SQLite stores only so far" in capsys.readouterr().err
+
+
+# -- A client killed mid-transaction --------------------------------------------------------------------
+
+
+def _killed_mid_transaction(target: str, inside: Any) -> None:
+    import time
+
+    dcache.open_db(target)
+    with db.atomic():
+        dcache.update_batch_target("job-1", 0, "done", result="partial", now=7)  # holds job and target
+        dcache.submit_batch_job(make_job("job-2", idem_key="k"), make_targets(3), 60, now=7)  # holds the key
+        inside.set()
+        time.sleep(120)  # SIGKILLed here
+
+
+def test_a_client_killed_mid_transaction_leaves_nothing_and_no_lock(pg: str) -> None:
+    import signal
+
+    dcache.create_batch_job(make_job("job-1", status="running", lease=5), make_targets(3))
+    before = snapshot()
+    inside = ctx.Event()
+    child = ctx.Process(target=_killed_mid_transaction, args=(pg, inside))
+    child.start()
+    assert inside.wait(timeout=60)
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL
+    assert snapshot() == before  # nothing of the killed transaction
+    # Its locks went with it: the same target, job and key can be written at once.
+    dcache.update_batch_target("job-1", 0, "done", result="whole", now=8)
+    assert dcache.submit_batch_job(make_job("job-3", idem_key="k"), None, 60, now=8) == ("job-3", True)
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 5)
+    assert dcache.batch_nbytes() == 5

@@ -1,6 +1,8 @@
-"""The batch job store: Peewee models, the shared SQLite database, and the functions that hold its rules.
+"""The batch job store: Peewee models, the store's database (a SQLite file, or PostgreSQL), and the functions
+that hold its rules.
 
-Open it once at start-up with :func:`open_db`, then call the functions from any thread.
+Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` URL), then call the functions
+from any thread.
 """
 
 from .check import StoreReport, check_store
