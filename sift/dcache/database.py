@@ -681,10 +681,12 @@ def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, st
 
 
 def _prepare_schema() -> None:
-    """Create what is missing, and recompute the byte total if anything was missing or the total is wrong;
-    a complete, consistent file is only read (so opening does not wait on another process's write)."""
+    """Create what is missing, and recompute the byte total if anything was missing. Opening reads only the
+    schema and the total's row, whatever the size of the store: a complete file is only read (so opening
+    does not wait on another process's write), and a total another writer made drift is for
+    ``check_store(repair=True)`` (``sift check --repair``) to find and mend."""
     present = {row[0] for row in db.execute_sql("SELECT name FROM sqlite_master")}
-    if present >= SCHEMA_NAMES and _total_is_right():
+    if present >= SCHEMA_NAMES and db.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None:
         return
     with db.atomic():
         for statement in BASE_SCHEMA + SPEED_SCHEMA:
@@ -699,14 +701,6 @@ def _check_schema() -> None:
         raise StoreUnavailable(
             f"path: {db.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
         )
-
-
-def _total_is_right() -> bool:
-    """Whether batch_totals holds SUM(nbytes): a program writing the file without recursive triggers
-    (an INSERT OR REPLACE) or with the triggers dropped can make it drift; open_db then recomputes it."""
-    kept = db.execute_sql(TOTAL_NBYTES_SQL).fetchone()
-    actual = db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
-    return kept is not None and kept[0] == actual[0]
 
 
 def _check_columns() -> None:
