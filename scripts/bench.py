@@ -83,6 +83,11 @@ class Sizes:
     plugin_tests: int  # tests of each pytest run in the testing case
     plugin_rounds: int  # pytest runs of each side
     hooks_threads: int  # request threads of the hooks case
+    ops_small: int  # jobs of the small store in the ops case (3 targets each)
+    ops_large: int  # jobs of the large store
+    ops_result: int  # bytes of each target's result there
+    ops_opens: int  # timed open_db calls per store
+    ops_checks: int  # timed check_store runs and GROUP BY passes
     hooks_requests: int  # requests per thread in each batch
     hooks_rounds: int  # batches of each side
 
@@ -114,6 +119,11 @@ FULL = Sizes(
     hooks_threads=8,
     hooks_requests=250,
     hooks_rounds=9,
+    ops_small=1_000,
+    ops_large=1_000_000,
+    ops_result=300,
+    ops_opens=41,
+    ops_checks=3,
 )
 
 QUICK = Sizes(
@@ -143,6 +153,11 @@ QUICK = Sizes(
     hooks_threads=8,
     hooks_requests=20,
     hooks_rounds=2,
+    ops_small=100,
+    ops_large=2_000,
+    ops_result=64,
+    ops_opens=5,
+    ops_checks=1,
 )
 
 FLAT_CASES = (
@@ -166,6 +181,9 @@ CASE_NAMES = (
     "testing/sift_store_tests",
     "hooks/without_hooks",
     "hooks/peewee_flask_hooks",
+    "ops/open_db",
+    "ops/check_store",
+    "ops/group_by_pass",
 )
 
 
@@ -1037,6 +1055,72 @@ def bench_hooks(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+#: The same sums check_store makes, in one plain GROUP BY pass over the file: its speed limit.
+GROUP_BY_PASS = (
+    "SELECT j.id, j.targets_done, j.nbytes, t.done, t.nbytes FROM batch_job AS j LEFT JOIN ("
+    "SELECT job_id, SUM(status IN ('done', 'failed')) AS done, "
+    "SUM(COALESCE(length(CAST(result AS BLOB)), 0)) AS nbytes FROM batch_target GROUP BY job_id"
+    ") AS t ON t.job_id = j.id"
+)
+
+
+def bench_ops(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """open_db on a small and a large store (alternating), and check_store on the large one against one
+    plain-sqlite3 GROUP BY pass computing the same sums."""
+    stores = (sizes.ops_small, sizes.ops_large)
+    paths = {n: tmp / f"ops-{n}.db" for n in stores}
+    for n in stores:
+        t0 = time.perf_counter()
+        b = Builder(paths[n])
+        b.jobs("job-", n, targets=3, result_bytes=sizes.ops_result, lease0=T0)
+        b.close()
+        dcache.open_db(paths[n])  # the speed schema and the total, as for any file written elsewhere
+        dcache.close_db()
+        log(f"ops: built {n} jobs x 3 targets in {time.perf_counter() - t0:.1f} s")
+    opens: dict[int, list[float]] = {n: [] for n in stores}
+    for rnd in range(sizes.ops_opens):
+        for n in stores if rnd % 2 == 0 else stores[::-1]:
+            t0 = perf_ns()
+            dcache.open_db(paths[n])
+            opens[n].append((perf_ns() - t0) / 1000)
+            dcache.close_db()
+    small = report.case("ops/open_db", sizes.ops_small, opens[sizes.ops_small])
+    large = report.case("ops/open_db", sizes.ops_large, opens[sizes.ops_large])
+    small.ratio, large.ratio = 1.0, large.median_us / small.median_us
+    report.goals.append(
+        Goal(f"O(1) open: open_db at N={sizes.ops_large} / N={sizes.ops_small} jobs", large.ratio, 1.3, "x")
+    )
+
+    checks: list[float] = []
+    passes: list[float] = []
+    dcache.open_db(paths[sizes.ops_large])
+    plain = raw_connect(paths[sizes.ops_large])
+    for rnd in range(sizes.ops_checks):
+        sides = ("check", "pass") if rnd % 2 == 0 else ("pass", "check")
+        for side in sides:
+            t0 = perf_ns()
+            if side == "check":
+                assert dcache.check_store().ok
+                checks.append((perf_ns() - t0) / 1000)
+            else:
+                rows = plain.execute(GROUP_BY_PASS).fetchall()
+                assert all(r[1] == r[3] and r[2] == r[4] for r in rows)
+                passes.append((perf_ns() - t0) / 1000)
+    plain.close()
+    dcache.close_db()
+    check = report.case("ops/check_store", sizes.ops_large, checks)
+    baseline = report.case("ops/group_by_pass", sizes.ops_large, passes)
+    baseline.ratio, check.ratio = 1.0, check.median_us / baseline.median_us
+    report.goals.append(
+        Goal(
+            f"fast check: check_store / one GROUP BY pass, N={sizes.ops_large} jobs (2 x = 50% of its speed)",
+            check.ratio,
+            2.0,
+            "x",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1090,7 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "testing", "hooks"),
+        choices=("flat", "raw", "locks", "memory", "testing", "hooks", "ops"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1101,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "testing", "hooks"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "testing", "hooks", "ops"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -1113,6 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
             ("memory", bench_memory),
             ("testing", bench_testing),
             ("hooks", bench_hooks),
+            ("ops", bench_ops),
         ):
             if group in groups:
                 t0 = time.perf_counter()

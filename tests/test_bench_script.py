@@ -37,6 +37,9 @@ CASES = {
     "testing/sift_store_tests",
     "hooks/without_hooks",
     "hooks/peewee_flask_hooks",
+    "ops/open_db",
+    "ops/check_store",
+    "ops/group_by_pass",
 }
 
 
@@ -80,8 +83,8 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     proc, report = quick
     goals = report["goals"]
     # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
-    # 1 fixture cost, 1 request hooks.
-    assert len(goals) == 7 + 4 + 6 + 1 + 1 + 1
+    # 1 fixture cost, 1 request hooks, 2 operations (open, check).
+    assert len(goals) == 7 + 4 + 6 + 1 + 1 + 1 + 2
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     assert [g["verdict"] for g in goals].count("INFO") == 1
     for goal in goals:
