@@ -51,7 +51,7 @@ class StoreFull(StoreUnavailable):
 
 
 class StoreCorrupt(StoreUnavailable):
-    """The file is not a SQLite database, or is damaged: check it with ``PRAGMA integrity_check``."""
+    """The file is not a SQLite database, or is damaged: `sift check` (`check_store()`) names the damage."""
 
 
 class StoreReadOnly(StoreUnavailable):
