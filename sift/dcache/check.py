@@ -27,6 +27,8 @@ __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
 #: Jobs read (and, with repair, fixed) per transaction.
 JOBS_PER_CHUNK = 500
+#: About how many targets one chunk reads, so a chunk of big jobs holds the lock no longer.
+TARGETS_PER_CHUNK = 5_000
 
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
 #: target_idx) are left for a person to decide.
@@ -269,11 +271,18 @@ _TOTAL = f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM ba
 
 
 def _chunk_end(low: Any) -> Any:
-    """The last job id of the chunk after ``low``, or None when the chunk reaches the end."""
-    where, params = _id_range("id", low, None)
-    sql = f"SELECT id FROM batch_job WHERE {where} ORDER BY id LIMIT 1 OFFSET ?"
-    row = db.fetch_one(sql, (*params, JOBS_PER_CHUNK - 1))
-    return None if row is None else row[0]
+    """The last job id of the chunk after ``low``, or None when the chunk reaches the end: at most
+    JOBS_PER_CHUNK jobs and about TARGETS_PER_CHUNK targets (one job with more is a chunk of its own)."""
+    jobs, job_params = _id_range("id", low, None)
+    targets, target_params = _id_range("job_id", low, None)
+    # SQLite's min() of the two bounds, which also orders an id another program wrote as a number
+    sql = (
+        f"SELECT min(coalesce(j, t), coalesce(t, j)) FROM "
+        f"(SELECT (SELECT id FROM batch_job WHERE {jobs} ORDER BY id LIMIT 1 OFFSET ?) AS j, "
+        f"(SELECT job_id FROM batch_target WHERE {targets} ORDER BY job_id LIMIT 1 OFFSET ?) AS t)"
+    )
+    row = db.fetch_one(sql, (*job_params, JOBS_PER_CHUNK - 1, *target_params, TARGETS_PER_CHUNK - 1))
+    return row[0]
 
 
 def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
