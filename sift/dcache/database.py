@@ -292,6 +292,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """
 
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
+    _lock_type: str  # Peewee's: the kind of BEGIN its transactions use (IMMEDIATE here)
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -427,6 +428,25 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def connection_context(self) -> _StoreConnection:  # type: ignore[override]
         """A block (or decorator) that needs the store's connection open; it never closes it."""
         return _StoreConnection(self)
+
+    # Peewee's transactions (atomic, transaction, sessions, `with db:`) begin and end through these; they
+    # run on the shared connection like every statement, so their errors are the package's too.
+
+    def begin(self, lock_type: str | None = None) -> None:
+        """BEGIN IMMEDIATE (``lock_type``: another kind); on a read-only store a deferred BEGIN, since its
+        transactions only read."""
+        self.run_sql("BEGIN" if self.readonly else f"BEGIN {lock_type or self._lock_type}", ())
+
+    def commit(self) -> None:
+        self.run_sql("COMMIT", ())
+
+    def rollback(self) -> None:
+        """ROLLBACK, unless SQLite ended the transaction itself (after a full disk, say): then the error
+        that ended it is what the caller sees, not "no transaction is active"."""
+        conn = self._state.conn
+        if conn is not None and not conn.in_transaction:
+            return
+        self.run_sql("ROLLBACK", ())
 
     def manual_commit(self) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
