@@ -688,16 +688,29 @@ def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, st
     if not os.path.isfile(full):
         raise StoreUnavailable(f"path: no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
-    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm"):
+    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not _is_wal_file(full):
         return uri, shown
     # SQLite reads a WAL file only with a -shm file beside it, which a folder we cannot write cannot get.
-    # With no -wal file either, everything committed is in the file itself: read it as it stands.
+    # On a read-only file system nobody can write the file, so it can be read as it stands ("immutable");
+    # elsewhere another user may write it while we read, and SQLite would then read torn pages.
+    if not os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise StoreUnavailable(
+            f"path: {shown!r} is a WAL store in a directory this process cannot write, where SQLite cannot "
+            "make the -shm file it needs to read it; read it as a user who can write there, or copy it"
+        )
     if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
         raise StoreUnavailable(
-            f"path: {shown!r} has writes in its -wal file, and its directory cannot hold the -shm file "
-            "that reading them needs; open it once where the directory is writable"
+            f"path: {shown!r} has writes in its -wal file, and its read-only file system cannot hold the "
+            "-shm file that reading them needs; copy the file and its -wal file to a writable directory"
         )
     return uri + "&immutable=1", shown
+
+
+def _is_wal_file(path: str) -> bool:
+    """Whether the SQLite file at ``path`` is in WAL mode (its header's read and write versions are 2)."""
+    with open(path, "rb") as file:
+        header = file.read(20)
+    return header[18:20] == b"\x02\x02"
 
 
 def _prepare_schema() -> None:
