@@ -10,6 +10,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from sift import dcache
+from sift.dcache.database import SCHEMA_NAMES
 
 __all__ = [
     "DEFAULT_DB",
@@ -78,6 +79,18 @@ def refuse_store_with_jobs(path: str, source: str) -> None:
             f"{source}: {path} is a database with other tables ({', '.join(foreign)}), not an empty store; "
             "simulate never writes into it (without --db and $SIFT_DB it makes a new file of its own)"
         )
+
+
+def missing_schema(path: str) -> list[str]:
+    """The parts of the store's schema (tables, indexes, triggers) the existing file at ``path`` lacks,
+    read without writing to it; ``open_db`` would add them."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    try:
+        with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.DatabaseError:
+        return []  # open_db says what is wrong with the file
+    return sorted(SCHEMA_NAMES - present)
 
 
 @contextmanager
