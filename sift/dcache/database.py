@@ -457,6 +457,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
         store or on the new one, never in between. See :func:`open_db`."""
         with self.lock:
+            self._refuse_inside_transaction("open_db")
             self.close_store()
             try:
                 target, shown = _store_target(path, readonly)
@@ -497,9 +498,15 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def close_store(self) -> None:
         """Close the store's connection, waiting for any transaction of another thread to end first."""
         with self.lock:
+            self._refuse_inside_transaction("close_db")
             self._store_open = False
             if not self.deferred:
                 self._close_connection()
+
+    def _refuse_inside_transaction(self, call: str) -> None:
+        # With the lock held, an open transaction is this thread's own: closing would end it half-done.
+        if self.in_transaction():
+            raise BatchError(f"database: {call}() inside a transaction; end the transaction first")
 
     def checkpoint(self) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
@@ -652,7 +659,7 @@ def open_db(
 ) -> SerializedSqliteDatabase:
     """Open (creating if missing) the store at ``path``, closing any database opened before.
 
-    Creates what is missing of the schema, recomputes the byte total if it is missing or wrong, and resets
+    Creates what is missing of the schema (recomputing the byte total if it was missing), and resets
     the counters. ``":memory:"`` gives a private in-memory store. With ``readonly=True`` the file must
     exist and hold the whole schema; nothing is ever written to it, and every write raises
     ``StoreReadOnly``. Raises ``StoreUnavailable`` for a path that cannot be opened (saying why), a file
@@ -684,7 +691,7 @@ def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, st
     if not os.path.isdir(folder):
         raise StoreUnavailable(f"path: the directory {folder!r} of {shown!r} does not exist")
     if not readonly:
-        return shown, shown
+        return full, shown  # absolute: a reconnection or a side connection after a chdir finds the same file
     if not os.path.isfile(full):
         raise StoreUnavailable(f"path: no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
