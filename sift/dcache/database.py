@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import peewee
 
+from . import files
 from .counters import counters
 from .driver_errors import is_busy, store_error
 from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
@@ -440,6 +441,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             self.close_store()
             try:
                 target, shown = _store_target(path, readonly)
+                if not readonly and shown != ":memory:":
+                    files.create_private(shown)  # before SQLite creates it with the umask's mode
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 self._init_raw(
                     target,

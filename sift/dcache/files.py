@@ -1,0 +1,40 @@
+"""The store's files on disk: a store file sift creates is private to its owner.
+
+SQLite creates the ``-wal`` and ``-shm`` files with the permissions of the store file itself, so creating
+the store file with mode 0600 before SQLite opens it makes all three private, whatever the umask.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["PRIVATE_MODE", "create_private", "fsync_directory"]
+
+#: The mode of every file sift creates: read and write for the owner only.
+PRIVATE_MODE = 0o600
+
+
+def create_private(path: str) -> bool:
+    """Create ``path`` empty with mode 0600 if it does not exist; return whether it was created.
+
+    An existing file keeps its mode. A failure to create is left to SQLite, which opens the file next and
+    reports why it cannot.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_MODE)
+    except OSError:
+        return False
+    try:
+        os.fchmod(fd, PRIVATE_MODE)  # the umask may have taken bits away from the owner too
+    finally:
+        os.close(fd)
+    return True
+
+
+def fsync_directory(path: str) -> None:
+    """Make a rename or a new file in the directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
