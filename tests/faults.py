@@ -67,6 +67,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "put_batch_targets": lambda _: _put_one(),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
+    "store_space": lambda _: dcache.store_space(),
     "submit_batch_job": lambda _: dcache.submit_batch_job(
         make_job(_new_id(), idem_key=_new_id()), make_targets(3), 10**9, now=2_000
     ),
@@ -75,6 +76,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "touch_batch_job": lambda _: dcache.touch_batch_job("job-1", now=2_000),
     "unix_now": lambda _: dcache.unix_now(),
     "update_batch_target": lambda _: dcache.update_batch_target("job-1", 1, "done", result=RESULT, now=2_000),
+    "vacuum_store": lambda _: dcache.vacuum_store(),
 }
 
 

@@ -38,6 +38,7 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+from .space import StoreSpace, VacuumReport, store_space, vacuum_store
 
 __all__ = [
     "BatchError",
@@ -53,9 +54,11 @@ __all__ = [
     "StoreFull",
     "StoreNotOpen",
     "StoreReadOnly",
+    "StoreSpace",
     "StoreUnavailable",
     "TargetNotFound",
     "TargetStatus",
+    "VacuumReport",
     "batch_job",
     "batch_job_by_idem",
     "batch_nbytes",
@@ -72,10 +75,12 @@ __all__ = [
     "put_batch_targets",
     "set_batch_job_status",
     "stats",
+    "store_space",
     "submit_batch_job",
     "sweep_batch",
     "sweep_candidates",
     "touch_batch_job",
     "unix_now",
     "update_batch_target",
+    "vacuum_store",
 ]

@@ -442,7 +442,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             try:
                 target, shown = _store_target(path, readonly)
                 if not readonly and shown != ":memory:":
-                    files.create_private(shown)  # before SQLite creates it with the umask's mode
+                    files.create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 self._init_raw(
                     target,
