@@ -19,6 +19,7 @@ from sift.dcache import BatchError, JobStatus
 
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
+from .operations import cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import CommandError, default_db_path, file_sizes, opened
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "reconcile", cmd_reconcile, "After a crash: fail every queued or running job (mark_in_flight_failed)."
     )
     reconcile.add_argument("--reason", required=True, metavar="TEXT", help="the error stored on each job")
+
+    command(
+        "vacuum",
+        cmd_vacuum,
+        "Give every free page back to the file system; a store made before incremental auto-vacuum is "
+        "converted once, which rewrites the whole file.",
+    )
 
     d = Settings()
     simulate = command("simulate", cmd_simulate, "Run a realistic workload against the store, then check it.")
