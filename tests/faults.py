@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,10 @@ def _put_one() -> None:
 
 #: Public function name -> a call with valid arguments. The store path is the argument of open_db.
 PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
+    # The copy goes beside the store's folder (pytest's), off a full or read-only file system under test.
+    "backup_store": lambda path: dcache.backup_store(
+        Path(tempfile.mkdtemp(dir=path.parent.parent)) / "copy.db"
+    ),
     "batch_job": lambda _: dcache.batch_job("job-1"),
     "batch_job_by_idem": lambda _: dcache.batch_job_by_idem("alice", "k-1", 10**9, now=2_000),
     "batch_nbytes": lambda _: dcache.batch_nbytes(),

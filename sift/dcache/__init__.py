@@ -3,6 +3,7 @@
 Open it once at start-up with :func:`open_db`, then call the functions from any thread.
 """
 
+from .backup import BackupReport, backup_store
 from .clock import unix_now
 from .counters import stats
 from .database import SerializedSqliteDatabase, close_db, db, open_db
@@ -41,6 +42,7 @@ from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
 from .space import StoreSpace, VacuumReport, store_space, vacuum_store
 
 __all__ = [
+    "BackupReport",
     "BatchError",
     "BatchJob",
     "BatchTarget",
@@ -59,6 +61,7 @@ __all__ = [
     "TargetNotFound",
     "TargetStatus",
     "VacuumReport",
+    "backup_store",
     "batch_job",
     "batch_job_by_idem",
     "batch_nbytes",
