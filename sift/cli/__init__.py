@@ -19,7 +19,7 @@ from sift.dcache import BatchError, JobStatus
 
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
-from .operations import cmd_vacuum
+from .operations import cmd_backup, cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import CommandError, default_db_path, file_sizes, opened
@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         "reconcile", cmd_reconcile, "After a crash: fail every queued or running job (mark_in_flight_failed)."
     )
     reconcile.add_argument("--reason", required=True, metavar="TEXT", help="the error stored on each job")
+
+    backup = command(
+        "backup",
+        cmd_backup,
+        "Copy the store to DEST while others go on writing: a consistent snapshot, renamed into place only "
+        "once complete (a new DEST gets mode 0600).",
+    )
+    backup.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
 
     command(
         "vacuum",

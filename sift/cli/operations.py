@@ -8,9 +8,10 @@ from typing import Any
 
 from sift import dcache
 
+from .progress import make_bar
 from .report import emit_json, format_count, format_size
 
-__all__ = ["cmd_vacuum", "space_lines", "space_report"]
+__all__ = ["cmd_backup", "cmd_vacuum", "space_lines", "space_report"]
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -79,5 +80,27 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
         f"{what} {args.db}: {format_size(before.page_count * before.page_size)} -> "
         f"{format_size(after.page_count * after.page_size)} (freed {format_size(max(freed, 0))}); "
         f"{format_size(after.live_bytes)} in use"
+    )
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    space = dcache.store_space()
+    size = space.page_size
+    with make_bar(space.page_count * size, "backup", unit="B", unit_scale=True, unit_divisor=1024) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total * size  # the snapshot's size: writes since the line above may have changed it
+            bar.update(done * size - bar.n)
+
+        done = dcache.backup_store(args.dest, progress=progress)
+        bar.refresh()  # draw the finished bar once, even inside tqdm's minimum interval
+    report = {"db": args.db, "dest": done.dest, "pages": done.pages, "bytes": done.nbytes}
+    if args.json:
+        emit_json(report)
+        return 0
+    print(
+        f"backed up {args.db} to {done.dest}: {format_size(done.nbytes)} ({format_count(done.pages)} pages), "
+        "the store as it was when the copy started"
     )
     return 0
