@@ -15,8 +15,9 @@ Lock holds are measured by wrapping ``db.lock`` in a timing proxy for the sweep 
 (the package is not changed); the reader thread's latencies are measured around each ``batch_job`` call.
 The disk group (issue 11) evicts 90% of a store of results on a new (incremental auto-vacuum) file and
 compares the file's size with its pages in use, timing db.lock the same way; it also times a backup_store
-of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are printed as PASS/FAIL lines. The exit
-status is 0 whatever the figures (``--check`` makes a failed goal exit 1): the suite never asserts on time.
+of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are
+printed as PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a failed goal
+exit 1): the suite never asserts on time.
 """
 
 from __future__ import annotations

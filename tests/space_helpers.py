@@ -14,15 +14,17 @@ from sift.dcache.database import BASE_SCHEMA
 RESULT = "r" * 3000  # most of a 4 KiB page
 
 
-def fill(jobs: int, *, prefix: str = "job", targets: int = 10, lease: int = 1_000) -> None:
-    """``jobs`` finished jobs of ``targets`` targets, each holding a 3 KB result."""
+def fill(
+    jobs: int, *, prefix: str = "job", targets: int = 10, lease: int = 1_000, result: str = RESULT
+) -> None:
+    """``jobs`` finished jobs of ``targets`` targets, each holding ``result`` (3 KB unless given)."""
     for n in range(jobs):
         job_id = f"{prefix}-{n}"
         dcache.create_batch_job(
             make_job(job_id, targets_total=targets, lease=lease, created_at=lease), make_targets(targets)
         )
         for idx in range(targets):
-            dcache.update_batch_target(job_id, idx, "done", result=RESULT, now=lease)
+            dcache.update_batch_target(job_id, idx, "done", result=result, now=lease)
         dcache.set_batch_job_status(job_id, "done", now=lease + n)
 
 

@@ -11,13 +11,14 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import snapshot
 from space_helpers import fill, old_store
 
 from sift import dcache
-from sift.dcache import space
+from sift.dcache import manager, space
 from sift.dcache.database import BASE_SCHEMA
 
 
@@ -96,6 +97,31 @@ def test_each_chunk_gives_back_a_bounded_number_of_pages(file_store: Path) -> No
     assert max(steps) == space.PAGES_PER_STEP  # never more pages in one transaction
     assert sum(steps) > 2 * space.PAGES_PER_STEP  # so the sweep took several steps
     assert pragma("freelist_count") == free_before == 0
+
+
+def test_big_results_never_leave_a_long_free_list(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk of big results frees more pages than one step gives back: the rest goes in transactions
+    of their own before the next chunk, so every chunk starts on an empty free list (moving a page
+    searches the free list, so a long one makes every step slow)."""
+    fill(30, prefix="old", targets=60, lease=1_000, result="b" * 5_000)  # a chunk of 8 jobs frees ~600 pages
+    free_at_each_chunk: list[int] = []
+    delete_jobs = manager._delete_jobs
+
+    def spy(rows: list[Any]) -> int:
+        free_at_each_chunk.append(pragma("freelist_count"))
+        return delete_jobs(rows)
+
+    monkeypatch.setattr(manager, "_delete_jobs", spy)
+    with statements_per_transaction() as transactions:
+        assert dcache.sweep_batch(10, now=2_000) == 30
+    assert len(free_at_each_chunk) > 3 and set(free_at_each_chunk) == {0}
+    steps = [sum(sql == "PRAGMA incremental_vacuum" for sql in t) for t in transactions]
+    assert max(steps) == space.PAGES_PER_STEP
+    reclaim_only = [
+        t for t, n in zip(transactions, steps, strict=True) if n and not any("DELETE" in q for q in t)
+    ]
+    assert reclaim_only  # the pages beyond the chunk's own step went in transactions of their own
+    assert pragma("freelist_count") == 0
 
 
 def test_store_space_reads_sqlites_own_figures(file_store: Path) -> None:

@@ -300,12 +300,12 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
                 space.reclaim_free_pages()  # the file shrinks with the data, a bounded step per chunk
             if not deleted:
                 break
+            space.reclaim_all()  # what big results freed beyond that step, in short transactions
             counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
             swept += deleted
             chunks += 1
             if chunks % TRANSACTIONS_PER_CHECKPOINT == 0:
                 db.checkpoint()
-        space.reclaim_all()
     return swept
 
 
@@ -325,13 +325,13 @@ def evict_batch_oldest(max_bytes: int) -> int:
                 space.reclaim_free_pages()
             if not deleted:
                 break
+            space.reclaim_all()
             counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
             counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
             evicted += deleted
             chunks += 1
             if chunks % TRANSACTIONS_PER_CHECKPOINT == 0:
                 db.checkpoint()
-        space.reclaim_all()
     return evicted
 
 

@@ -3,8 +3,11 @@
 A new store is created with ``auto_vacuum = INCREMENTAL`` (see :func:`.files.create_store_file`): SQLite
 then keeps a map of every page's parent, so ``PRAGMA incremental_vacuum`` can move the last pages of the
 file into free ones and cut the file short. Sweep and eviction call :func:`reclaim_free_pages` inside
-each chunk's transaction, a bounded number of pages at a time, and :func:`reclaim_all` once at the end,
-in short transactions of their own. The file itself shrinks when the -wal file is checkpointed.
+each chunk's transaction, a bounded number of pages at a time, then :func:`reclaim_all` for whatever the
+chunk freed beyond that, in short transactions of their own: the free list stays short, which is what
+keeps each step cheap (moving a page searches the free list for a slot before it; with 300,000 free pages
+a step of 64 pages took up to 80 ms, against 4 ms with the list kept short). The file itself shrinks
+when the -wal file is checkpointed.
 
 A file created before this (or by another program) has ``auto_vacuum = NONE``, and SQLite can only
 change that by rewriting the whole file: :func:`vacuum_store` does so once (``sift vacuum``).
@@ -98,18 +101,19 @@ def reclaim_free_pages(limit: int | None = None) -> int:
 def reclaim_all(limit: int | None = None) -> int:
     """Give back every free page, ``limit`` at a time, one short write transaction each; return how many
     pages went (0 at once on a file without incremental auto_vacuum)."""
-    if _pragma("freelist_count") == 0 or _pragma("auto_vacuum") != INCREMENTAL:
-        return 0  # the usual case, and a file that cannot give pages back: no transaction
+    if _pragma("auto_vacuum") != INCREMENTAL:
+        return 0  # a file that cannot give pages back
     freed = steps = 0
-    while True:
+    while _pragma("freelist_count") > 0:  # the usual case after a chunk: 0 already, no transaction
         steps += 1
         if steps % 4 == 0:  # inside bulk_writes() no COMMIT checkpoints: keep the -wal file short
             db.checkpoint()
         with db.write():
             step = reclaim_free_pages(limit)
         if step == 0:
-            return freed
+            break
         freed += step
+    return freed
 
 
 def vacuum_store() -> VacuumReport:
