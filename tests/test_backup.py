@@ -161,12 +161,17 @@ print("finished", flush=True)
 """
 
 
-def test_a_backup_killed_half_way_leaves_no_dest(file_store: Path, tmp_path: Path) -> None:
-    fill(300, prefix="base")
-    dcache.close_db()
+@pytest.mark.parametrize("older", [False, True], ids=["no-dest", "older-dest"])
+def test_a_backup_killed_half_way_leaves_no_dest(file_store: Path, tmp_path: Path, older: bool) -> None:
+    """Killed half-way: no DEST, or the older backup at DEST as it was."""
     folder = tmp_path / "backups"
     folder.mkdir()
     dest = folder / "copy.db"
+    if older:
+        dcache.backup_store(dest)  # of the store while still empty
+    before = dest.read_bytes() if older else None
+    fill(300, prefix="base")
+    dcache.close_db()
     child = subprocess.Popen(
         [sys.executable, "-c", KILLED_BACKUP, str(file_store), str(dest)], stdout=subprocess.PIPE, text=True
     )
@@ -175,12 +180,11 @@ def test_a_backup_killed_half_way_leaves_no_dest(file_store: Path, tmp_path: Pat
     assert 0 < done < total > 1000
     temp = [p for p in folder.iterdir() if p.name.endswith(dcache.backup.TEMP_SUFFIX)]
     assert len(temp) == 1 and temp[0].name.startswith(".copy.db.")  # the copy under way
-    assert not dest.exists()
     child.send_signal(signal.SIGKILL)
     assert child.wait(timeout=30) == -signal.SIGKILL
     child.stdout.close()
-    assert not dest.exists()
-    assert [p.name for p in folder.iterdir()] == [temp[0].name]  # hidden, and named as a temporary
+    assert (dest.read_bytes() if dest.exists() else None) == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted([temp[0].name, *(["copy.db"] if older else [])])
     dcache.open_db(file_store)  # a second backup works beside the leftover
     dcache.backup_store(dest)
     assert check_problems(dest) == []

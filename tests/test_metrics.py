@@ -3,18 +3,20 @@ store calls (issue 11, item 6)."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import make_job, make_targets
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sift import dcache
 from sift.dcache.database import TOTAL_NBYTES_SQL
-from sift.dcache.metrics import COUNTER_HELP, register
+from sift.dcache.metrics import COUNTER_HELP, StoreCollector, register
 
 GAUGES = (
     "sift_batch_nbytes",
@@ -117,3 +119,56 @@ def test_a_scrape_reads_no_job_or_target_rows(file_store: Path, registry: Collec
     assert len(reads) == 1 and "batch_target" not in reads[0]
     plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {reads[0]}"))
     assert "batch_job_live" in plan and "SCAN batch_job " not in plan + " "
+
+
+# -- The README's examples --------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_example(marker: str) -> str:
+    section = README.read_text(encoding="utf-8").split("### Metrics: Prometheus", 1)[1].split("\n### ", 1)[0]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if marker in b]
+    assert len(blocks) == 1
+    return str(blocks[0])
+
+
+@pytest.fixture
+def default_registry() -> Iterator[None]:
+    """The examples register with prometheus_client's default registry: take the collector out after."""
+    yield
+    for collector in list(REGISTRY._collector_to_names):
+        if isinstance(collector, StoreCollector):
+            REGISTRY.unregister(collector)
+
+
+def check_scrape(text: str) -> None:
+    found = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    assert found["sift_jobs_created_total"] == dcache.stats()["jobs_created"] == 4
+    assert found["sift_batch_nbytes"] == dcache.batch_nbytes() == 50
+
+
+@pytest.mark.usefixtures("default_registry")
+def test_readme_flask_example(file_store: Path) -> None:
+    pytest.importorskip("flask")
+    namespace: dict[str, Any] = {"__name__": "__main__"}  # as in an app's own module
+    exec(compile(readme_example("Flask("), str(README), "exec"), namespace)
+    work()
+    response = namespace["app"].test_client().get("/metrics")
+    assert response.status_code == 200
+    check_scrape(response.get_data(as_text=True))
+
+
+@pytest.mark.usefixtures("default_registry")
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_readme_fastapi_example(file_store: Path) -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(readme_example("FastAPI("), str(README), "exec"), namespace)
+    work()
+    response = TestClient(namespace["app"]).get("/metrics/")
+    assert response.status_code == 200
+    check_scrape(response.text)
