@@ -43,11 +43,10 @@ def space_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     reclaimable = (
         f"{format_size(report['reclaimable_bytes'])} ({format_count(report['reclaimable_bytes'])} bytes)"
     )
-    if report["reclaimable_bytes"]:
-        reclaimable += (
-            ", given back by sweeps and evictions" if report["auto_vacuum"] == "incremental" else ""
-        )
-        reclaimable += "; `sift vacuum` now" if report["auto_vacuum"] != "incremental" else ""
+    if report["reclaimable_bytes"] and report["auto_vacuum"] == "incremental":
+        reclaimable += ": the next sweep or eviction gives them back, or `sift vacuum`"
+    elif report["reclaimable_bytes"]:
+        reclaimable += ": `sift vacuum` gives them back (once: it rewrites the file)"
     return [("Free pages", pages), ("Reclaimable", reclaimable)]
 
 
