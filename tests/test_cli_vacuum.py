@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import connect_ro, dump, run
-from space_helpers import old_store
+from space_helpers import fill, old_store
 
 from sift import dcache
 
@@ -77,3 +77,23 @@ def test_vacuum_of_a_new_store_warns_of_nothing(tmp_path: Path, capsys: pytest.C
     assert json.loads(out)["converted"] is False
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)
+
+
+def test_stats_on_an_incremental_store_says_sweeps_give_pages_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "new.db"
+    dcache.open_db(path)
+    fill(20)
+    dcache.db.execute_sql("DELETE FROM batch_target")  # not through a sweep: the pages stay free
+    dcache.close_db()
+    page_size, pages, free, auto_vacuum = pragmas(path)
+    assert free > 10 and auto_vacuum == 2
+    code, out, _ = run(capsys, "--db", path, "stats")
+    assert code == 0
+    lines = out.splitlines()
+    assert f"Free pages    {free:,} of {pages:,} 4.0 KiB pages (auto_vacuum incremental)" in lines
+    reclaimable = next(line for line in lines if line.startswith("Reclaimable"))
+    assert reclaimable.endswith(
+        f"({free * page_size:,} bytes): the next sweep or eviction gives them back, or `sift vacuum`"
+    )

@@ -5,9 +5,9 @@ then keeps a map of every page's parent, so ``PRAGMA incremental_vacuum`` can mo
 file into free ones and cut the file short. Sweep and eviction call :func:`reclaim_free_pages` inside
 each chunk's transaction, a bounded number of pages at a time, then :func:`reclaim_all` for whatever the
 chunk freed beyond that, in short transactions of their own: the free list stays short, which is what
-keeps each step cheap (moving a page searches the free list for a slot before it; with 300,000 free pages
-a step of 64 pages took up to 80 ms, against 4 ms with the list kept short). The file itself shrinks
-when the -wal file is checkpointed.
+keeps each step cheap (moving a page searches the free list for a slot before it: evicting 90% of 1 GB,
+a list left to grow to 300,000 pages made steps of 64 pages take up to 80 ms; kept short, steps of up to
+256 pages took under 5 ms). The file itself shrinks when the -wal file is checkpointed.
 
 A file created before this (or by another program) has ``auto_vacuum = NONE``, and SQLite can only
 change that by rewriting the whole file: :func:`vacuum_store` does so once (``sift vacuum``).
