@@ -13,8 +13,11 @@ its plain ``sqlite3`` baseline) run interleaved, batch by batch, so that drift i
 
 Lock holds are measured by wrapping ``db.lock`` in a timing proxy for the sweep and eviction cases only
 (the package is not changed); the reader thread's latencies are measured around each ``batch_job`` call.
-Peak RSS is measured in a fresh subprocess (VmHWM). Goals are printed as PASS/FAIL lines. The exit
-status is 0 whatever the figures (``--check`` makes a failed goal exit 1): the suite never asserts on time.
+The disk group (issue 11) evicts 90% of a store of results on a new (incremental auto-vacuum) file and
+compares the file's size with its pages in use, timing db.lock the same way; it also times a backup_store
+of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are
+printed as PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a failed goal
+exit 1): the suite never asserts on time.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class Sizes:
     ops_checks: int  # timed check_store runs and GROUP BY passes
     hooks_requests: int  # requests per thread in each batch
     hooks_rounds: int  # batches of each side
+    disk_jobs: int  # finished jobs of the disk case, 90% of them evicted
 
 
 FULL = Sizes(
@@ -124,6 +128,7 @@ FULL = Sizes(
     ops_result=300,
     ops_opens=41,
     ops_checks=3,
+    disk_jobs=10_000,
 )
 
 QUICK = Sizes(
@@ -158,6 +163,7 @@ QUICK = Sizes(
     ops_result=64,
     ops_opens=5,
     ops_checks=1,
+    disk_jobs=200,
 )
 
 FLAT_CASES = (
@@ -184,6 +190,8 @@ CASE_NAMES = (
     "ops/open_db",
     "ops/check_store",
     "ops/group_by_pass",
+    "disk/backup",
+    "disk/evict_90",
 )
 
 
@@ -864,6 +872,81 @@ def bench_locks(tmp: Path, sizes: Sizes, report: Report) -> None:
         report.goals.append(Goal(f"bounded disk: -wal file after {name}", m["wal_mb"], 64, "MB"))
 
 
+# -- Disk space that follows the data (issue 11) -------------------------------------------------------
+
+
+def timed_backup(copy: Path) -> dict[str, float]:
+    """backup_store to ``copy`` with a reader thread polling batch_job meanwhile (the copy runs on a
+    connection of its own and never takes db.lock)."""
+    os.sync()
+    reader = Reader("keep-0000000")
+    reader.start()
+    time.sleep(0.05)
+    try:
+        t0 = perf_ns()
+        done = dcache.backup_store(copy)
+        elapsed = (perf_ns() - t0) / 1e9
+    finally:
+        reader.stop.set()
+        reader.join()
+    return {
+        "elapsed_s": elapsed,
+        "mb": done.nbytes / 2**20,
+        "mb_per_s": done.nbytes / 2**20 / elapsed,
+        "reader_p99_ms": p99(reader.latencies) / 1e6,
+        "reader_max_ms": max(reader.latencies, default=0) / 1e6,
+    }
+
+
+def bench_disk(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """Evict 90% of a store of results, then compare the file with the pages still in use."""
+    path = tmp / "disk.db"
+    dcache.open_db(path)  # a new store: incremental auto-vacuum, as every store sift creates
+    dcache.close_db()
+    t0 = time.perf_counter()
+    b = Builder(path)
+    b.jobs("evict-", sizes.disk_jobs, targets=sizes.sweep_targets, result_bytes=sizes.sweep_result, lease0=T0)
+    b.jobs("keep-", 100, targets=10, result_bytes=None, lease0=T0 + 10**6, statuses=("queued",))
+    b.close()
+    log(
+        f"disk: built {sizes.disk_jobs} jobs x {sizes.sweep_targets} targets "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
+    dcache.open_db(path)
+    before = os.path.getsize(path)
+    copy = tmp / "disk-backup.db"
+    b_m = timed_backup(copy)
+    copy.unlink()
+    log(f"disk: backed up {before / 2**20:.0f} MiB in {b_m['elapsed_s']:.1f} s")
+    total = dcache.batch_nbytes()
+    evicted = sizes.disk_jobs - sizes.disk_jobs // 10
+    m = timed_removal("disk", lambda: dcache.evict_batch_oldest(total // 10), evicted)
+    space = dcache.store_space()
+    after = os.path.getsize(path)
+    m.update(
+        results_mb=total / 2**20,
+        file_mb_before=before / 2**20,
+        file_mb_after=after / 2**20,
+        live_mb=space.live_bytes / 2**20,
+        free_pages=float(space.free_pages),
+        file_over_live=after / space.live_bytes,
+        wal_mb=wal_bytes(path) / 2**20,
+    )
+    dcache.close_db()
+    log(
+        f"disk: evicted {evicted} jobs in {m['elapsed_s']:.1f} s: "
+        f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
+    )
+    report.cases.append(
+        Case("disk/backup", int(b_m["mb"]), b_m["elapsed_s"] * 1e6 / b_m["mb"], None, [], b_m)
+    )
+    report.cases.append(Case("disk/evict_90", evicted, m["elapsed_s"] * 1e6 / evicted, None, [], m))
+    report.goals.append(
+        Goal("disk follows data: file / pages in use after evicting 90%", m["file_over_live"], 1.5, "x")
+    )
+    report.goals.append(Goal("disk follows data: longest hold of db.lock", m["max_hold_ms"], 50, "ms"))
+
+
 # -- (d) Bounded memory ------------------------------------------------------------------------------------
 
 
@@ -1174,7 +1257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "testing", "hooks", "ops"),
+        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1185,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "testing", "hooks", "ops"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -1198,6 +1281,7 @@ def main(argv: list[str] | None = None) -> int:
             ("testing", bench_testing),
             ("hooks", bench_hooks),
             ("ops", bench_ops),
+            ("disk", bench_disk),
         ):
             if group in groups:
                 t0 = time.perf_counter()

@@ -24,6 +24,7 @@ from sift.dcache import BatchError, JobStatus
 from .check import cmd_check
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
+from .operations import cmd_backup, cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import (
@@ -164,6 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair",
         action="store_true",
         help="recompute targets_done, nbytes and the byte total, and delete orphan targets",
+    )
+
+    backup = command(
+        "backup",
+        cmd_backup,
+        "Copy the store to DEST while others go on writing: a consistent snapshot, renamed into place only "
+        "once complete (a new DEST gets mode 0600).",
+    )
+    backup.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
+
+    command(
+        "vacuum",
+        cmd_vacuum,
+        "Give every free page back to the file system; a store made before incremental auto-vacuum is "
+        "converted once, which rewrites the whole file.",
     )
 
     d = Settings()

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import peewee
 
+from . import files
 from .counters import counters
 from .driver_errors import is_busy, store_error
 from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
@@ -461,6 +462,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             self.close_store()
             try:
                 target, shown = _store_target(path, readonly)
+                if not readonly and shown != ":memory:":
+                    files.create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 self._init_raw(
                     target,

@@ -13,7 +13,7 @@ from typing import Any
 
 import peewee
 
-from . import checks, driver_errors
+from . import checks, driver_errors, space
 from .counters import counters
 from .database import INSERTION_ORDER, TOTAL_NBYTES_SQL, byte_length, db, json_or_null
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
@@ -297,8 +297,10 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
         while True:
             with db.write():  # reads its chunk again: another process may have touched it meanwhile
                 deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+                space.reclaim_free_pages()  # the file shrinks with the data, a bounded step per chunk
             if not deleted:
                 break
+            space.reclaim_all()  # what big results freed beyond that step, in short transactions
             counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
             swept += deleted
             chunks += 1
@@ -320,8 +322,10 @@ def evict_batch_oldest(max_bytes: int) -> int:
                 excess = batch_nbytes() - max_bytes
                 chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
                 deleted = _delete_jobs(chosen)
+                space.reclaim_free_pages()
             if not deleted:
                 break
+            space.reclaim_all()
             counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
             counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
             evicted += deleted
