@@ -13,8 +13,11 @@ its plain ``sqlite3`` baseline) run interleaved, batch by batch, so that drift i
 
 Lock holds are measured by wrapping ``db.lock`` in a timing proxy for the sweep and eviction cases only
 (the package is not changed); the reader thread's latencies are measured around each ``batch_job`` call.
-Peak RSS is measured in a fresh subprocess (VmHWM). Goals are printed as PASS/FAIL lines. The exit
-status is 0 whatever the figures (``--check`` makes a failed goal exit 1): the suite never asserts on time.
+The disk group (issue 11) evicts 90% of a store of results on a new (incremental auto-vacuum) file and
+compares the file's size with its pages in use, timing db.lock the same way; it also times a backup_store
+of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are
+printed as PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a failed goal
+exit 1): the suite never asserts on time.
 """
 
 from __future__ import annotations
@@ -83,8 +86,14 @@ class Sizes:
     plugin_tests: int  # tests of each pytest run in the testing case
     plugin_rounds: int  # pytest runs of each side
     hooks_threads: int  # request threads of the hooks case
+    ops_small: int  # jobs of the small store in the ops case (3 targets each)
+    ops_large: int  # jobs of the large store
+    ops_result: int  # bytes of each target's result there
+    ops_opens: int  # timed open_db calls per store
+    ops_checks: int  # timed check_store runs and GROUP BY passes
     hooks_requests: int  # requests per thread in each batch
     hooks_rounds: int  # batches of each side
+    disk_jobs: int  # finished jobs of the disk case, 90% of them evicted
 
 
 FULL = Sizes(
@@ -114,6 +123,12 @@ FULL = Sizes(
     hooks_threads=8,
     hooks_requests=250,
     hooks_rounds=9,
+    ops_small=1_000,
+    ops_large=1_000_000,
+    ops_result=300,
+    ops_opens=41,
+    ops_checks=3,
+    disk_jobs=10_000,
 )
 
 QUICK = Sizes(
@@ -143,6 +158,12 @@ QUICK = Sizes(
     hooks_threads=8,
     hooks_requests=20,
     hooks_rounds=2,
+    ops_small=100,
+    ops_large=2_000,
+    ops_result=64,
+    ops_opens=5,
+    ops_checks=1,
+    disk_jobs=200,
 )
 
 FLAT_CASES = (
@@ -166,6 +187,11 @@ CASE_NAMES = (
     "testing/sift_store_tests",
     "hooks/without_hooks",
     "hooks/peewee_flask_hooks",
+    "ops/open_db",
+    "ops/check_store",
+    "ops/group_by_pass",
+    "disk/backup",
+    "disk/evict_90",
 )
 
 
@@ -845,6 +871,81 @@ def bench_locks(tmp: Path, sizes: Sizes, report: Report) -> None:
         report.goals.append(Goal(f"bounded disk: -wal file after {name}", m["wal_mb"], 64, "MB"))
 
 
+# -- Disk space that follows the data (issue 11) -------------------------------------------------------
+
+
+def timed_backup(copy: Path) -> dict[str, float]:
+    """backup_store to ``copy`` with a reader thread polling batch_job meanwhile (the copy runs on a
+    connection of its own and never takes db.lock)."""
+    os.sync()
+    reader = Reader("keep-0000000")
+    reader.start()
+    time.sleep(0.05)
+    try:
+        t0 = perf_ns()
+        done = dcache.backup_store(copy)
+        elapsed = (perf_ns() - t0) / 1e9
+    finally:
+        reader.stop.set()
+        reader.join()
+    return {
+        "elapsed_s": elapsed,
+        "mb": done.nbytes / 2**20,
+        "mb_per_s": done.nbytes / 2**20 / elapsed,
+        "reader_p99_ms": p99(reader.latencies) / 1e6,
+        "reader_max_ms": max(reader.latencies, default=0) / 1e6,
+    }
+
+
+def bench_disk(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """Evict 90% of a store of results, then compare the file with the pages still in use."""
+    path = tmp / "disk.db"
+    dcache.open_db(path)  # a new store: incremental auto-vacuum, as every store sift creates
+    dcache.close_db()
+    t0 = time.perf_counter()
+    b = Builder(path)
+    b.jobs("evict-", sizes.disk_jobs, targets=sizes.sweep_targets, result_bytes=sizes.sweep_result, lease0=T0)
+    b.jobs("keep-", 100, targets=10, result_bytes=None, lease0=T0 + 10**6, statuses=("queued",))
+    b.close()
+    log(
+        f"disk: built {sizes.disk_jobs} jobs x {sizes.sweep_targets} targets "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
+    dcache.open_db(path)
+    before = os.path.getsize(path)
+    copy = tmp / "disk-backup.db"
+    b_m = timed_backup(copy)
+    copy.unlink()
+    log(f"disk: backed up {before / 2**20:.0f} MiB in {b_m['elapsed_s']:.1f} s")
+    total = dcache.batch_nbytes()
+    evicted = sizes.disk_jobs - sizes.disk_jobs // 10
+    m = timed_removal("disk", lambda: dcache.evict_batch_oldest(total // 10), evicted)
+    space = dcache.store_space()
+    after = os.path.getsize(path)
+    m.update(
+        results_mb=total / 2**20,
+        file_mb_before=before / 2**20,
+        file_mb_after=after / 2**20,
+        live_mb=space.live_bytes / 2**20,
+        free_pages=float(space.free_pages),
+        file_over_live=after / space.live_bytes,
+        wal_mb=wal_bytes(path) / 2**20,
+    )
+    dcache.close_db()
+    log(
+        f"disk: evicted {evicted} jobs in {m['elapsed_s']:.1f} s: "
+        f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
+    )
+    report.cases.append(
+        Case("disk/backup", int(b_m["mb"]), b_m["elapsed_s"] * 1e6 / b_m["mb"], None, [], b_m)
+    )
+    report.cases.append(Case("disk/evict_90", evicted, m["elapsed_s"] * 1e6 / evicted, None, [], m))
+    report.goals.append(
+        Goal("disk follows data: file / pages in use after evicting 90%", m["file_over_live"], 1.5, "x")
+    )
+    report.goals.append(Goal("disk follows data: longest hold of db.lock", m["max_hold_ms"], 50, "ms"))
+
+
 # -- (d) Bounded memory ------------------------------------------------------------------------------------
 
 
@@ -1036,6 +1137,72 @@ def bench_hooks(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+#: The same sums check_store makes, in one plain GROUP BY pass over the file: its speed limit.
+GROUP_BY_PASS = (
+    "SELECT j.id, j.targets_done, j.nbytes, t.done, t.nbytes FROM batch_job AS j LEFT JOIN ("
+    "SELECT job_id, SUM(status IN ('done', 'failed')) AS done, "
+    "SUM(COALESCE(length(CAST(result AS BLOB)), 0)) AS nbytes FROM batch_target GROUP BY job_id"
+    ") AS t ON t.job_id = j.id"
+)
+
+
+def bench_ops(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """open_db on a small and a large store (alternating), and check_store on the large one against one
+    plain-sqlite3 GROUP BY pass computing the same sums."""
+    stores = (sizes.ops_small, sizes.ops_large)
+    paths = {n: tmp / f"ops-{n}.db" for n in stores}
+    for n in stores:
+        t0 = time.perf_counter()
+        b = Builder(paths[n])
+        b.jobs("job-", n, targets=3, result_bytes=sizes.ops_result, lease0=T0)
+        b.close()
+        dcache.open_db(paths[n])  # the speed schema and the total, as for any file written elsewhere
+        dcache.close_db()
+        log(f"ops: built {n} jobs x 3 targets in {time.perf_counter() - t0:.1f} s")
+    opens: dict[int, list[float]] = {n: [] for n in stores}
+    for rnd in range(sizes.ops_opens):
+        for n in stores if rnd % 2 == 0 else stores[::-1]:
+            t0 = perf_ns()
+            dcache.open_db(paths[n])
+            opens[n].append((perf_ns() - t0) / 1000)
+            dcache.close_db()
+    small = report.case("ops/open_db", sizes.ops_small, opens[sizes.ops_small])
+    large = report.case("ops/open_db", sizes.ops_large, opens[sizes.ops_large])
+    small.ratio, large.ratio = 1.0, large.median_us / small.median_us
+    report.goals.append(
+        Goal(f"O(1) open: open_db at N={sizes.ops_large} / N={sizes.ops_small} jobs", large.ratio, 1.3, "x")
+    )
+
+    checks: list[float] = []
+    passes: list[float] = []
+    dcache.open_db(paths[sizes.ops_large])
+    plain = raw_connect(paths[sizes.ops_large])
+    for rnd in range(sizes.ops_checks):
+        sides = ("check", "pass") if rnd % 2 == 0 else ("pass", "check")
+        for side in sides:
+            t0 = perf_ns()
+            if side == "check":
+                assert dcache.check_store().ok
+                checks.append((perf_ns() - t0) / 1000)
+            else:
+                rows = plain.execute(GROUP_BY_PASS).fetchall()
+                assert all(r[1] == r[3] and r[2] == r[4] for r in rows)
+                passes.append((perf_ns() - t0) / 1000)
+    plain.close()
+    dcache.close_db()
+    check = report.case("ops/check_store", sizes.ops_large, checks)
+    baseline = report.case("ops/group_by_pass", sizes.ops_large, passes)
+    baseline.ratio, check.ratio = 1.0, check.median_us / baseline.median_us
+    report.goals.append(
+        Goal(
+            f"fast check: check_store / one GROUP BY pass, N={sizes.ops_large} jobs (2 x = 50% of its speed)",
+            check.ratio,
+            2.0,
+            "x",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1089,7 +1256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "testing", "hooks"),
+        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1100,7 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "testing", "hooks"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -1112,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
             ("memory", bench_memory),
             ("testing", bench_testing),
             ("hooks", bench_hooks),
+            ("ops", bench_ops),
+            ("disk", bench_disk),
         ):
             if group in groups:
                 t0 = time.perf_counter()

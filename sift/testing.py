@@ -137,16 +137,22 @@ _template: sqlite3.Connection | None = None
 _template_params: object = None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("sift_test_db", "the store sift_store opens (a PostgreSQL URL; not supported yet)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "sift_store(file=False, check=False): sift_store on a WAL file in tmp_path (file=True); "
         "check_store_invariants() after the test (check=True)",
     )
-    if os.environ.get("SIFT_TEST_DB"):
-        raise pytest.UsageError(
-            "SIFT_TEST_DB: sift has no PostgreSQL backend yet; unset it to test on SQLite"
-        )
+    for name, value in (
+        ("SIFT_TEST_DB", os.environ.get("SIFT_TEST_DB")),
+        ("sift_test_db", config.getini("sift_test_db")),
+    ):
+        if value:
+            raise pytest.UsageError(f"{name}: sift has no PostgreSQL backend yet; unset it to test on SQLite")
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,10 @@ def _put_one() -> None:
 
 #: Public function name -> a call with valid arguments. The store path is the argument of open_db.
 PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
+    # The copy goes beside the store's folder (pytest's), off a full or read-only file system under test.
+    "backup_store": lambda path: dcache.backup_store(
+        Path(tempfile.mkdtemp(dir=path.parent.parent)) / "copy.db"
+    ),
     "batch_job": lambda _: dcache.batch_job("job-1"),
     "batch_job_by_idem": lambda _: dcache.batch_job_by_idem("alice", "k-1", 10**9, now=2_000),
     "batch_nbytes": lambda _: dcache.batch_nbytes(),
@@ -68,6 +73,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "put_batch_targets": lambda _: _put_one(),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
+    "store_space": lambda _: dcache.store_space(),
     "submit_batch_job": lambda _: dcache.submit_batch_job(
         make_job(_new_id(), idem_key=_new_id()), make_targets(3), 10**9, now=2_000
     ),
@@ -76,6 +82,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "touch_batch_job": lambda _: dcache.touch_batch_job("job-1", now=2_000),
     "unix_now": lambda _: dcache.unix_now(),
     "update_batch_target": lambda _: dcache.update_batch_target("job-1", 1, "done", result=RESULT, now=2_000),
+    "vacuum_store": lambda _: dcache.vacuum_store(),
 }
 
 

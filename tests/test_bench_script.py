@@ -37,6 +37,11 @@ CASES = {
     "testing/sift_store_tests",
     "hooks/without_hooks",
     "hooks/peewee_flask_hooks",
+    "ops/open_db",
+    "ops/check_store",
+    "ops/group_by_pass",
+    "disk/backup",
+    "disk/evict_90",
 }
 
 
@@ -70,6 +75,8 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
     for name in ("locks/sweep", "locks/evict"):
         extra = next(c for c in report["cases"] if c["name"] == name)["extra"]
         assert {"max_hold_ms", "reader_p99_ms", "wal_mb"} <= set(extra)
+    disk = next(c for c in report["cases"] if c["name"] == "disk/evict_90")["extra"]
+    assert {"file_over_live", "max_hold_ms", "file_mb_before", "file_mb_after", "live_mb"} <= set(disk)
     memory = next(c for c in report["cases"] if c["name"] == "memory/put_from_generator")["extra"]
     assert "peak_rss_growth_mb" in memory
     fixture = next(c for c in report["cases"] if c["name"] == "testing/sift_store_tests")["extra"]
@@ -80,8 +87,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     proc, report = quick
     goals = report["goals"]
     # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
-    # 1 fixture cost, 1 request hooks.
-    assert len(goals) == 7 + 4 + 6 + 1 + 1 + 1
+    # 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use,
+    # hold).
+    assert len(goals) == 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     assert [g["verdict"] for g in goals].count("INFO") == 1
     for goal in goals:

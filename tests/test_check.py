@@ -330,6 +330,11 @@ def test_no_false_alarm_while_another_process_writes(
         (check._TARGET_GROUPS.format(where="job_id > ?"), ("a",), "batch_target"),
         (check._JOBS.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
         ("SELECT id FROM batch_job WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?", ("a", 499), "batch_job"),
+        (
+            "SELECT job_id FROM batch_target WHERE job_id > ? ORDER BY job_id LIMIT 1 OFFSET ?",
+            ("a", 9),
+            "batch_target",
+        ),
     ],
 )
 def test_a_chunk_searches_the_primary_keys(store: Any, sql: str, params: tuple[str, ...], index: str) -> None:
@@ -355,3 +360,21 @@ def test_whole_file_reads_take_no_lock_on_a_file_store(store: Any, monkeypatch: 
     whole_file = [sql for sql in shared if "quick_check" in sql or "SUM(nbytes)" in sql]
     assert len(whole_file) == (2 if dcache.db.database == ":memory:" else 0)
     assert any("FROM batch_target" in sql for sql in shared)  # the chunks do use the shared connection
+
+
+def test_chunks_of_big_jobs_are_bounded_by_targets(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk ends early when its jobs have many targets; one job bigger than that is a chunk of its own."""
+    chunks: list[object] = []
+
+    class CountedChunk(check._Chunk):
+        def __init__(self, low: Any, high: Any) -> None:
+            chunks.append((low, high))
+            super().__init__(low, high)
+
+    monkeypatch.setattr(check, "TARGETS_PER_CHUNK", 5)
+    monkeypatch.setattr(check, "_Chunk", CountedChunk)
+    for i, n in enumerate((2, 2, 2, 9, 1), start=1):
+        dcache.create_batch_job(make_job(f"job-{i}", targets_total=n), make_targets(n))
+    report = dcache.check_store()
+    assert report.ok and (report.jobs, report.targets) == (5, 16)
+    assert chunks == [(None, "job-3"), ("job-3", "job-4"), ("job-4", None)]

@@ -121,3 +121,38 @@ def test_check_of_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest
     assert (code, out) == (1, "")
     assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dropped_trigger_is_named_then_repaired(
+    store_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain check (read-only) says what the file lacks and how to add it; --repair adds it, says so,
+    and checks the rest; a second check is clean."""
+    foreign(
+        store_file,
+        "DROP TRIGGER batch_totals_update",
+        "UPDATE batch_job SET targets_done = 1 WHERE id = 'job-a'",
+    )
+    before = dump(store_file)
+    code, out, err = run(capsys, "check", "--db", store_file)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"sift: {store_file} lacks batch_totals_update (written by another program or an older sift?): "
+        "`sift check --repair` adds what is missing, then checks the rest\n"
+    )
+    assert dump(store_file) == before
+    code, out, _ = run(capsys, "check", "--repair", "--db", store_file)
+    assert code == 1
+    assert "  schema: batch_totals_update is missing" in out
+    assert "  schema: created batch_totals_update" in out
+    assert "  targets_done (job 'job-a'): 1 -> 3" in out
+    assert run(capsys, "check", "--db", store_file)[0] == 0
+
+
+def test_repair_of_a_missing_store_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "check", "--repair", "--db", tmp_path / "typo.db")
+    assert (code, out) == (1, "")
+    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'\n"
+    assert list(tmp_path.iterdir()) == []

@@ -95,16 +95,54 @@ def test_read_commands_on_a_read_only_file(read_only_file: Path, command: tuple[
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS.values(), ids=list(READ_COMMANDS))
-def test_read_commands_in_a_read_only_directory(
+def test_read_commands_in_a_read_only_directory_say_why_they_cannot(
     read_only_directory: Path, command: tuple[list[str], str]
 ) -> None:
-    argv, expected = command
+    """SQLite reads a WAL store only with a -shm file beside it. In a directory only others may write,
+    one of them may write the store while we read it, so reading the file as it stands (SQLite's
+    "immutable") could meet torn pages: refused, with the reason, and nothing changed."""
+    argv, _ = command
     before = state(read_only_directory)
     proc = sift([*argv, "--db", str(read_only_directory)], read_only_directory.parent)
-    assert (proc.returncode, proc.stderr) == (0, "")
-    assert expected in proc.stdout
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"sift: path: '{read_only_directory}' is a WAL store in a directory this process cannot write, "
+        "where SQLite cannot make the -shm file it needs to read it; read it as a user who can write "
+        "there, or copy it\n"
+    )
     assert state(read_only_directory) == before
     assert sorted(os.listdir(read_only_directory.parent)) == ["store.db"]
+
+
+@pytest.fixture
+def read_only_file_system(tmp_path: Path) -> Iterator[Path]:
+    """A store (checkpointed, no -wal or -shm file) on a tmpfs remounted read-only: nobody can write it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system read-only needs root")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
+    try:
+        path = mount / "store.db"
+        populate(path)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS.values(), ids=list(READ_COMMANDS))
+def test_read_commands_on_a_read_only_file_system(
+    read_only_file_system: Path, command: tuple[list[str], str]
+) -> None:
+    """Nobody can write there, so the file is read as it stands."""
+    argv, expected = command
+    before = state(read_only_file_system)
+    proc = sift([*argv, "--db", str(read_only_file_system)], read_only_file_system.parent)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert expected in proc.stdout
+    assert state(read_only_file_system) == before
+    assert sorted(os.listdir(read_only_file_system.parent)) == ["store.db"]
 
 
 def test_a_write_command_on_a_read_only_file_is_one_line(read_only_file: Path) -> None:
@@ -137,24 +175,31 @@ def test_read_commands_see_the_wal_and_never_write_to_it(tmp_path: Path) -> None
         dcache.close_db()
 
 
-def test_a_read_only_directory_with_writes_in_the_wal_is_refused(tmp_path: Path) -> None:
-    """Reading the -wal file needs a -shm file beside it, which that directory cannot hold: refused, not
+def test_a_read_only_file_system_with_writes_in_the_wal_is_refused(tmp_path: Path) -> None:
+    """Reading the -wal file needs a -shm file beside it, which that file system cannot hold: refused, not
     read as the stale file alone."""
-    path = tmp_path / "store.db"
-    populate(path)
-    dcache.open_db(path)
-    dcache.db.execute_sql("PRAGMA wal_autocheckpoint = 0")
-    dcache.touch_batch_job("job-a", now=99)  # committed to the -wal only
-    wal = Path(f"{path}-wal").read_bytes()
-    dcache.close_db()  # the last connection checkpoints and removes the -wal: put the copy back
-    Path(f"{path}-wal").write_bytes(wal)
-    Path(f"{path}-shm").unlink(missing_ok=True)
-    tmp_path.chmod(0o555)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system read-only needs root")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
     try:
+        path = mount / "store.db"
+        populate(path)
+        dcache.open_db(path)
+        dcache.db.execute_sql("PRAGMA wal_autocheckpoint = 0")
+        dcache.touch_batch_job("job-a", now=99)  # committed to the -wal only
+        wal = Path(f"{path}-wal").read_bytes()
+        dcache.close_db()  # the last connection checkpoints and removes the -wal: put the copy back
+        Path(f"{path}-wal").write_bytes(wal)
+        Path(f"{path}-shm").unlink(missing_ok=True)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         before = state(path)
-        proc = sift(["stats", "--db", str(path)], tmp_path.parent)
+        proc = sift(["stats", "--db", str(path)], tmp_path)
         assert proc.returncode == 1
-        assert "has writes in its -wal file, and its directory cannot hold the -shm file" in proc.stderr
+        assert (
+            "has writes in its -wal file, and its read-only file system cannot hold the -shm" in proc.stderr
+        )
         assert state(path) == before
     finally:
-        tmp_path.chmod(0o755)
+        subprocess.run(["umount", "-l", str(mount)], check=True)

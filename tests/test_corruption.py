@@ -82,7 +82,7 @@ def test_the_middle_of_the_file_is_met_by_sweep_not_by_open(with_results: Path, 
     try:
         assert dcache.batch_job("job-1") is not None
         PUBLIC_CALLS["create_batch_job"](tmp_path)
-        with pytest.raises(dcache.StoreCorrupt, match="PRAGMA integrity_check") as info:
+        with pytest.raises(dcache.StoreCorrupt, match=r"run `sift check --db .*` to see the damage") as info:
             dcache.sweep_batch(0, now=10**6)
         assert_corrupt(info.value)
     finally:

@@ -139,6 +139,8 @@ def assert_nothing_left_open(path: Path) -> None:
     assert not db.in_transaction()
     assert db.lock.acquire(blocking=False)
     db.lock.release()
+    conn = db._state.conn
+    assert conn is None or not conn.in_transaction
     with closing(sqlite3.connect(path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")  # fails at once if our connection still held a write transaction
         other.execute("ROLLBACK")
@@ -177,11 +179,8 @@ def test_idiom_from_8_threads(tmp_path: Path, idiom: str) -> None:
 
     try:
         assert run_threads(work) == []
+        assert_nothing_left_open(path)  # first: closing the store would end a transaction left open
         expected = {f"job-{t}": (USES, sum(2 * (i % 7) for i in range(USES)), USES) for t in range(THREADS)}
-        if idiom != "open-per-request":
-            dcache.close_db()  # not needed for what follows: a second connection reads the WAL too
-            dcache.open_db(path)
-        assert_nothing_left_open(path)
         assert second_connection_view(path) == expected
         assert dcache.batch_nbytes() == sum(nbytes for _, nbytes, _ in expected.values())
     finally:
@@ -396,3 +395,23 @@ def test_request_hooks_run_no_statement(file_store: Path) -> None:
     finally:
         connection.set_trace_callback(None)
     assert statements == []
+
+
+@pytest.mark.parametrize("call", ["open_db", "close_db", "db.init"])
+def test_open_or_close_inside_ones_own_transaction_is_refused(file_store: Path, call: str) -> None:
+    """Closing the connection would end the caller's transaction half-done: a clear error instead, and
+    the store and the transaction are as they were."""
+    calls: dict[str, Callable[[], object]] = {
+        "open_db": lambda: dcache.open_db(file_store),
+        "close_db": dcache.close_db,
+        "db.init": lambda: db.init(file_store),
+    }
+    refused = "close_db" if call == "close_db" else "open_db"  # db.init(path) is open_db(path)
+    connection = db.connection()
+    with db.atomic():
+        dcache.create_batch_job(make_job("inside"))
+        with pytest.raises(dcache.BatchError, match=rf"^database: {refused}\(\) inside a transaction"):
+            calls[call]()
+        assert db.connection() is connection
+    assert db.close() is False  # still the store's connection
+    assert second_connection_view(file_store) == {"inside": (0, 0, 0)}

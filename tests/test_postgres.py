@@ -427,3 +427,38 @@ def test_a_client_killed_mid_transaction_leaves_nothing_and_no_lock(pg: str) -> 
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (1, 5)
     assert dcache.batch_nbytes() == 5
+
+
+# -- SQLite file housekeeping: refused on PostgreSQL, and left out of sweep, eviction and metrics ----------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda tmp: dcache.backup_store(tmp / "copy.db"),
+        lambda tmp: dcache.store_space(),
+        lambda tmp: dcache.vacuum_store(),
+    ],
+    ids=["backup_store", "store_space", "vacuum_store"],
+)
+def test_file_housekeeping_is_refused(pg: str, tmp_path: Path, call: Any) -> None:
+    dcache.create_batch_job(make_job("job-1"))
+    before = snapshot()
+    with pytest.raises(dcache.StoreUnavailable, match="PostgreSQL"):
+        call(tmp_path)
+    assert snapshot() == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sift.dcache.metrics import register
+
+    dcache.create_batch_job(make_job("job-1", status="running"), make_targets(1))
+    dcache.update_batch_target("job-1", 0, "done", result="abcd", now=5)
+    registry = CollectorRegistry()
+    register(registry)
+    text = generate_latest(registry).decode()
+    assert "sift_batch_nbytes 4.0" in text and "sift_live_batch_jobs 1.0" in text
+    assert "sift_store_file_bytes" not in text and "sift_store_reclaimable_bytes" not in text

@@ -109,3 +109,64 @@ def test_testing_your_app_examples(pytester: pytest.Pytester) -> None:
     assert count >= 4
     result.assert_outcomes(passed=count)
     assert dcache.db.is_closed()
+
+
+def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deployment's Flask app, as written (only its store path changed), with Peewee's request hooks,
+    serving polls and submissions from 8 threads: every request answers, the totals are exact."""
+    flask = pytest.importorskip("flask")
+    import sys
+    import threading
+    import types
+
+    web_app = web_app_example()
+    store = types.ModuleType("myapp.store")
+    store.start = web_app["start"]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myapp", types.ModuleType("myapp"))
+    monkeypatch.setitem(sys.modules, "myapp.store", store)
+    block = next(b for b in python_blocks("## Using the store from a web app") if "def create_app" in b)
+    web = types.ModuleType("myapp.web")
+    web.__file__ = str(tmp_path / "web.py")  # Flask finds its root path by the module's file
+    monkeypatch.setitem(sys.modules, "myapp.web", web)
+    code = block.replace("/var/lib/sift/sift.db", str(tmp_path / "web.db"))
+    exec(compile(code, "README", "exec"), web.__dict__)
+    app = web.create_app()
+
+    def submit(caller: str, key: str) -> Any:
+        status, body = web_app["submit"](caller, key, ["https://a.example/", "https://b.example/"])
+        return flask.jsonify(body), status
+
+    def poll(caller: str, job_id: str) -> Any:
+        status, body = web_app["poll"](caller, job_id)
+        return flask.jsonify(body), status
+
+    app.add_url_rule("/v1/batch/<caller>/<key>", view_func=submit, methods=["POST"])
+    app.add_url_rule("/v1/batch/<caller>/<job_id>", view_func=poll, methods=["GET"])
+
+    answers: list[int] = []
+    errors: list[str] = []
+
+    def client(t: int) -> None:
+        try:
+            with app.test_client() as http:
+                for i in range(50):
+                    reply = http.post(f"/v1/batch/caller-{t}/key-{i % 10}")
+                    answers.append(reply.status_code)
+                    answers.append(http.get(f"/v1/batch/caller-{t}/{reply.get_json()['id']}").status_code)
+        except BaseException as exc:
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert sorted(set(answers)) == [200, 202]
+        assert answers.count(202) == 8 * 10  # one job per caller and key, the repeats answered 200
+        assert dcache.BatchJob.select().count() == 80
+        assert dcache.check_store().ok
+        assert not dcache.db.in_transaction() and not dcache.db.is_closed()
+    finally:
+        dcache.close_db()

@@ -360,3 +360,24 @@ def test_import_pulls_in_only_peewee_and_opens_nothing(tmp_path: Path) -> None:
     out = run_python(code, tmp_path)
     assert out == {"third_party": [], "heavy": [], "peewee": True, "deferred": True, "closed": True}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_path_is_the_same_file_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections made later (after close_db, for a checkpoint, for check_store's whole-file reads) open
+    the file open_db opened, not one of the same name in the new working directory."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    dcache.open_db("store.db")
+    try:
+        dcache.create_batch_job(make_job("j"))
+        monkeypatch.chdir(tmp_path / "b")
+        assert dcache.check_store().ok
+        dcache.close_db()
+        assert dcache.batch_job("j") is not None  # reconnected to the same file
+        assert repr(dcache.db) == "<SerializedSqliteDatabase 'store.db': open>"
+    finally:
+        dcache.close_db()
+    assert list((tmp_path / "b").iterdir()) == []

@@ -183,3 +183,21 @@ def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> Non
     )
     assert "one holding jobs is refused, unchanged" in text
     assert "only the new runner reconciles (mark_in_flight_failed) at its start, never the callers" in text
+
+
+def test_another_programs_database_is_refused_and_unchanged(tmp_path: Path) -> None:
+    """A mistyped --db naming an app's own SQLite database: no job there, but tables that are not the
+    store's, so simulate writes nothing into it."""
+    path = tmp_path / "app.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ann')")
+        conn.commit()
+    before = path.read_bytes()
+    proc = sift(["simulate", "--db", str(path), *SMALL], tmp_path)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"sift: --db: {path} is a database with other tables (users), not an empty store; simulate never "
+        "writes into it (without --db and $SIFT_DB it makes a new file of its own)\n"
+    )
+    assert path.read_bytes() == before

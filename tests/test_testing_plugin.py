@@ -467,3 +467,10 @@ def test_importing_the_store_never_imports_pytest_or_the_plugin() -> None:
     code = "import sys, sift.dcache; print(sorted(m for m in ('pytest', 'sift.testing') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_postgresql_ini_option_does_not_exist_yet(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsift_test_db = postgresql://localhost/test\n")
+    result = run(pytester, "--strict-config", test_x="def test_x(sift_store):\n    pass\n")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sift_test_db: sift has no PostgreSQL backend yet*"])

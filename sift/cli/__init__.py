@@ -24,12 +24,14 @@ from sift.dcache import BatchError, JobStatus
 from .check import cmd_check
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
+from .operations import cmd_backup, cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import (
     CommandError,
     default_db_path,
     file_sizes,
+    missing_schema,
     new_simulation_store,
     opened,
     refuse_store_with_jobs,
@@ -165,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute targets_done, nbytes and the byte total, and delete orphan targets",
     )
 
+    backup = command(
+        "backup",
+        cmd_backup,
+        "Copy the store to DEST while others go on writing: a consistent snapshot, renamed into place only "
+        "once complete (a new DEST gets mode 0600).",
+    )
+    backup.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
+
+    command(
+        "vacuum",
+        cmd_vacuum,
+        "Give every free page back to the file system; a store made before incremental auto-vacuum is "
+        "converted once, which rewrites the whole file.",
+    )
+
     d = Settings()
     simulate = command("simulate", cmd_simulate, "Run a realistic workload against the store, then check it.")
     simulate.epilog = (
@@ -252,6 +269,19 @@ def _simulation_store(args: argparse.Namespace) -> None:
         refuse_store_with_jobs(args.db, args.db_source)
 
 
+def _prepare_check(args: argparse.Namespace) -> None:
+    """``check`` reads the store as it is: it must exist (``--repair`` too: a typo must not make a store),
+    and what open_db would add to the schema is named, by the check or as repaired, not added silently."""
+    if args.db != ":memory:" and not os.path.isfile(args.db):
+        raise CommandError(f"path: no store at {args.db!r}")
+    args.missing_schema = missing_schema(args.db) if args.db != ":memory:" else []
+    if args.missing_schema and not args.repair:
+        raise CommandError(
+            f"{args.db} lacks {', '.join(args.missing_schema)} (written by another program or an older "
+            "sift?): `sift check --repair` adds what is missing, then checks the rest"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``sift`` command; return its exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
@@ -266,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         # A command that only reads opens the store read-only: it never creates the file (a typo in --db
         # would leave a new empty store behind) and never writes to it.
         readonly = args.reads_only or getattr(args, "dry_run", False)
-        readonly = readonly or (args.command == "check" and not args.repair)
+        if args.command == "check":
+            _prepare_check(args)
+            readonly = not args.repair
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
         with opened(args.db, readonly=readonly):
             return int(args.handler(args))

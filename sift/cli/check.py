@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from sift import dcache
-from sift.dcache.check import REPAIRABLE
+from sift.dcache.check import REPAIRABLE, Repair, Violation
 
 from .progress import make_bar
 from .report import emit_json, format_count, plural
@@ -21,6 +21,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     with make_bar(dcache.BatchJob.select().count(), "check", "job") as bar:
         report = dcache.check_store(repair=args.repair, progress=bar.update)
         bar.refresh()  # draw the finished bar once, even inside tqdm's minimum interval
+    # What open_db added before the check could see it (only with --repair: a plain check opens read-only).
+    for name in getattr(args, "missing_schema", []):
+        report.violations.insert(0, Violation("schema", None, f"{name} is missing"))
+        report.repairs.insert(0, Repair("schema", None, f"created {name}"))
     if args.json:
         emit_json(report.as_dict())
         return 0 if report.ok else 1

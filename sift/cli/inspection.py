@@ -12,6 +12,7 @@ from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
 from sift.dcache.clock import unix_now
 
+from .operations import space_lines, space_report
 from .report import (
     Column,
     emit_json,
@@ -75,6 +76,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "wal_bytes": wal_bytes,
         "nbytes": dcache.batch_nbytes(),
         "live_jobs": dcache.live_batch_jobs_total(),
+        **space_report(),
         "jobs": jobs,
         "targets": targets,
         "oldest_lease": _lease_info(oldest, now),
@@ -98,6 +100,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             ("WAL size", "no -wal file" if wal_bytes is None and file_bytes else size_text(wal_bytes)),
             ("Result bytes", f"{size_text(report['nbytes'])}, batch_nbytes()"),
             ("Live jobs", format_count(report["live_jobs"])),
+            *space_lines(report),
             ("Oldest lease", lease_text(report["oldest_lease"])),
             ("Newest lease", lease_text(report["newest_lease"])),
         ]

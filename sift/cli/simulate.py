@@ -285,25 +285,23 @@ class Simulation:
 
     def submit_one(self, spec: JobSpec, rng: random.Random, mine: list[str]) -> None:
         self.add(submissions=1)
-        if spec.idem_key:
-            found = dcache.batch_job_by_idem(
-                spec.caller, spec.idem_key, self.settings.ttl, now=self.clock.now()
-            )
-            if found is not None:
-                with self.lock:
-                    right = found in self.created.get((spec.caller, spec.idem_key), set())
-                self.add(idem_hits=1, idem_wrong=0 if right else 1)
-                self.resolved()
-                return
-            if spec.repeat:
-                self.add(idem_started_anew=1)
         job_id = f"{self.prefix}-{spec.number:05d}"
-        self.submit(spec, job_id)
+        found = self.submit(spec, job_id)  # the idempotency lookup and the create, one transaction
+        if found is not None:
+            with self.lock:
+                right = found in self.created.get((spec.caller, spec.idem_key), set())
+            self.add(idem_hits=1, idem_wrong=0 if right else 1)
+            self.resolved()
+            return
+        if spec.repeat:
+            self.add(idem_started_anew=1)
         mine.append(job_id)
         if rng.random() < POLL_P:
             self.poll(rng.choice(mine))
 
-    def submit(self, spec: JobSpec, job_id: str) -> None:
+    def submit(self, spec: JobSpec, job_id: str) -> str | None:
+        """``submit_batch_job``: None when the job was created (its targets then go to the runner's
+        queue), else the id of the job the store answered the repeat with."""
         now = self.clock.now()
         host = f"{spec.caller}.example"
         urls = [f"https://{host}/page/{spec.number}/{idx}" for idx in range(spec.targets)]
@@ -318,7 +316,10 @@ class Simulation:
             created_at=now,
             lease=now,
         )
-        dcache.create_batch_job(job, (BatchTarget(idx=i, url=u, options=options) for i, u in enumerate(urls)))
+        targets = (BatchTarget(idx=i, url=u, options=options) for i, u in enumerate(urls))
+        found, created = dcache.submit_batch_job(job, targets, self.settings.ttl, now=now)
+        if not created:
+            return found
         with self.lock:
             self.runs[job_id] = JobRun(job_id, spec, remaining=spec.targets)
             self.created.setdefault((spec.caller, spec.idem_key), set()).add(job_id)
@@ -327,17 +328,18 @@ class Simulation:
         for idx, url in enumerate(urls):
             while True:
                 if self.abort.is_set():
-                    return
+                    return None
                 if self.crashing.is_set():  # the runner died: what it had not queued yet is lost too
                     for _ in range(idx, len(urls)):
                         self.add(restart_dropped_targets=1)
                         self.item_done(run)
-                    return
+                    return None
                 try:
                     self.queue.put((job_id, idx, url), timeout=0.05)
                     break
                 except queue.Full:
                     continue
+        return None
 
     def poll(self, job_id: str) -> None:
         """A caller reads one of its jobs; a finished one's results are fetched, which renews its lease."""

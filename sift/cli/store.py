@@ -10,6 +10,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from sift import dcache
+from sift.dcache.sqlite import SCHEMA_NAMES
 
 __all__ = [
     "DEFAULT_DB",
@@ -44,21 +45,27 @@ def new_simulation_store() -> str:
     return str(Path(tempfile.mkdtemp(prefix="sift-simulate-")) / "sim.db")
 
 
+#: The tables of a store: a file with any other table is someone else's database.
+STORE_TABLES = frozenset({"batch_job", "batch_target", "batch_totals"})
+
+
 def refuse_store_with_jobs(path: str, source: str) -> None:
     """Raise CommandError if the file at ``path`` (named by ``source``: ``--db`` or ``$SIFT_DB``) holds any
-    job, deciding without writing to it.
+    job, or any table that is not the store's, deciding without writing to it.
 
     The file is read with a read-only SQLite connection, which sees the jobs committed to its -wal file
     too. A path that is not an existing file (a new store, ``:memory:``) passes.
     """
-    if path == ":memory:" or not os.path.isfile(path):
+    if path == ":memory:" or not os.path.isfile(path) or os.path.getsize(path) == 0:
         return
     uri = Path(path).resolve().as_uri() + "?mode=ro"
     try:
         with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
-            tables = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'batch_job'")
-            holds_jobs = bool(
-                tables.fetchone() and conn.execute("SELECT EXISTS (SELECT 1 FROM batch_job)").fetchone()[0]
+            rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            tables = {row[0] for row in rows}
+            holds_jobs = (
+                "batch_job" in tables
+                and conn.execute("SELECT EXISTS (SELECT 1 FROM batch_job)").fetchone()[0]
             )
     except sqlite3.DatabaseError as exc:
         raise CommandError(f"path: cannot open {path!r} as a batch store: {exc}") from exc
@@ -67,6 +74,23 @@ def refuse_store_with_jobs(path: str, source: str) -> None:
             f"{source}: {path} already holds jobs; simulate runs only on a new or empty store, so it never "
             "changes real data (without --db and $SIFT_DB it makes a new file of its own)"
         )
+    if foreign := sorted(tables - STORE_TABLES):
+        raise CommandError(
+            f"{source}: {path} is a database with other tables ({', '.join(foreign)}), not an empty store; "
+            "simulate never writes into it (without --db and $SIFT_DB it makes a new file of its own)"
+        )
+
+
+def missing_schema(path: str) -> list[str]:
+    """The parts of the store's schema (tables, indexes, triggers) the existing file at ``path`` lacks,
+    read without writing to it; ``open_db`` would add them."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    try:
+        with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.DatabaseError:
+        return []  # open_db says what is wrong with the file
+    return sorted(SCHEMA_NAMES - present)
 
 
 @contextmanager

@@ -5,6 +5,7 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
+from .backup import BackupReport, backup_store
 from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
@@ -42,9 +43,11 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+from .space import StoreSpace, VacuumReport, store_space, vacuum_store
 from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
+    "BackupReport",
     "BatchError",
     "BatchJob",
     "BatchTarget",
@@ -61,9 +64,12 @@ __all__ = [
     "StoreNotOpen",
     "StoreReadOnly",
     "StoreReport",
+    "StoreSpace",
     "StoreUnavailable",
     "TargetNotFound",
     "TargetStatus",
+    "VacuumReport",
+    "backup_store",
     "batch_job",
     "batch_job_by_idem",
     "batch_nbytes",
@@ -81,10 +87,12 @@ __all__ = [
     "put_batch_targets",
     "set_batch_job_status",
     "stats",
+    "store_space",
     "submit_batch_job",
     "sweep_batch",
     "sweep_candidates",
     "touch_batch_job",
     "unix_now",
     "update_batch_target",
+    "vacuum_store",
 ]

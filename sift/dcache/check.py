@@ -3,14 +3,16 @@
 It reads the jobs in chunks of consecutive ids, each chunk with its targets in one read transaction, so
 another thread waits at most one chunk for the shared connection and another process is never blocked.
 The integrity check and the byte total, which read the whole file in one statement, run on a private
-connection for a file store, so they hold no lock at all. ``repair=True`` rewrites only derived data
-(``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan targets, each
-chunk in one short write transaction; a bad status or an idx out of range is data a person must decide
-about, so it is reported and left as it is.
+connection for a file store, so they hold no lock at all; without repair, the integrity check runs in a
+thread of its own beside the chunks (its findings, if any, replace theirs). ``repair=True`` rewrites only
+derived data (``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan
+targets, each chunk in one short write transaction; a bad status or an idx out of range is data a person
+must decide about, so it is reported and left as it is.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .database import db
-from .errors import StoreCorrupt, StoreUnavailable
+from .errors import BatchError, StoreCorrupt, StoreUnavailable
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
 from .sqlite import (
     BASE_SCHEMA,
@@ -33,6 +35,8 @@ __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
 #: Jobs read (and, with repair, fixed) per transaction.
 JOBS_PER_CHUNK = 500
+#: About how many targets one chunk reads, so a chunk of big jobs holds the lock no longer.
+TARGETS_PER_CHUNK = 5_000
 
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
 #: target_idx) are left for a person to decide.
@@ -114,20 +118,45 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
     if not isinstance(db.backend, SerializedSqliteDatabase):
         raise StoreUnavailable("check_store: reads SQLite stores only so far, not a PostgreSQL store")
     report = StoreReport()
-    try:
-        damage = _side_read("PRAGMA quick_check")
-    except StoreCorrupt as exc:  # too damaged for quick_check to finish
-        damage = [(str(exc.__cause__ or exc),)]
-    if damage != [("ok",)]:
+    if repair or db.database in (":memory:", ""):
         # Nothing else can be trusted on a damaged file, and repair must not write into it.
-        report.violations += [Violation("quick_check", None, str(row[0])) for row in damage]
+        report.violations += _quick_check()
+        if not report.violations:
+            _check_data(report, repair, progress)
         return report
+    # Reading only, on a file: the integrity check reads the whole file on a connection of its own, in a
+    # thread of its own, while the chunks go by on the shared one (SQLite runs without the GIL).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sift-check") as pool:
+        integrity = pool.submit(_quick_check)
+        try:
+            _check_data(report, repair, progress)
+            failure: StoreCorrupt | None = None
+        except StoreCorrupt as exc:
+            failure = exc
+        damage = integrity.result()
+    if damage:  # what the chunks found on a damaged file cannot be trusted
+        return StoreReport(violations=damage)
+    if failure is not None:
+        raise failure
+    return report
+
+
+def _quick_check() -> list[Violation]:
+    try:
+        rows = _side_read("PRAGMA quick_check")
+    except StoreCorrupt as exc:  # too damaged for quick_check to finish
+        rows = [(str(exc.__cause__ or exc),)]
+    return [] if rows == [("ok",)] else [Violation("quick_check", None, str(row[0])) for row in rows]
+
+
+def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], None] | None) -> None:
+    """Everything but the integrity check, into ``report``."""
     with _read_transaction():
-        present = {row[0] for row in db.run_sql("SELECT name FROM sqlite_master", ()).fetchall()}
+        present = {row[0] for row in db.fetch_all("SELECT name FROM sqlite_master", ())}
     missing = sorted(SCHEMA_NAMES - present)
     report.violations += [Violation("schema", None, f"{name} is missing") for name in missing]
     if {"batch_job", "batch_target"} & set(missing) and not repair:
-        return report
+        return
     if missing and repair:
         with db.write():
             for statement in BASE_SCHEMA + SPEED_SCHEMA:
@@ -158,7 +187,6 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
         low = high
     if repair and report.violations:
         _repair_total(report)
-    return report
 
 
 class _Chunk:
@@ -168,22 +196,43 @@ class _Chunk:
     def __init__(self, low: Any, high: Any) -> None:
         self.violations: list[Violation] = []
         self.fixes: list[tuple[str, Any, Any, Any]] = []  # (kind, job id, stored value, right value)
-        where, params = _id_range("job_id", low, high)
-        groups = {row[0]: row for row in db.run_sql(_TARGET_GROUPS.format(where=where), params).fetchall()}
-        where, params = _id_range("id", low, high)
-        jobs = db.run_sql(_JOBS.format(where=where), params).fetchall()
-        self.jobs = len(jobs)
-        self.targets = sum(group[1] for group in groups.values())
-        no_targets = (None, 0, 0, 0, 0, None, None, None, None)
+        target_range, target_params = _id_range("job_id", low, high)
+        job_range, job_params = _id_range("id", low, high)
+        groups = db.fetch_all(_TARGET_GROUPS.format(where=target_range), target_params)
+        jobs = db.fetch_all(_JOBS.format(where=job_range), job_params)
+        by_job = {group[0]: group for group in groups}
+        self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
+        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None)
         for job in jobs:
-            self._check_job(job, groups.pop(job[0], no_targets))
-        for job_id, count, *_ in groups.values():  # targets whose job is not there
+            job_id, status, total, done, nbytes = job
+            group = by_job.pop(job_id, no_targets)
+            _, _, final, size, bad, idx_min, idx_max = group
+            # The usual case, decided here without a call: every check passes.
+            if (
+                status in valid
+                and done == final
+                and nbytes == size
+                and not bad
+                and (
+                    idx_min is None
+                    or (
+                        type(idx_min) is int
+                        and type(idx_max) is int
+                        and type(total) is int
+                        and idx_min >= 0
+                        and idx_max < total
+                    )
+                )
+            ):
+                continue
+            self._check_job(job, group)
+        for job_id, count, *_ in by_job.values():  # targets whose job is not there
             self._add("orphan_targets", _name(job_id), f"{_targets(count)} without their job")
             self.fixes.append(("orphan_targets", job_id, count, 0))
 
     def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
         job_id, status, total, done, nbytes = job
-        _, _, final, size, bad_statuses, status_min, status_max, idx_min, idx_max = group
+        _, _, final, size, bad_statuses, idx_min, idx_max = group
         name = _name(job_id)
         if status not in _JOB_STATUSES:
             self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
@@ -196,6 +245,7 @@ class _Chunk:
             self._add("nbytes", name, f"nbytes is {nbytes!r}, but its results hold {size} bytes (UTF-8)")
             self.fixes.append(("nbytes", job_id, nbytes, size))
         if bad_statuses:
+            status_min, status_max = db.fetch_one(_BAD_STATUSES, (job_id,))
             shown = repr(status_min) if status_min == status_max else f"{status_min!r} to {status_max!r}"
             detail = f"{_targets(bad_statuses)} with a status not in {', '.join(TargetStatus)}: {shown}"
             self._add("target_status", name, detail)
@@ -219,23 +269,30 @@ class _Chunk:
 
 
 # One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
-# final ones, the UTF-8 bytes of the results, the statuses outside the enum, and the smallest and
-# largest idx.
+# final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and largest idx.
 _TARGET_GROUPS = f"""SELECT job_id, COUNT(*), SUM(status IN ({_FINAL})),
-    COALESCE(SUM(length(CAST(result AS BLOB))), 0), SUM(status NOT IN ({_VALID_TARGET})),
-    MIN(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END),
-    MAX(CASE WHEN status NOT IN ({_VALID_TARGET}) THEN status END), MIN(idx), MAX(idx)
+    COALESCE(SUM(length(CAST(result AS BLOB))), 0), SUM(status NOT IN ({_VALID_TARGET})), MIN(idx), MAX(idx)
     FROM batch_target WHERE {{where}} GROUP BY job_id"""
 _JOBS = "SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} ORDER BY id"
+# The statuses outside the enum of one job's targets, for the report (only when there are some).
+_BAD_STATUSES = f"""SELECT MIN(status), MAX(status) FROM batch_target
+    WHERE job_id = ? AND status NOT IN ({_VALID_TARGET})"""
 _TOTAL = f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
 
 
 def _chunk_end(low: Any) -> Any:
-    """The last job id of the chunk after ``low``, or None when the chunk reaches the end."""
-    where, params = _id_range("id", low, None)
-    sql = f"SELECT id FROM batch_job WHERE {where} ORDER BY id LIMIT 1 OFFSET ?"
-    row = db.run_sql(sql, (*params, JOBS_PER_CHUNK - 1)).fetchone()
-    return None if row is None else row[0]
+    """The last job id of the chunk after ``low``, or None when the chunk reaches the end: at most
+    JOBS_PER_CHUNK jobs and about TARGETS_PER_CHUNK targets (one job with more is a chunk of its own)."""
+    jobs, job_params = _id_range("id", low, None)
+    targets, target_params = _id_range("job_id", low, None)
+    # SQLite's min() of the two bounds, which also orders an id another program wrote as a number
+    sql = (
+        f"SELECT min(coalesce(j, t), coalesce(t, j)) FROM "
+        f"(SELECT (SELECT id FROM batch_job WHERE {jobs} ORDER BY id LIMIT 1 OFFSET ?) AS j, "
+        f"(SELECT job_id FROM batch_target WHERE {targets} ORDER BY job_id LIMIT 1 OFFSET ?) AS t)"
+    )
+    row = db.fetch_one(sql, (*job_params, JOBS_PER_CHUNK - 1, *target_params, TARGETS_PER_CHUNK - 1))
+    return row[0]
 
 
 def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
@@ -257,11 +314,11 @@ def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:
 
 
 def _idx_detail(job_id: Any, total: Any) -> str:
-    rows = db.run_sql(
+    rows = db.fetch_all(
         "SELECT idx FROM batch_target WHERE job_id = ? AND NOT (typeof(idx) = 'integer' AND idx >= 0 "
         "AND idx < ?) ORDER BY idx LIMIT 6",
         (job_id, total),
-    ).fetchall()
+    )
     shown = ", ".join(repr(row[0]) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
     last = total - 1 if type(total) is int else f"{total!r} - 1"
     return f"target idx outside 0..{last} (targets_total - 1): {shown}"
@@ -270,7 +327,7 @@ def _idx_detail(job_id: Any, total: Any) -> str:
 def _repair_total(report: StoreReport) -> None:
     """Recompute the byte total if it differs from SUM(nbytes), in one write transaction (a full scan)."""
     with db.write():
-        kept, actual = db.run_sql(_TOTAL, ()).fetchone()
+        kept, actual = db.fetch_one(_TOTAL, ())
         if kept != actual:
             db.run_sql(RECOMPUTE_TOTAL_SQL, ())
             shown = "no row" if kept is None else repr(kept)
@@ -296,9 +353,12 @@ def _read_transaction() -> Iterator[None]:
         db.run_sql("BEGIN", ())
         try:
             yield
-        finally:
-            if conn.in_transaction:
-                conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error, BatchError):  # the error raised already says more
+                db.run_sql("ROLLBACK", ())
+            raise
+        if conn.in_transaction:
+            db.run_sql("COMMIT", ())
 
 
 def _side_read(sql: str) -> list[Any]:
@@ -306,7 +366,7 @@ def _side_read(sql: str) -> list[Any]:
     lock held, nothing blocked); an in-memory store has only the shared connection."""
     if db.deferred or db.database in (":memory:", ""):
         with db.lock:
-            rows: list[Any] = db.run_sql(sql, ()).fetchall()
+            rows: list[Any] = db.fetch_all(sql, ())
             return rows
     try:  # db.database is the path, or the mode=ro URI of a read-only store
         conn = sqlite3.connect(

@@ -219,7 +219,7 @@ def open_db(
     ``?schema=NAME`` keeps the store in its own schema (``public`` otherwise) and ``max_connections``
     bounds the pooled connections of this process (default 20: one per thread using the store).
 
-    Creates what is missing of the schema, recomputes a SQLite file's byte total if it is missing or wrong,
+    Creates what is missing of the schema (recomputing a SQLite file's byte total if it was missing),
     and resets the counters. With ``readonly=True`` the store must exist and hold the whole schema;
     nothing is ever written to it, and every write raises ``StoreReadOnly``. Raises ``StoreUnavailable``
     for a target that cannot be opened (saying why), one that is not a batch store, or one locked by

@@ -48,7 +48,8 @@ SQLITE_ERRORS: dict[int, tuple[type[StoreUnavailable], str]] = {
     ),
     sqlite3.SQLITE_CORRUPT: (
         StoreCorrupt,
-        "{path} is damaged ({sqlite}): check it with PRAGMA integrity_check and restore it from a backup",
+        "{path} is damaged ({sqlite}): run `sift check --db {path}` to see the damage, "
+        "and restore it from a backup",
     ),
     sqlite3.SQLITE_NOTADB: (
         StoreCorrupt,

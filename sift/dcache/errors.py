@@ -55,7 +55,7 @@ class StoreConflict(StoreUnavailable):
 
 
 class StoreCorrupt(StoreUnavailable):
-    """The file is not a SQLite database, or is damaged: check it with ``PRAGMA integrity_check``."""
+    """The file is not a SQLite database, or is damaged: `sift check` (`check_store()`) names the damage."""
 
 
 class StoreReadOnly(StoreUnavailable):

@@ -13,7 +13,7 @@ from typing import Any
 
 import peewee
 
-from . import checks, driver_errors
+from . import checks, driver_errors, space
 from .counters import counters
 from .database import db, retried
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
@@ -310,6 +310,7 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
             deleted = _sweep_chunk(cutoff)
             if not deleted:
                 break
+            space.reclaim_all()  # what big results freed beyond that step, in short transactions
             counters.add("jobs_swept", deleted)  # per chunk, so a long sweep shows progress in stats()
             swept += deleted
             chunks += 1
@@ -330,6 +331,7 @@ def evict_batch_oldest(max_bytes: int) -> int:
             deleted, chosen = _evict_chunk(max_bytes)
             if not deleted:
                 break
+            space.reclaim_all()
             counters.add("jobs_evicted", deleted)  # per chunk, so a long eviction shows progress in stats()
             counters.add("bytes_evicted", sum(nbytes for _, _, nbytes in chosen))
             evicted += deleted
@@ -342,7 +344,9 @@ def evict_batch_oldest(max_bytes: int) -> int:
 @retried
 def _sweep_chunk(cutoff: int) -> int:
     with db.removals():  # reads its chunk again: another process may have touched it meanwhile
-        return _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+        deleted = _delete_jobs(_take_rows(_EXPIRED.rows(cutoff=cutoff), excess=None))
+        space.reclaim_free_pages()  # the file shrinks with the data, a bounded step per chunk
+        return deleted
 
 
 @retried
@@ -350,7 +354,9 @@ def _evict_chunk(max_bytes: int) -> tuple[int, list[Any]]:
     with db.removals():
         excess = batch_nbytes() - max_bytes
         chosen = _take_rows(_EVICTABLE.rows(), excess) if excess > 0 else []
-        return _delete_jobs(chosen), chosen
+        deleted = _delete_jobs(chosen)
+        space.reclaim_free_pages()
+        return deleted, chosen
 
 
 def sweep_candidates(ttl: Any, *, now: int | None = None) -> list[BatchJob]:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import peewee
 
+from . import files
 from .driver_errors import is_busy, store_error
 from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
 
@@ -295,6 +296,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """
 
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
+    _lock_type: str  # Peewee's: the kind of BEGIN its transactions use (IMMEDIATE here)
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -431,6 +433,25 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """A block (or decorator) that needs the store's connection open; it never closes it."""
         return StoreConnection(self)
 
+    # Peewee's transactions (atomic, transaction, sessions, `with db:`) begin and end through these; they
+    # run on the shared connection like every statement, so their errors are the package's too.
+
+    def begin(self, lock_type: str | None = None) -> None:
+        """BEGIN IMMEDIATE (``lock_type``: another kind); on a read-only store a deferred BEGIN, since its
+        transactions only read."""
+        self.run_sql("BEGIN" if self.readonly else f"BEGIN {lock_type or self._lock_type}", ())
+
+    def commit(self) -> None:
+        self.run_sql("COMMIT", ())
+
+    def rollback(self) -> None:
+        """ROLLBACK, unless SQLite ended the transaction itself (after a full disk, say): then the error
+        that ended it is what the caller sees, not "no transaction is active"."""
+        conn = self._state.conn
+        if conn is not None and not conn.in_transaction:
+            return
+        self.run_sql("ROLLBACK", ())
+
     def manual_commit(self) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
 
@@ -440,9 +461,12 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
         store or on the new one, never in between. See :func:`open_db`."""
         with self.lock:
+            self._refuse_inside_transaction("open_db")
             self.close_store()
             try:
                 target, shown = _store_target(path, readonly)
+                if not readonly and shown != ":memory:":
+                    files.create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 self._init_raw(
                     target,
@@ -480,9 +504,15 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def close_store(self) -> None:
         """Close the store's connection, waiting for any transaction of another thread to end first."""
         with self.lock:
+            self._refuse_inside_transaction("close_db")
             self._store_open = False
             if not self.deferred:
                 self._close_connection()
+
+    def _refuse_inside_transaction(self, call: str) -> None:
+        # With the lock held, an open transaction is this thread's own: closing would end it half-done.
+        if self.in_transaction():
+            raise BatchError(f"database: {call}() inside a transaction; end the transaction first")
 
     def checkpoint(self) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
@@ -628,11 +658,12 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     # -- Schema: created, repaired and checked at open time --------------------------------------------
 
     def _prepare_schema(self) -> None:
-        """Create what is missing, and recompute the byte total if anything was missing or the total is
-        wrong; a complete, consistent file is only read (so opening does not wait on another process's
-        write)."""
+        """Create what is missing, and recompute the byte total if anything was missing. Opening reads only
+        the schema and the total's row, whatever the size of the store: a complete file is only read (so
+        opening does not wait on another process's write), and a total another writer made drift is for
+        ``check_store(repair=True)`` (``sift check --repair``) to find and mend."""
         present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
-        if present >= SCHEMA_NAMES and self._total_is_right():
+        if present >= SCHEMA_NAMES and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None:
             return
         with self.atomic():
             for statement in BASE_SCHEMA + SPEED_SCHEMA:
@@ -647,13 +678,6 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 f"path: {self.path!r} lacks {', '.join(missing)}; "
                 "open it once without readonly=True to add them"
             )
-
-    def _total_is_right(self) -> bool:
-        """Whether batch_totals holds SUM(nbytes): a program writing the file without recursive triggers
-        (an INSERT OR REPLACE) or with the triggers dropped can make it drift; open_db then recomputes it."""
-        kept = self.execute_sql(TOTAL_NBYTES_SQL).fetchone()
-        actual = self.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
-        return kept is not None and kept[0] == actual[0]
 
     def _check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""
@@ -732,17 +756,30 @@ def _store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, st
     if not os.path.isdir(folder):
         raise StoreUnavailable(f"path: the directory {folder!r} of {shown!r} does not exist")
     if not readonly:
-        return shown, shown
+        return full, shown  # absolute: a reconnection or a side connection after a chdir finds the same file
     if not os.path.isfile(full):
         raise StoreUnavailable(f"path: no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
-    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm"):
+    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not _is_wal_file(full):
         return uri, shown
     # SQLite reads a WAL file only with a -shm file beside it, which a folder we cannot write cannot get.
-    # With no -wal file either, everything committed is in the file itself: read it as it stands.
+    # On a read-only file system nobody can write the file, so it can be read as it stands ("immutable");
+    # elsewhere another user may write it while we read, and SQLite would then read torn pages.
+    if not os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise StoreUnavailable(
+            f"path: {shown!r} is a WAL store in a directory this process cannot write, where SQLite cannot "
+            "make the -shm file it needs to read it; read it as a user who can write there, or copy it"
+        )
     if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
         raise StoreUnavailable(
-            f"path: {shown!r} has writes in its -wal file, and its directory cannot hold the -shm file "
-            "that reading them needs; open it once where the directory is writable"
+            f"path: {shown!r} has writes in its -wal file, and its read-only file system cannot hold the "
+            "-shm file that reading them needs; copy the file and its -wal file to a writable directory"
         )
     return uri + "&immutable=1", shown
+
+
+def _is_wal_file(path: str) -> bool:
+    """Whether the SQLite file at ``path`` is in WAL mode (its header's read and write versions are 2)."""
+    with open(path, "rb") as file:
+        header = file.read(20)
+    return header[18:20] == b"\x02\x02"
