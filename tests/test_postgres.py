@@ -462,3 +462,47 @@ def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
     text = generate_latest(registry).decode()
     assert "sift_batch_nbytes 4.0" in text and "sift_live_batch_jobs 1.0" in text
     assert "sift_store_file_bytes" not in text and "sift_store_reclaimable_bytes" not in text
+
+
+# -- Peewee's idioms from 8 threads (tests/test_idioms.py's, each thread on its own connection) ----------
+
+IDIOM_USES = 100
+
+
+@pytest.mark.parametrize(
+    "idiom", ["flask-hooks", "reuse-if-open", "with-db", "connection-context", "atomic", "session"]
+)
+def test_idiom_from_8_threads(pg: str, idiom: str) -> None:
+    from test_idioms import IDIOMS, THREADS, run_threads
+
+    for t in range(THREADS):
+        dcache.create_batch_job(make_job(f"job-{t}", targets_total=IDIOM_USES), make_targets(IDIOM_USES))
+    use = IDIOMS[idiom]
+
+    def work(t: int) -> None:
+        job_id = f"job-{t}"
+        for i in range(IDIOM_USES):
+            with use(Path(pg)):  # only open-per-request reads its argument, and it is not run here
+                dcache.update_batch_target(job_id, i, "done", result="é" * (i % 7), now=2_000 + i)
+                job = dcache.BatchJob.get_by_id(job_id)  # an ad-hoc model read inside the same use
+                assert job.targets_done >= i + 1
+                assert (
+                    dcache.BatchTarget.select().where(dcache.BatchTarget.job_id == job_id).count()
+                    == IDIOM_USES
+                )
+
+    assert run_threads(work) == []
+    assert not db.in_transaction()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:  # no session of ours left in a transaction
+        left = admin.execute(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%'"
+        ).fetchone()
+    assert left == (0,)
+    rows = db.execute_sql(
+        "SELECT j.id, j.targets_done, j.nbytes, (SELECT COUNT(*) FROM batch_target t "
+        "WHERE t.job_id = j.id AND t.status = 'done') FROM batch_job j"
+    ).fetchall()
+    expected = (IDIOM_USES, sum(2 * (i % 7) for i in range(IDIOM_USES)), IDIOM_USES)
+    assert {row[0]: tuple(row[1:]) for row in rows} == {f"job-{t}": expected for t in range(THREADS)}
+    assert dcache.batch_nbytes() == THREADS * expected[1]
