@@ -42,7 +42,10 @@ def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
         invalid(field, f"must be a str, got {type(value).__name__}")
     if not allow_empty and not value:
         invalid(field, "must not be empty")
-    utf8_size(field, value)
+    if not value.isascii():
+        utf8_size(field, value)  # which refuses a NUL too
+    elif "\x00" in value:
+        invalid(field, NUL_PROBLEM)
     return str(value)
 
 

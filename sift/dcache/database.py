@@ -115,21 +115,24 @@ _sqlite = SerializedSqliteDatabase()
 class StoreDatabase(peewee.DatabaseProxy):
     """The database the models and users bind to; every call goes to the open store's backend."""
 
-    __slots__ = ()
+    __slots__ = ("backend",)
+
+    #: The open store's database object (a :class:`~sift.dcache.sqlite.SerializedSqliteDatabase` or a
+    #: :class:`~sift.dcache.postgres.PostgresStore`): ``obj`` under the name the rules use, a plain
+    #: attribute so that the hot paths read it at no cost.
+    backend: Backend
 
     def __init__(self) -> None:
         super().__init__()
         self.initialize(_sqlite)
 
-    @property
-    def backend(self) -> Backend:
-        """The open store's database object (a :class:`~sift.dcache.sqlite.SerializedSqliteDatabase`)."""
-        backend: Backend = self.obj
-        return backend
+    def initialize(self, obj: Any) -> None:
+        object.__setattr__(self, "backend", obj)
+        super().initialize(obj)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Attributes set on db (a test's monkeypatch, the bench's timed lock) are the backend's.
-        if name in ("obj", "_callbacks", "_Model"):
+        if name in ("obj", "_callbacks", "_Model", "backend"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.obj, name, value)
@@ -162,6 +165,10 @@ class StoreDatabase(peewee.DatabaseProxy):
                 "open_db(path) take only timeout= and readonly="
             )
         open_db(database, **kwargs)
+
+    def write(self) -> AbstractContextManager[None]:
+        """The store's write transaction (see the backend's)."""
+        return self.backend.write()
 
     def connect(self, reuse_if_open: bool = False) -> bool:
         return bool(self.obj.connect(reuse_if_open))

@@ -113,15 +113,27 @@ class Statement:
 
     def run(self, **values: Any) -> int:
         """Execute once; return the number of rows changed."""
-        return int(db.backend.run_sql(*self.bind(values)).rowcount)
+        backend = db.backend
+        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        return int(backend.run_sql(compiled.sql, compiled.getter(values)).rowcount)
 
     def rows(self, **values: Any) -> list[Any]:
         """Execute once; return every row."""
-        return db.backend.fetch_all(*self.bind(values))
+        backend = db.backend
+        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        return backend.fetch_all(compiled.sql, compiled.getter(values))
 
     def scalar(self, **values: Any) -> Any:
         """Execute once; return the first column of the first row, or None."""
-        row = db.backend.fetch_one(*self.bind(values))
+        backend = db.backend
+        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        row = backend.fetch_one(compiled.sql, compiled.getter(values))
         return None if row is None else row[0]
 
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
