@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 #: The PostgreSQL server the postgres cases use (this project's machines run one there).
 POSTGRES_URL = os.environ.get("SIFT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+#: This test process's own mark in schema names: other machines' test runs may share the server, and their
+#: process ids may equal ours.
+SUFFIX = f"{os.getpid()}_{secrets.token_hex(4)}"
 
 
 def postgres_missing() -> str | None:
@@ -40,7 +45,7 @@ def postgres_schema() -> Iterator[str]:
     with one reason when no server answers, except under CI (``CI=true``), where they fail."""
     import psycopg
 
-    schema = f"sift_test_{os.getpid()}"
+    schema = f"sift_test_{SUFFIX}"
     try:
         with psycopg.connect(POSTGRES_URL, connect_timeout=3, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -49,10 +54,14 @@ def postgres_schema() -> Iterator[str]:
         if os.environ.get("CI") == "true":
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    yield schema
-    dcache.close_db()
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    try:
+        yield schema
+    finally:
+        try:
+            dcache.close_db()
+        finally:
+            with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def postgres_target(schema: str) -> str:

@@ -478,8 +478,10 @@ def test_idiom_from_8_threads(pg: str, idiom: str) -> None:
     for t in range(THREADS):
         dcache.create_batch_job(make_job(f"job-{t}", targets_total=IDIOM_USES), make_targets(IDIOM_USES))
     use = IDIOMS[idiom]
+    pids: list[int] = []
 
     def work(t: int) -> None:
+        pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
         job_id = f"job-{t}"
         for i in range(IDIOM_USES):
             with use(Path(pg)):  # only open-per-request reads its argument, and it is not run here
@@ -495,8 +497,9 @@ def test_idiom_from_8_threads(pg: str, idiom: str) -> None:
     assert not db.in_transaction()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:  # no session of ours left in a transaction
         left = admin.execute(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state LIKE 'idle in transaction%'"
+            "SELECT COUNT(*) FROM pg_stat_activity "
+            "WHERE pid = ANY(%s) AND state LIKE 'idle in transaction%%'",
+            (pids,),
         ).fetchone()
     assert left == (0,)
     rows = db.execute_sql(

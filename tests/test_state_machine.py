@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import POSTGRES_URL, postgres_missing, postgres_target
+from conftest import POSTGRES_URL, SUFFIX, postgres_missing, postgres_target
 from helpers import make_job, make_target
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -512,7 +511,7 @@ class PostgresStoreMachine(StoreMachine):
     """The same machine on PostgreSQL, in a schema of this process's own, emptied for each run."""
 
     def path(self) -> str | Path:
-        return postgres_target(f"sift_test_machine_{os.getpid()}")
+        return postgres_target(f"sift_test_machine_{SUFFIX}")
 
     def __init__(self) -> None:
         super().__init__()
@@ -525,7 +524,7 @@ def _drop_machine_schema() -> Iterator[None]:
     yield
     if not postgres_missing():
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "sift_test_machine_{os.getpid()}" CASCADE')
+            conn.execute(f'DROP SCHEMA IF EXISTS "sift_test_machine_{SUFFIX}" CASCADE')
 
 
 # Runs of up to 30 steps; the number of runs is the profile's (HYPOTHESIS_PROFILE=deep: 2000 each).

@@ -105,7 +105,8 @@ _LOCK_TARGET = (
     "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = %s AND t.idx = %s "
     "FOR NO KEY UPDATE OF j FOR UPDATE OF t"
 )
-_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s, 0))"
+# Advisory locks are the database's, not the schema's: each key names its store's schema.
+_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s || chr(31) || %s, 0))"
 _LOCK_REMOVALS = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
@@ -407,7 +408,7 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
         self.run_sql(_LOCK_TARGET, (job_id, idx))
 
     def lock_key(self, caller: str, idem_key: str) -> None:
-        self.run_sql(_LOCK_KEY, (caller, idem_key))
+        self.run_sql(_LOCK_KEY, (self.schema, caller, idem_key))
 
     def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
         """Run a rule's transaction again after a deadlock or serialization failure, up to
