@@ -152,7 +152,9 @@ def pytest_configure(config: pytest.Config) -> None:
         ("sift_test_db", config.getini("sift_test_db")),
     ):
         if value:
-            raise pytest.UsageError(f"{name}: sift has no PostgreSQL backend yet; unset it to test on SQLite")
+            raise pytest.UsageError(
+                f"{name}: sift_store has no PostgreSQL stores yet; unset it to test on SQLite"
+            )
 
 
 @pytest.fixture

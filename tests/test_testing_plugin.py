@@ -360,7 +360,7 @@ def test_postgresql_option_does_not_exist_yet(
     monkeypatch.setenv("SIFT_TEST_DB", "postgresql://localhost/test")
     result = run(pytester, test_x="def test_x(sift_store):\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*SIFT_TEST_DB: sift has no PostgreSQL backend yet*"])
+    result.stderr.fnmatch_lines(["*SIFT_TEST_DB: sift_store has no PostgreSQL stores yet*"])
 
 
 # -- The plain functions --------------------------------------------------------------------------------
@@ -473,4 +473,4 @@ def test_postgresql_ini_option_does_not_exist_yet(pytester: pytest.Pytester) -> 
     pytester.makeini("[pytest]\nsift_test_db = postgresql://localhost/test\n")
     result = run(pytester, "--strict-config", test_x="def test_x(sift_store):\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*sift_test_db: sift has no PostgreSQL backend yet*"])
+    result.stderr.fnmatch_lines(["*sift_test_db: sift_store has no PostgreSQL stores yet*"])
