@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sift.dcache import BatchJob, BatchTarget, db
@@ -42,3 +44,15 @@ def make_target(idx: int = 0, **fields: Any) -> BatchTarget:
     values: dict[str, Any] = {"idx": idx, "url": f"https://example.com/{idx}", "options": '{"render":false}'}
     values.update(fields)
     return BatchTarget(**values)
+
+
+@contextmanager
+def session() -> Iterator[None]:
+    """Peewee's session calls as a request's hooks make them: start, then commit, or roll back on error."""
+    db.session_start()
+    try:
+        yield
+    except BaseException:
+        db.session_rollback()
+        raise
+    db.session_commit()

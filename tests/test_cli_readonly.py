@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -114,21 +115,31 @@ def test_read_commands_in_a_read_only_directory_say_why_they_cannot(
     assert sorted(os.listdir(read_only_directory.parent)) == ["store.db"]
 
 
-@pytest.fixture
-def read_only_file_system(tmp_path: Path) -> Iterator[Path]:
-    """A store (checkpointed, no -wal or -shm file) on a tmpfs remounted read-only: nobody can write it."""
+@contextmanager
+def tmpfs(mount: Path) -> Iterator[Path]:
+    """A small tmpfs mounted on ``mount`` (root only), unmounted afterwards."""
     if os.geteuid() != 0:
         pytest.skip("mounting a file system read-only needs root")
-    mount = tmp_path / "ro"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
     try:
-        path = mount / "store.db"
-        populate(path)
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-        yield path
+        yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def remount_read_only(mount: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+
+
+@pytest.fixture
+def read_only_file_system(tmp_path: Path) -> Iterator[Path]:
+    """A store (checkpointed, no -wal or -shm file) on a tmpfs remounted read-only: nobody can write it."""
+    with tmpfs(tmp_path / "ro") as mount:
+        path = mount / "store.db"
+        populate(path)
+        remount_read_only(mount)
+        yield path
 
 
 @pytest.mark.parametrize("command", READ_COMMANDS.values(), ids=list(READ_COMMANDS))
@@ -178,12 +189,7 @@ def test_read_commands_see_the_wal_and_never_write_to_it(tmp_path: Path) -> None
 def test_a_read_only_file_system_with_writes_in_the_wal_is_refused(tmp_path: Path) -> None:
     """Reading the -wal file needs a -shm file beside it, which that file system cannot hold: refused, not
     read as the stale file alone."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a file system read-only needs root")
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro") as mount:
         path = mount / "store.db"
         populate(path)
         dcache.open_db(path)
@@ -193,13 +199,9 @@ def test_a_read_only_file_system_with_writes_in_the_wal_is_refused(tmp_path: Pat
         dcache.close_db()  # the last connection checkpoints and removes the -wal: put the copy back
         Path(f"{path}-wal").write_bytes(wal)
         Path(f"{path}-shm").unlink(missing_ok=True)
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        remount_read_only(mount)
         before = state(path)
         proc = sift(["stats", "--db", str(path)], tmp_path)
         assert proc.returncode == 1
-        assert (
-            "has writes in its -wal file, and its read-only file system cannot hold the -shm" in proc.stderr
-        )
+        assert "has writes in its -wal file, and its read-only file system cannot hold" in proc.stderr
         assert state(path) == before
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)

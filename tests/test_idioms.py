@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pytest
 from helpers import make_job, make_targets
 
@@ -71,13 +72,8 @@ def atomic(path: Path) -> Iterator[None]:
 
 @contextmanager
 def session(path: Path) -> Iterator[None]:
-    db.session_start()
-    try:
+    with helpers.session():
         yield
-    except BaseException:
-        db.session_rollback()
-        raise
-    db.session_commit()
 
 
 @contextmanager

@@ -7,28 +7,16 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults import file_size_limit, locked_by_another_process
-from helpers import make_job, make_targets
+from helpers import make_job, make_targets, session
 
 from sift import dcache
 from sift.dcache import BatchJob, db
-
-
-@contextmanager
-def session() -> Iterator[None]:
-    db.session_start()
-    try:
-        yield
-    except BaseException:
-        db.session_rollback()
-        raise
-    db.session_commit()
-
 
 BLOCKS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "with db": lambda: db,
