@@ -11,14 +11,16 @@ import argparse
 from sift import dcache
 from sift.dcache.check import REPAIRABLE, Repair, Violation
 
-from .progress import make_bar
+from .progress import bars_enabled, make_bar
 from .report import emit_json, format_count, plural
 
 __all__ = ["cmd_check"]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    with make_bar(dcache.BatchJob.select().count(), "check", "job") as bar:
+    # The bar's total costs a pass over the jobs: counted only when there is a bar to draw.
+    total = dcache.BatchJob.select().count() if bars_enabled() else None
+    with make_bar(total, "check", "job") as bar:
         report = dcache.check_store(repair=args.repair, progress=bar.update)
         bar.refresh()  # draw the finished bar once, even inside tqdm's minimum interval
     # What open_db added before the check could see it (only with --repair: a plain check opens read-only).

@@ -54,11 +54,9 @@ _VALID_TARGET = _sql_list(TargetStatus)
 
 
 @dataclass(frozen=True)
-class Violation:
-    """One broken invariant; ``job_id`` names the job it affects (None for the whole store)."""
-
+class _Entry:
     kind: str
-    job_id: str | None
+    job_id: str | None  # the job it is about; None for the whole store
     detail: str
 
     def __str__(self) -> str:
@@ -67,16 +65,13 @@ class Violation:
 
 
 @dataclass(frozen=True)
-class Repair:
-    """One change ``check_store(repair=True)`` made."""
+class Violation(_Entry):
+    """One broken invariant; ``job_id`` names the job it affects (None for the whole store)."""
 
-    kind: str
-    job_id: str | None
-    detail: str
 
-    def __str__(self) -> str:
-        where = "" if self.job_id is None else f" (job {self.job_id!r})"
-        return f"{self.kind}{where}: {self.detail}"
+@dataclass(frozen=True)
+class Repair(_Entry):
+    """One change ``check_store(repair=True)`` made: the kind it mended, the job, and what changed."""
 
 
 @dataclass
