@@ -26,7 +26,7 @@ from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
 from .operations import cmd_backup, cmd_vacuum
 from .shell import cmd_shell
-from .simulate import Settings, cmd_simulate
+from .simulate import Settings, cmd_simulate, is_postgres, postgres_simulation_store
 from .store import (
     CommandError,
     default_db_path,
@@ -45,6 +45,7 @@ VALUE_OPTIONS: dict[str, Callable[[str, str], int]] = {
     "ttl": parse_duration,
     "max_bytes": parse_size,
     "budget": parse_size,
+    "stale_after": parse_duration,
 }
 
 
@@ -226,6 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--seed", metavar="N", type=int, default=d.seed, help=f"random seed (default {d.seed})"
     )
+    simulate.add_argument(
+        "--hosts",
+        metavar="N",
+        type=_count(1),
+        help="run N host processes (API and runner threads each) on one store; one is SIGKILLed part-way "
+        "and the others rescue its jobs (default: the single-process simulation)",
+    )
+    simulate.add_argument(
+        "--stale-after",
+        metavar="DURATION",
+        default="5s",
+        help="with --hosts: rescue_stale_jobs's stale_after, real time (default %(default)s)",
+    )
+    simulate.add_argument(
+        "--no-kill", action="store_true", help="with --hosts: kill no host (to measure throughput)"
+    )
 
     command("shell", cmd_shell, "An interactive Python console with the store open.", json=False)
     return parser
@@ -243,7 +260,11 @@ def _prepare(args: argparse.Namespace) -> None:
         args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
     else:
         args.db_source = "--db"
-    if isinstance(args.db, str) and args.db.startswith(("postgresql://", "postgres://")):
+    if (
+        args.command != "simulate"
+        and isinstance(args.db, str)
+        and args.db.startswith(("postgresql://", "postgres://"))
+    ):
         # Not yet: simulate's safety check and the file sizes of stats and check read files.
         raise CommandError(f"{args.db_source or '--db'}: the sift command works on SQLite stores only so far")
     for name, value in vars(args).items():
@@ -262,9 +283,13 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _simulation_store(args: argparse.Namespace) -> None:
     """simulate never changes a store holding jobs it did not make: without --db or $SIFT_DB it uses a new
-    file, and it refuses a named file that holds jobs before opening it."""
+    file, on PostgreSQL a new schema, and it refuses a named file or schema that holds jobs before opening
+    it."""
+    args.sim_schema = None
     if args.db_source is None:
         args.db = new_simulation_store()
+    elif is_postgres(args.db):
+        args.db, args.sim_schema = postgres_simulation_store(args.db, args.db_source)
     else:
         refuse_store_with_jobs(args.db, args.db_source)
 
