@@ -79,7 +79,7 @@ __all__ = ["RESCUE_REASON", "HostsRun", "check_run", "cmd_simulate_hosts", "read
 #: API threads per host.
 API_THREADS = 2
 #: Jobs an API thread keeps unfinished before it polls instead of submitting more.
-IN_FLIGHT = 4
+IN_FLIGHT = 2
 #: Targets one claim takes, and at most how many of one job (so one big job does not starve the rest).
 CLAIM_LIMIT = 4
 PER_JOB = 2
@@ -245,7 +245,7 @@ class Host:
             if self.stop.is_set():
                 return
             answered, created = self.submit(spec)
-            self.journal.write(k="sub", n=spec.number, id=answered, new=created)
+            self.journal.write(k="sub", n=spec.number, id=answered, new=created, t=time.monotonic())
             if created:
                 outstanding.append(answered)
         while outstanding and not self.stop.is_set():
@@ -331,7 +331,7 @@ class Host:
         except (JobNotFound, TargetNotFound):
             self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
             return
-        self.journal.write(k="done", job=job_id, idx=idx, ok=ok, size=size)
+        self.journal.write(k="done", job=job_id, idx=idx, ok=ok, size=size, t=time.monotonic())
         self.finish(job_id)
 
     def finish(self, job_id: str) -> None:
@@ -557,7 +557,7 @@ class _Seen:
     """The journals, indexed."""
 
     claims: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)  # -> (host, claim)
-    writes: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # -> hosts
+    writes: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)  # -> (host, t)
     submissions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     lost: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
@@ -570,7 +570,7 @@ class _Seen:
                     for job, idx in r["got"]:
                         seen.claims.setdefault((job, idx), []).append((host, r["c"]))
                 elif r["k"] == "done":
-                    seen.writes.setdefault((r["job"], r["idx"]), []).append(host)
+                    seen.writes.setdefault((r["job"], r["idx"]), []).append((host, r["t"]))
                 elif r["k"] == "sub":
                     seen.submissions.append((host, r))
                 elif r["k"] == "lost":
@@ -610,7 +610,7 @@ def check_run(run: HostsRun, budget: int) -> list[Check]:
             (f"the run stalled: no host recorded anything for {STALL_S:.0f} s; " if run.stalled else "")
             + (
                 ", ".join(f"host {h}: exit {code}, {len(run.errors[h])} errors" for h, code in bad.items())
-                or f"{run.hosts - (killed is not None)} hosts"
+                or plural(run.hosts - (killed is not None), "host")
             ),
         )
     )
@@ -636,7 +636,7 @@ def _claimed_by_writer(seen: _Seen, targets: list[tuple[Any, ...]], killed: int 
     for job, idx, status, result, error in targets:
         key = (job, idx)
         claims = seen.claims.get(key, [])
-        writers = seen.writes.get(key, [])
+        writers = [host for host, _ in seen.writes.get(key, [])]
         if status == TargetStatus.PENDING:
             continue
         if not claims:
@@ -683,29 +683,54 @@ def _writer_named(result: str | None, error: str | None) -> tuple[int, int] | No
 def _rescues_were_right(
     seen: _Seen, targets: list[tuple[Any, ...]], jobs: list[tuple[Any, ...]], killed: int | None
 ) -> Check:
-    """A live host never lost a job it was working on, and each rescued job held a target that the killed
-    host claimed (or a claim no journal names) and never wrote."""
-    stuck: set[str] = set()
-    for job, idx, status, _, _ in targets:
-        claims = seen.claims.get((job, idx), [])
-        if status == TargetStatus.RUNNING and killed is not None and (not claims or claims[0][0] == killed):
-            stuck.add(job)
+    """A live host never lost a job it was working on, and the killed host owed something on each rescued
+    job: a target it claimed (or a claim no journal names) and never wrote, or the job's last write, after
+    which it died before it could set the job's final status."""
+    owed = _owed_by(killed, seen, targets) if killed is not None else set()
     rescued = [
         job for job, _, _, status, error in jobs if status == JobStatus.FAILED and error == RESCUE_REASON
     ]
-    wrong = [job for job in rescued if job not in stuck]
+    wrong = [job for job in rescued if job not in owed]
     lost = [(host, r) for host, r in seen.lost if host != killed]
     ok = not wrong and not lost
     if ok:
         detail = (
-            f"{len(rescued)} rescued jobs in the store, each held by the killed host; 0 lost by live hosts"
+            f"{len(rescued)} rescued jobs in the store, each owed by the killed host; 0 lost by live hosts"
         )
     else:
-        detail = f"{len(wrong)} rescued jobs no dead host held" + (f" (e.g. {wrong[0]})" if wrong else "")
+        detail = f"{len(wrong)} rescued jobs the killed host owed nothing" + (
+            f" (e.g. {wrong[0]})" if wrong else ""
+        )
         detail += f"; {len(lost)} jobs lost by live hosts" + (
             f" (e.g. host {lost[0][0]}: {lost[0][1]['job']} {lost[0][1]['why']})" if lost else ""
         )
     return Check("no job of a live host failed by the rescue", ok, detail)
+
+
+def _owed_by(killed: int, seen: _Seen, targets: list[tuple[Any, ...]]) -> set[str]:
+    """The jobs the killed host left unfinished: it held a target of the job still running, or it wrote
+    the job's last target (by its journal, or a write of a target it claimed that its journal lacks)."""
+    owed: set[str] = set()
+    unfinished: set[str] = set()
+    last: dict[str, tuple[float, int]] = {}  # job -> (time, host) of its latest journaled write
+    for job, idx, status, _, _ in targets:
+        claims = seen.claims.get((job, idx), [])
+        claimer = claims[0][0] if claims else killed  # a claim no journal names is the killed host's
+        if status == TargetStatus.RUNNING and claimer == killed:
+            owed.add(job)
+        elif (
+            status in (TargetStatus.DONE, TargetStatus.FAILED)
+            and claimer == killed
+            and not seen.writes.get((job, idx))
+        ):
+            owed.add(job)  # written, then killed before the record
+        if status not in (TargetStatus.DONE, TargetStatus.FAILED):
+            unfinished.add(job)
+        for host, at in seen.writes.get((job, idx), []):
+            if at > last.get(job, (-1.0, 0))[0]:
+                last[job] = (at, host)
+    owed.update(job for job, (_, host) in last.items() if host == killed and job not in unfinished)
+    return owed
 
 
 def _idempotent(run: HostsRun, seen: _Seen, jobs: list[tuple[Any, ...]]) -> Check:
@@ -786,6 +811,22 @@ def _rates(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     }
 
 
+def longest_wait(journals: dict[int, list[dict[str, Any]]]) -> float | None:
+    """The longest a created job waited from its submission to its first claim (seconds): what
+    ``stale_after`` must exceed, since rescue_stale_jobs fails a queued job as readily as a running one."""
+    created: dict[str, float] = {}
+    first_claim: dict[str, float] = {}
+    for records in journals.values():
+        for r in records:
+            if r["k"] == "sub" and r["new"]:
+                created[r["id"]] = r["t"]
+            elif r["k"] == "claim":
+                for job, _ in r["got"]:
+                    first_claim[job] = min(first_claim.get(job, r["t"]), r["t"])
+    waits = [first_claim[job] - t for job, t in created.items() if job in first_claim]
+    return round(max(waits), 3) if waits else None
+
+
 def _summary(
     run: HostsRun, checks: list[Check], args: argparse.Namespace, settings: Settings, journal_dir: Path
 ) -> dict[str, Any]:
@@ -798,7 +839,9 @@ def _summary(
             if run.exit_codes[host] == 0
             else "failed"
         )
-        per_host.append({"host": host, "state": state, **_rates(records, run.alive_s[host])})
+        per_host.append(
+            {"host": host, "state": state, "exit": run.exit_codes[host], **_rates(records, run.alive_s[host])}
+        )
     everything = [r for records in run.journals.values() for r in records]
     subs = [r for r in everything if r["k"] == "sub"]
     jobs = {status: 0 for status in (s.value for s in JobStatus)}
@@ -822,6 +865,7 @@ def _summary(
             "jobs_created": sum(1 for r in subs if r["new"]),
             "idem_hits": sum(1 for r in subs if not r["new"]),
         },
+        "longest_wait_s": longest_wait(run.journals),
         "bytes_stored": dcache.batch_nbytes(),
         "budget": settings.budget,
         "jobs": jobs,
@@ -862,6 +906,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
                 f"{format_count(subs['jobs_created'])} jobs created, "
                 f"{format_count(subs['idem_hits'])} answered from the store",
             ),
+            ("longest wait", f"{summary['longest_wait_s']} s from a submission to its job's first claim"),
             ("eviction", f"{plural(total['evicted'], 'job')} evicted"),
             (
                 "bytes stored",
