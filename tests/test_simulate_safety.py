@@ -271,7 +271,8 @@ def test_on_postgres_simulate_makes_a_schema_of_its_own(
         assert summary["db"] == f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={made}"
         with psycopg.connect(POSTGRES_URL) as conn:
             after = schemas(conn)
-            jobs = conn.execute(f'SELECT COUNT(*) FROM "{made}".batch_job').fetchone()[0]
+            row = conn.execute(f'SELECT COUNT(*) FROM "{made}".batch_job').fetchone()
+            jobs = row[0] if row else 0
             # The store beside it, holding jobs, is as it was; and no other schema of this process's
             # simulations appeared (other sessions may add and drop schemas of their own meanwhile).
             assert store_contents(conn, neighbour) == neighbour_before
