@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
         "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
         "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
         "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
-        "jobs: one that holds jobs is refused (exit 1) and left unchanged."
+        "jobs: one that holds jobs is refused (exit 1) and left unchanged. With --db postgresql://... (or "
+        "$SIFT_DB) it makes a new schema sift_sim_<time>_<pid>, kept after the run; a ?schema= that holds "
+        "jobs is refused likewise. With --hosts N: N host processes share the store, each with API, "
+        "runner (--workers) and rescuer threads; the last is SIGKILLed part-way, the others rescue its jobs "
+        "(rescue_stale_jobs), and the run is checked against each host's journal."
     )
     simulate.add_argument(
         "--jobs", metavar="N", type=_count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
