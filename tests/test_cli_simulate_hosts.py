@@ -238,7 +238,7 @@ def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
 def test_a_stale_after_too_short_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With stale_after 0 every live job is stale at once: the rescue fails jobs that live hosts hold,
     and the check says so (no host is killed here, so any rescue is wrong)."""
-    argv = ["--hosts", "2", "--no-kill", "--jobs", "200", "--targets", "10", "--stale-after", "0s"]
+    argv = ["--hosts", "2", "--no-kill", "--jobs", "400", "--targets", "10", "--stale-after", "0s"]
     code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", "--json", *argv)
     summary = json.loads(out)
     assert code == 1 and summary["ok"] is False and summary["kill"] is None

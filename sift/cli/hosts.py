@@ -184,6 +184,7 @@ class Host:
         self.text = corpus(config.settings.seed)
         self.claim_numbers = itertools.count()
         self.numbers_lock = threading.Lock()
+        self.empty_claims = 0  # calls that found nothing to claim (written in the end record)
 
     def serve(self, conn: multiprocessing.connection.Connection) -> None:
         c = self.config
@@ -214,7 +215,7 @@ class Host:
             self.stop.set()
             for thread in [*api, *runners, rescuer]:
                 thread.join()
-            self.journal.write(k="end", t=time.monotonic())
+            self.journal.write(k="end", t=time.monotonic(), empty_claims=self.empty_claims)
             conn.send(("bye", c.host, self.errors))
         finally:
             dcache.close_db()
@@ -289,6 +290,8 @@ class Host:
             claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB)
             latency = time.perf_counter() - started
             if not claimed:
+                with self.numbers_lock:
+                    self.empty_claims += 1
                 time.sleep(IDLE_S)
                 continue
             with self.numbers_lock:
@@ -485,13 +488,12 @@ def run_hosts(
                 written = sum(h.written for h in hosted)
                 if written >= kill_at and threshold_reached is None:
                     threshold_reached = now
-                overdue = threshold_reached is not None and now - threshold_reached > 2.0
-                if (threshold_reached is not None and (victim.held or overdue)) or all(
+                # Late: the victim held nothing for 2 s past the mark, or the survivors are done already.
+                late = (threshold_reached is not None and now - threshold_reached > 2.0) or all(
                     h.api_done for h in survivors
-                ):
-                    os.kill(victim.process.pid or 0, signal.SIGKILL)
-                    victim.process.join()
-                    victim.read()
+                )
+                due = late or (threshold_reached is not None and bool(victim.held))
+                if due and _kill_holding(victim, must_hold=not late):
                     killed = Kill(victim.index, written, len(victim.held), round(now - started, 3))
             elif all(h.api_done for h in survivors) and now - last_live_check > 0.05:
                 last_live_check = now
@@ -528,6 +530,23 @@ def run_hosts(
         stalled=stalled,
         alive_s={h.index: _alive(journals[h.index]) for h in hosted},
     )
+
+
+def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
+    """SIGKILL the victim if (or, without ``must_hold``, even if not) it holds claimed targets it has not
+    written. It is frozen first (SIGSTOP), so its journal can be read as it stands at its death; if it holds
+    nothing, it runs on (SIGCONT) and False is returned."""
+    pid = victim.process.pid or 0
+    os.kill(pid, signal.SIGSTOP)
+    os.waitpid(pid, os.WUNTRACED)  # until it is stopped
+    victim.read()
+    if must_hold and not victim.held:
+        os.kill(pid, signal.SIGCONT)
+        return False
+    os.kill(pid, signal.SIGKILL)
+    victim.process.join()
+    victim.read()
+    return True
 
 
 def _receive(host: _Coordinated) -> None:
@@ -803,6 +822,7 @@ def _rates(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "claims": len(latencies),
         "targets_claimed": claimed,
         "claims_per_s": round(len(latencies) / seconds, 1) if seconds > 0 else None,
+        "empty_claims": sum(r.get("empty_claims", 0) for r in records if r["k"] == "end"),
         "rescued": sum(r["n"] for r in records if r["k"] == "rescue"),
         "evicted": sum(r["n"] for r in records if r["k"] == "evict"),
         "submissions": sum(1 for r in records if r["k"] == "sub"),
