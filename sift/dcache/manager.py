@@ -147,6 +147,7 @@ def _evictable() -> peewee.Node:
 
 
 # A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see postgres.py).
+_ANY_EXPIRED = Statement(lambda: J.select(peewee.SQL("1")).where(J.lease <= Slot("cutoff")).limit(1))
 _EXPIRED = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.targets_total, J.nbytes)
@@ -302,7 +303,7 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
     The only removal by time. Returns the number of jobs deleted.
     """
     cutoff = checks.cutoff(checks.now(now), ttl)
-    if not _EXPIRED.rows(cutoff=cutoff):  # the usual case: one read
+    if not _ANY_EXPIRED.rows(cutoff=cutoff):  # the usual case: one read, locking nothing
         return 0
     swept = chunks = 0
     with db.bulk_writes():
