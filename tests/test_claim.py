@@ -258,3 +258,38 @@ def test_8_processes_claim_each_target_exactly_once(shared_store: str) -> None:
             sum(sizes) + 3 * old,
         )
     assert dcache.batch_nbytes() == db.execute_sql("SELECT SUM(nbytes) FROM batch_job").fetchone()[0]
+
+
+# -- PostgreSQL: claimers never wait on a job another transaction holds ------------------------------------
+
+#: What another transaction holds while the claim runs: a target write's locks (job, then target, as
+#: postgres.py's lock_target takes them), or another claim's (a job, then its pending targets).
+HOLDERS = {
+    "target writer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
+    "AND t.idx = 1 FOR NO KEY UPDATE OF j FOR UPDATE OF t",
+    "another claimer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
+    "AND t.status = 'pending' FOR UPDATE",
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, holder: str) -> None:
+    import psycopg
+    from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
+
+    open_empty_postgres(postgres_schema)
+    # A claim that waited on the held row would fail after 1 s (the store's lock_timeout), not skip it.
+    dcache.open_db(postgres_target(postgres_schema), timeout=1)
+    dcache.create_batch_job(make_job("a", targets_total=3, created_at=1), make_targets(3))
+    dcache.create_batch_job(make_job("b", targets_total=2, created_at=2), make_targets(2))
+    try:
+        with psycopg.connect(POSTGRES_URL) as other:
+            other.execute(f"SET search_path TO {postgres_schema}")
+            assert other.execute(HOLDERS[holder]).fetchall()
+            assert keys(dcache.claim_batch_targets(10, now=5)) == [("b", 0), ("b", 1)]
+            assert job_row("a") == ("queued", 1_000, 0, 0, "")
+            other.rollback()
+        assert keys(dcache.claim_batch_targets(10, now=6)) == [("a", 0), ("a", 1), ("a", 2)]
+    finally:
+        dcache.close_db()
