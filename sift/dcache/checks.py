@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from typing import Any, NoReturn
 
 from .clock import unix_now
@@ -13,6 +14,12 @@ from .errors import InvalidBatchInput
 from .models import CallerClass, JobStatus, TargetStatus
 
 MAX_INT = 2**63 - 1  # SQLite INTEGER
+
+#: The deepest nesting of arrays and objects ``options`` may have on both backends: SQLite's ``json_valid``
+#: refuses deeper text, PostgreSQL's ``json`` stores it (and fails with "stack depth" far deeper still).
+MAX_JSON_DEPTH = 2000
+
+_JSON_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 JOB_STATUS_VALUES = {s.value: s.value for s in JobStatus}
 TARGET_STATUS_VALUES = {s.value: s.value for s in TargetStatus}
@@ -33,6 +40,13 @@ def count(field: str, value: Any) -> int:
     """A non-negative int that fits SQLite's INTEGER (bool is not an int here)."""
     if type(value) is not int or not 0 <= value <= MAX_INT:
         invalid(field, f"must be a non-negative int, got {_show(value)}")
+    return value
+
+
+def positive(field: str, value: Any) -> int:
+    """An int of at least 1 that fits SQLite's INTEGER (bool is not an int here)."""
+    if type(value) is not int or not 1 <= value <= MAX_INT:
+        invalid(field, f"must be a positive int, got {_show(value)}")
     return value
 
 
@@ -97,21 +111,39 @@ def now(value: Any) -> int:
     return unix_now() if value is None else count("now", value)
 
 
-def cutoff(now: int, ttl: Any) -> int:
+def cutoff(now: int, ttl: Any, field: str = "ttl") -> int:
     """The largest lease with ``lease + ttl <= now``; a job is expired iff ``lease <= cutoff``.
 
     Comparing the bare column lets SQLite use the lease index; ``lease + ttl <= now`` could not.
+    ``field`` names ``ttl`` in the error (``stale_after`` for ``rescue_stale_jobs``).
     """
     if isinstance(ttl, datetime.timedelta):
         micros = ttl // datetime.timedelta(microseconds=1)
         if micros < 0:
-            invalid("ttl", f"must not be negative, got {_show(ttl)}")
+            invalid(field, f"must not be negative, got {_show(ttl)}")
         return max(-1, (now * 1_000_000 - micros) // 1_000_000)
     if type(ttl) is int or type(ttl) is float:
         if not (ttl >= 0 and math.isfinite(ttl)):
-            invalid("ttl", f"must be a finite non-negative number of seconds, got {_show(ttl)}")
+            invalid(field, f"must be a finite non-negative number of seconds, got {_show(ttl)}")
         return max(-1, math.floor(now - ttl))
-    invalid("ttl", f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
+    invalid(field, f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
+
+
+def json_too_deep(text: str) -> bool:
+    """Whether JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH` (brackets inside
+    strings do not count). Cheap unless the text holds that many opening brackets."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return False
+    depth = 0
+    for match in _JSON_STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif token in "]}":
+            depth -= 1
+    return False
 
 
 def options_text(value: Any) -> str:
@@ -123,4 +155,6 @@ def options_text(value: Any) -> str:
             return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             invalid("options", f"cannot be stored as JSON: {exc}")
+        except RecursionError:
+            invalid("options", "cannot be stored as JSON: it is nested too deeply")
     invalid("options", f"must be JSON text or a dict or list, got {type(value).__name__}")
