@@ -24,9 +24,9 @@ HOSTS = [
     "--hosts",
     "3",
     "--jobs",
-    "36",
+    "80",
     "--targets",
-    "5",
+    "8",
     "--workers",
     "2",
     "--budget",
@@ -36,7 +36,7 @@ HOSTS = [
     "--seed",
     "4",
 ]
-SETTINGS = Settings(jobs=36, targets=5, workers=2, budget=96 * 1024, seed=4)
+SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=96 * 1024, seed=4)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
@@ -196,9 +196,16 @@ def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
 
 
 def test_a_live_hosts_job_failed_by_the_rescue_fails_the_check(checked: HostsRun) -> None:
-    job, status, error = dcache.db.execute_sql(
-        "SELECT id, status, error FROM batch_job WHERE status = 'done' LIMIT 1"
-    ).fetchone()
+    """A finished job whose every target a surviving host claimed, failed with the rescue's reason."""
+    assert checked.kill is not None
+    by_killed = {
+        job
+        for job, _ in (
+            tuple(g) for r in checked.journals[checked.kill.host] if r["k"] == "claim" for g in r["got"]
+        )
+    }
+    done = dcache.db.execute_sql("SELECT id, status, error FROM batch_job WHERE status = 'done'").fetchall()
+    job, status, error = next(row for row in done if row[0] not in by_killed)
     dcache.db.execute_sql(
         "UPDATE batch_job SET status = 'failed', error = ? WHERE id = ?", (RESCUE_REASON, job)
     )

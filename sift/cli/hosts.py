@@ -356,8 +356,11 @@ class Host:
             status, error = JobStatus.FAILED, "every target failed"
         else:
             status, error = JobStatus.PARTIAL, f"{failed} of {job.targets_total} targets failed"
-        with contextlib.suppress(JobNotFound):  # finished by another runner and evicted meanwhile
+        try:
             dcache.set_batch_job_status(job_id, status, error)
+        except JobNotFound:  # finished by another runner and evicted meanwhile
+            return
+        self.journal.write(k="finish", job=job_id, status=status.value)
 
     def rescuer(self) -> None:
         while not self.stop.wait(RESCUE_EVERY_S):
@@ -579,6 +582,7 @@ class _Seen:
     writes: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)  # -> (host, t)
     submissions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     lost: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)  # jobs some host set a final status of
 
     @classmethod
     def of(cls, journals: dict[int, list[dict[str, Any]]]) -> _Seen:
@@ -594,6 +598,8 @@ class _Seen:
                     seen.submissions.append((host, r))
                 elif r["k"] == "lost":
                     seen.lost.append((host, r))
+                elif r["k"] == "finish":
+                    seen.finished.add(r["job"])
         return seen
 
 
@@ -748,7 +754,11 @@ def _owed_by(killed: int, seen: _Seen, targets: list[tuple[Any, ...]]) -> set[st
         for host, at in seen.writes.get((job, idx), []):
             if at > last.get(job, (-1.0, 0))[0]:
                 last[job] = (at, host)
-    owed.update(job for job, (_, host) in last.items() if host == killed and job not in unfinished)
+    owed.update(
+        job
+        for job, (_, host) in last.items()
+        if host == killed and job not in unfinished and job not in seen.finished
+    )
     return owed
 
 
