@@ -94,7 +94,8 @@ IDLE_S = 0.01
 POLL_S = 0.005
 #: The error a rescued job gets.
 RESCUE_REASON = "rescued: its host stopped renewing the lease (simulated SIGKILL)"
-#: The coordinator gives up when no host records anything for this long (and the check then fails).
+#: The coordinator gives up when no host records anything for this long, plus stale_after (and the check
+#: then fails).
 STALL_S = 30.0
 #: Which part of the planned targets is written before the victim is killed.
 KILL_AFTER = 1 / 3
@@ -485,8 +486,8 @@ def run_hosts(
                 if host.read():
                     last_progress = now
             survivors = [h for h in hosted if h is not victim]
-            if any(h.errors or not h.process.is_alive() for h in survivors):
-                break  # a survivor failed: the check reports it
+            if any(h.errors or not h.process.is_alive() for h in hosted if h is not victim or killed is None):
+                break  # a host failed (the victim too, before it was killed): the check reports it
             if victim is not None and killed is None:
                 written = sum(h.written for h in hosted)
                 if written >= kill_at and threshold_reached is None:
@@ -502,7 +503,7 @@ def run_hosts(
                 last_live_check = now
                 if dcache.live_batch_jobs_total() == 0:
                     break
-            if now - last_progress > STALL_S:
+            if now - last_progress > STALL_S + stale_after:  # survivors record nothing while they wait
                 stalled = True
                 break
         seconds = time.monotonic() - started
@@ -541,7 +542,8 @@ def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
     nothing, it runs on (SIGCONT) and False is returned."""
     pid = victim.process.pid or 0
     os.kill(pid, signal.SIGSTOP)
-    os.waitpid(pid, os.WUNTRACED)  # until it is stopped
+    while _state(pid) not in ("T", "Z", "X", ""):  # until it is stopped (read, not waited for: not reaped)
+        time.sleep(0.001)
     victim.read()
     if must_hold and not victim.held:
         os.kill(pid, signal.SIGCONT)
@@ -550,6 +552,15 @@ def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
     victim.process.join()
     victim.read()
     return True
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (``T`` stopped, ``Z`` a zombie), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _receive(host: _Coordinated) -> None:
