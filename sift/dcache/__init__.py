@@ -43,7 +43,16 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
-from .space import StoreSpace, VacuumReport, store_space, vacuum_store
+from .space import (
+    RelationSpace,
+    RelationVacuumReport,
+    StoreSpace,
+    VacuumReport,
+    relation_space,
+    store_space,
+    vacuum_relations,
+    vacuum_store,
+)
 from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
@@ -56,6 +65,8 @@ __all__ = [
     "InvalidBatchInput",
     "JobNotFound",
     "JobStatus",
+    "RelationSpace",
+    "RelationVacuumReport",
     "SerializedSqliteDatabase",
     "StoreConflict",
     "StoreCorrupt",
@@ -85,6 +96,7 @@ __all__ = [
     "mark_in_flight_failed",
     "open_db",
     "put_batch_targets",
+    "relation_space",
     "set_batch_job_status",
     "stats",
     "store_space",
@@ -94,5 +106,6 @@ __all__ = [
     "touch_batch_job",
     "unix_now",
     "update_batch_target",
+    "vacuum_relations",
     "vacuum_store",
 ]
