@@ -31,6 +31,7 @@ from .store import (
     CommandError,
     default_db_path,
     file_sizes,
+    is_postgres,
     missing_schema,
     new_simulation_store,
     opened,
@@ -243,9 +244,9 @@ def _prepare(args: argparse.Namespace) -> None:
         args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
     else:
         args.db_source = "--db"
-    if isinstance(args.db, str) and args.db.startswith(("postgresql://", "postgres://")):
-        # Not yet: simulate's safety check and the file sizes of stats and check read files.
-        raise CommandError(f"{args.db_source or '--db'}: the sift command works on SQLite stores only so far")
+    if is_postgres(args.db) and args.command == "simulate":
+        # Not yet: simulate's safety check reads files.
+        raise CommandError(f"{args.db_source or '--db'}: sift simulate works on SQLite stores only so far")
     for name, value in vars(args).items():
         if isinstance(value, str):
             try:
@@ -271,7 +272,15 @@ def _simulation_store(args: argparse.Namespace) -> None:
 
 def _prepare_check(args: argparse.Namespace) -> None:
     """``check`` reads the store as it is: it must exist (``--repair`` too: a typo must not make a store),
-    and what open_db would add to the schema is named, by the check or as repaired, not added silently."""
+    and what open_db would add to the schema is named, by the check or as repaired, not added silently.
+    On PostgreSQL the read-only open finds no store in an empty schema, and check_store itself names
+    (and with --repair creates) what is missing: open_db adds nothing to a store that has its version row."""
+    if is_postgres(args.db):
+        args.missing_schema = []
+        if args.repair:  # the store must exist: a typo in the schema's name must not make a new store
+            with opened(args.db, readonly=True):
+                pass
+        return
     if args.db != ":memory:" and not os.path.isfile(args.db):
         raise CommandError(f"path: no store at {args.db!r}")
     args.missing_schema = missing_schema(args.db) if args.db != ":memory:" else []
@@ -300,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
             _prepare_check(args)
             readonly = not args.repair
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
-        with opened(args.db, readonly=readonly):
+        with opened(args.db, readonly=readonly) as database:
+            if is_postgres(args.db):
+                args.db = database.path  # as shown in messages: without a password
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))
