@@ -435,11 +435,10 @@ def test_a_client_killed_mid_transaction_leaves_nothing_and_no_lock(pg: str) -> 
 @pytest.mark.parametrize(
     "call",
     [
-        lambda tmp: dcache.backup_store(tmp / "copy.db"),
         lambda tmp: dcache.store_space(),
         lambda tmp: dcache.vacuum_store(),
     ],
-    ids=["backup_store", "store_space", "vacuum_store"],
+    ids=["store_space", "vacuum_store"],
 )
 def test_file_housekeeping_is_refused(pg: str, tmp_path: Path, call: Any) -> None:
     dcache.create_batch_job(make_job("job-1"))
@@ -450,7 +449,7 @@ def test_file_housekeeping_is_refused(pg: str, tmp_path: Path, call: Any) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
+def test_metrics_replace_the_file_gauges_with_table_bytes(pg: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from sift.dcache.metrics import register
@@ -462,6 +461,8 @@ def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
     text = generate_latest(registry).decode()
     assert "sift_batch_nbytes 4.0" in text and "sift_live_batch_jobs 1.0" in text
     assert "sift_store_file_bytes" not in text and "sift_store_reclaimable_bytes" not in text
+    (table_bytes,) = [line for line in text.splitlines() if line.startswith("sift_store_table_bytes ")]
+    assert float(table_bytes.split()[1]) == dcache.relation_space().total_bytes > 0
 
 
 # -- Peewee's idioms from 8 threads (tests/test_idioms.py's, each thread on its own connection) ----------
