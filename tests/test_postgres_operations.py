@@ -199,3 +199,109 @@ def test_vacuum_relations_refuses_what_it_cannot_do(pg: str, tmp_path: Path) -> 
         with pytest.raises(dcache.StoreUnavailable, match="a SQLite file has"):
             call()
     assert os.listdir(tmp_path) == ["store.db"] or "store.db" in os.listdir(tmp_path)
+
+
+# -- Restore: a SQLite store file into an empty store (the way from SQLite to PostgreSQL) -------------------
+
+
+def test_a_backup_restored_is_the_store_again(pg: str, pg_target: str, tmp_path: Path) -> None:
+    fill()
+    expected, nbytes = pg_rows(), dcache.batch_nbytes()
+    dest = tmp_path / "copy.db"
+    dcache.backup_store(dest)
+    dcache.open_db(f"{pg_target}_again")
+    try:
+        seen: list[tuple[int, int]] = []
+        report = dcache.restore_store(dest, progress=lambda done, total: seen.append((done, total)))
+        assert (report.jobs, report.targets) == (len(expected["batch_job"]), len(expected["batch_target"]))
+        assert seen[-1] == (report.jobs + report.targets,) * 2
+        assert pg_rows() == expected  # row for row, jobs in their insertion order
+        assert dcache.batch_nbytes() == nbytes and dcache.check_store().ok
+        assert dcache.batch_job_by_idem("alice", "t", 60, now=5_010) == "tie-a"
+    finally:
+        dcache.close_db()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{pg_target.rpartition("schema=")[2]}_again" CASCADE')
+
+
+def sqlite_store(path: Path, *statements: str) -> Path:
+    """A SQLite store file made by open_db, then written by another program's statements."""
+    dcache.open_db(path)
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    dcache.update_batch_target("job-1", 0, "done", result="fine", now=5)
+    dcache.close_db()
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    return path
+
+
+def not_a_database(path: Path) -> Path:
+    path.write_text("not a database " * 100)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda tmp: "", "must be a non-empty str"),
+        (lambda tmp: tmp / "none.db", "no store file at"),
+        (
+            lambda tmp: (tmp / "text.db").write_text("not a database " * 100) and tmp / "text.db",
+            "cannot read",
+        ),
+        (lambda tmp: sqlite_store(tmp / "other.db", "DROP TABLE batch_target"), "is not a batch store"),
+        (
+            lambda tmp: sqlite_store(
+                tmp / "nul.db", "UPDATE batch_target SET result = 'a' || char(0) || 'b'"
+            ),
+            "a row of batch_target in .* cannot be stored here",
+        ),
+        (
+            lambda tmp: sqlite_store(
+                tmp / "json.db", "UPDATE batch_target SET options = '{oops' WHERE idx = 1"
+            ),
+            "a row of batch_target in .* cannot be stored here",
+        ),
+    ],
+    ids=["empty", "missing", "not-sqlite", "no-targets-table", "nul", "bad-json"],
+)
+def test_a_source_that_cannot_be_restored_is_named_and_nothing_is_written(
+    pg: str, tmp_path: Path, make: Any, message: str
+) -> None:
+    source = make(tmp_path)
+    dcache.open_db(pg)
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput, match=message) as info:
+        dcache.restore_store(source)
+    assert info.value.field == "source"
+    assert snapshot() == before
+
+
+def test_restore_into_a_store_with_jobs_is_refused(pg: str, tmp_path: Path) -> None:
+    source = sqlite_store(tmp_path / "store.db")
+    dcache.open_db(pg)
+    dcache.create_batch_job(make_job("mine"))
+    before = snapshot()
+    with pytest.raises(dcache.StoreUnavailable, match="already holds 1 rows"):
+        dcache.restore_store(source)
+    assert snapshot() == before
+
+
+def test_sift_restore_moves_a_sqlite_store_to_postgresql(
+    pg_target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_helpers import populate, run
+
+    source = tmp_path / "store.db"
+    populate(source)
+    code, out, err = run(capsys, "--db", pg_target, "restore", source)
+    assert (code, err) == (0, "")
+    assert out == f"restored 5 jobs and 10 targets from {source} into {pg_target}\n"
+    code, out, err = run(capsys, "--db", pg_target, "restore", source)
+    assert (code, out) == (1, "") and "already holds 15 rows" in err
+    with closing(sqlite3.connect(source)) as conn:
+        expected = conn.execute(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY id").fetchall()
+    dcache.open_db(pg_target)
+    assert dcache.db.execute_sql(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY id").fetchall() == expected

@@ -24,7 +24,7 @@ from sift.dcache import BatchError, JobStatus
 from .check import cmd_check
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
-from .operations import cmd_backup, cmd_vacuum
+from .operations import cmd_backup, cmd_restore, cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import (
@@ -175,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
         "once complete (a new DEST gets mode 0600).",
     )
     backup.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
+
+    restore = command(
+        "restore",
+        cmd_restore,
+        "Copy every job and target of the SQLite store file SOURCE (a backup) into the store, which must "
+        "hold none: in one transaction, so a refused row leaves it empty. With --db postgresql://..., "
+        "this moves a SQLite store to PostgreSQL.",
+    )
+    restore.add_argument("source", metavar="SOURCE", help="the SQLite store file to copy from (only read)")
 
     command(
         "vacuum",

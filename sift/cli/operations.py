@@ -12,7 +12,7 @@ from sift.dcache.space import file_backed
 from .progress import make_bar
 from .report import emit_json, format_count, format_size
 
-__all__ = ["cmd_backup", "cmd_vacuum", "space_lines", "space_report"]
+__all__ = ["cmd_backup", "cmd_restore", "cmd_vacuum", "space_lines", "space_report"]
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -161,5 +161,24 @@ def cmd_backup(args: argparse.Namespace) -> int:
     print(
         f"backed up {args.db} to {done.dest}: {format_size(done.nbytes)} ({format_count(done.pages)} pages), "
         "the store as it was when the copy started"
+    )
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    with make_bar(None, "restore", unit="row") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        done = dcache.restore_store(args.source, progress=progress)
+        bar.refresh()
+    if args.json:
+        emit_json({"db": args.db, "source": done.source, "jobs": done.jobs, "targets": done.targets})
+        return 0
+    print(
+        f"restored {format_count(done.jobs)} jobs and {format_count(done.targets)} targets "
+        f"from {done.source} into {args.db}"
     )
     return 0

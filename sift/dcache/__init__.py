@@ -5,7 +5,7 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
-from .backup import BackupReport, backup_store
+from .backup import BackupReport, RestoreReport, backup_store, restore_store
 from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
@@ -67,6 +67,7 @@ __all__ = [
     "JobStatus",
     "RelationSpace",
     "RelationVacuumReport",
+    "RestoreReport",
     "SerializedSqliteDatabase",
     "StoreConflict",
     "StoreCorrupt",
@@ -97,6 +98,7 @@ __all__ = [
     "open_db",
     "put_batch_targets",
     "relation_space",
+    "restore_store",
     "set_batch_job_status",
     "stats",
     "store_space",

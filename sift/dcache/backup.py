@@ -11,6 +11,9 @@ READ ONLY snapshot of the store's schema (so the copy is consistent while others
 Jobs are copied in insertion order (``seq``), so the copy's ``_rowid_`` keeps the newest-wins tiebreak, and
 ``options`` as the text stored; the copy's byte total is recomputed from its jobs. It opens with
 ``open_db(dest)``: that is also how a store's data moves from PostgreSQL to SQLite.
+
+:func:`restore_store` is the way back: it copies a SQLite store file (a backup, or a store that outgrew
+its machine) into the open store, which must hold no job, in one transaction.
 """
 
 from __future__ import annotations
@@ -26,13 +29,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import peewee
+
 from . import files
 from .database import db
 from .driver_errors import store_error
-from .errors import InvalidBatchInput, StoreFull, StoreNotOpen, StoreReadOnly, StoreUnavailable
+from .errors import (
+    BatchError,
+    InvalidBatchInput,
+    StoreConflict,
+    StoreFull,
+    StoreNotOpen,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 from .sqlite import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA, SerializedSqliteDatabase
 
-__all__ = ["PAGES_PER_STEP", "ROWS_PER_STEP", "TEMP_SUFFIX", "BackupReport", "backup_store"]
+__all__ = [
+    "PAGES_PER_STEP",
+    "ROWS_PER_STEP",
+    "TEMP_SUFFIX",
+    "BackupReport",
+    "RestoreReport",
+    "backup_store",
+    "restore_store",
+]
 
 #: Pages copied per step of the backup (4 MiB of 4 KiB pages); progress is reported after each.
 PAGES_PER_STEP = 1024
@@ -60,6 +81,15 @@ class BackupReport:
     @property
     def nbytes(self) -> int:
         return self.pages * self.page_size
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What :func:`restore_store` copied."""
+
+    source: str
+    jobs: int
+    targets: int
 
 
 def backup_store(
@@ -261,3 +291,87 @@ def _os_error(exc: OSError, target: str) -> StoreUnavailable:
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return StoreReadOnly(f"dest: cannot write {target!r} ({why})")
     return StoreUnavailable(f"dest: cannot write {target!r} ({why})")
+
+
+def restore_store(
+    source: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
+) -> RestoreReport:
+    """Copy every job and target of the SQLite store file at ``source`` into the open store (either
+    backend), which must hold no job and no target: jobs in their insertion order (newest-wins ties keep
+    their winner), ``options`` as stored, all in one transaction. ``progress(done, total)`` counts rows.
+
+    Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
+    store itself, or a row the open store cannot hold (a NUL in text, JSON PostgreSQL rejects): the open
+    store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
+    """
+    if db.deferred:
+        raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
+    path = _source_file(source)
+    try:
+        src = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise InvalidBatchInput("source", f"cannot open {path!r}: {exc}") from exc
+    try:
+        try:
+            src.execute("BEGIN")  # one snapshot of the source, whoever writes it meanwhile
+            tables = {row[0] for row in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"batch_job", "batch_target"} <= tables:
+                raise InvalidBatchInput(
+                    "source", f"{path!r} is not a batch store (no batch_job, batch_target)"
+                )
+            jobs, targets = src.execute(
+                "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise InvalidBatchInput("source", f"cannot read {path!r} as a batch store: {exc}") from exc
+        mark = "?" if isinstance(db.backend, SerializedSqliteDatabase) else "%s"
+        done = 0
+        with db.write():
+            held = db.fetch_one(
+                "SELECT (SELECT COUNT(*) FROM batch_job) + (SELECT COUNT(*) FROM batch_target)", ()
+            )
+            if held[0]:
+                raise StoreUnavailable(
+                    f"database: {db.path!r} already holds {held[0]} rows; restore_store copies into an empty "
+                    "store only"
+                )
+            for table, columns, order in (
+                ("batch_job", JOB_COLUMNS, "_rowid_"),
+                ("batch_target", TARGET_COLUMNS, "job_id, idx"),
+            ):
+                marks = ", ".join([mark] * (columns.count(",") + 1))
+                insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+                try:
+                    cursor = src.execute(f"SELECT {columns} FROM {table} ORDER BY {order}")
+                    while rows := cursor.fetchmany(ROWS_PER_STEP):
+                        db.executemany(insert, rows)
+                        done += len(rows)
+                        if progress is not None:
+                            progress(done, jobs + targets)
+                except sqlite3.Error as exc:
+                    raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
+                except (BatchError, peewee.DatabaseError) as exc:
+                    if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
+                        raise
+                    raise InvalidBatchInput(
+                        "source", f"a row of {table} in {path!r} cannot be stored here: {exc}"
+                    ) from exc
+    finally:
+        src.close()
+    return RestoreReport(source=path, jobs=jobs, targets=targets)
+
+
+def _source_file(source: str | os.PathLike[str]) -> str:
+    try:
+        shown = os.fspath(source)
+    except TypeError:
+        shown = None
+    if not isinstance(shown, str) or not shown:
+        raise InvalidBatchInput("source", f"must be a non-empty str or os.PathLike of str, got {source!r}")
+    path = os.path.abspath(shown)
+    if not os.path.isfile(path):
+        raise InvalidBatchInput("source", f"no store file at {shown!r}")
+    on_file = isinstance(db.backend, SerializedSqliteDatabase) and db.path not in (None, ":memory:")
+    if on_file and os.path.samefile(path, str(db.path)):
+        raise InvalidBatchInput("source", f"{shown!r} is the open store itself")
+    return path
