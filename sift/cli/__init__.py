@@ -1,6 +1,7 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
-Built on the public functions of :mod:`sift.dcache` and its models. The commands that only read (stats,
+Built on the public functions of :mod:`sift.dcache` and its models; the store is a SQLite file or, for
+every command but simulate, a PostgreSQL URL. The commands that only read (stats,
 jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
 never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
 negative duration or size, no store at the path a read command names, a file that is not a store or
@@ -76,14 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing, except by --dry-run",
+        help="the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); created if "
+        "missing, except by --dry-run",
     )
     read_db = argparse.ArgumentParser(add_help=False)
     read_db.add_argument(
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); it must exist, and is only read",
+        help="the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); it must exist, "
+        "and is only read",
     )
     new_db = argparse.ArgumentParser(add_help=False)
     new_db.add_argument(
