@@ -378,21 +378,6 @@ def test_read_only_open_of_a_missing_store_is_refused(fresh_schema: str) -> None
         dcache.open_db(postgres_target(fresh_schema), readonly=True)
 
 
-# -- Not yet on PostgreSQL: refused plainly --------------------------------------------------------------
-
-
-def test_check_store_is_refused_on_postgres(pg: str) -> None:
-    with pytest.raises(dcache.StoreUnavailable, match=r"^check_store: .*SQLite"):
-        dcache.check_store()
-
-
-def test_the_cli_refuses_postgres_targets(pg: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from sift.cli import main
-
-    assert main(["stats", "--db", pg]) == 1
-    assert "works on SQLite stores only so far" in capsys.readouterr().err
-
-
 # -- A client killed mid-transaction --------------------------------------------------------------------
 
 
