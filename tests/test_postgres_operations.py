@@ -305,3 +305,18 @@ def test_sift_restore_moves_a_sqlite_store_to_postgresql(
         expected = conn.execute(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY id").fetchall()
     dcache.open_db(pg_target)
     assert dcache.db.execute_sql(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY id").fetchall() == expected
+
+
+def test_restore_into_an_empty_sqlite_store_too(tmp_path: Path) -> None:
+    source = sqlite_store(tmp_path / "source.db")
+    expected = file_rows(source)
+    dcache.open_db(tmp_path / "new.db")
+    try:
+        report = dcache.restore_store(source)
+        assert (report.jobs, report.targets) == (1, 2)
+        dcache.close_db()
+        assert file_rows(tmp_path / "new.db") == expected
+        dcache.open_db(tmp_path / "new.db")
+        assert dcache.check_store().ok and dcache.batch_nbytes() == 4
+    finally:
+        dcache.close_db()
