@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -354,3 +355,23 @@ def test_a_named_postgres_schema_without_jobs_is_used(
     finally:
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.postgres
+def test_on_postgres_the_password_is_never_shown(
+    postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test server trusts its clients, so a password in the URL is accepted and ignored; the summary,
+    whose store line names the URL, shows it without the password."""
+    parts = urllib.parse.urlsplit(POSTGRES_URL)
+    user, _, host = parts.netloc.rpartition("@")
+    with_password = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:s3cret@{host}"))
+    code, out, err = run(capsys, "simulate", "--db", with_password, *SMALL)
+    made = (
+        next(line for line in out.splitlines() if line.startswith("  store ")).split("schema=")[1].split()[0]
+    )
+    try:
+        assert code == 0 and "s3cret" not in out + err
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')

@@ -66,13 +66,12 @@ from .simulate import (
     check_invariants,
     corpus,
     envelope,
-    is_postgres,
     kept_schema_note,
     plan,
     settings_of,
     shown_store,
 )
-from .store import OPEN_TIMEOUT_S, CommandError
+from .store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
 __all__ = ["RESCUE_REASON", "HostsRun", "check_run", "cmd_simulate_hosts", "read_journal", "run_hosts"]
 
@@ -626,16 +625,15 @@ def check_run(run: HostsRun, budget: int) -> list[Check]:
     jobs: list[tuple[Any, ...]] = list(job_rows.tuples())
     checks = [_claimed_once(seen), _claimed_by_writer(seen, targets, killed)]
     checks += check_invariants(budget)
-    if isinstance(dcache.db.backend, dcache.SerializedSqliteDatabase):  # check_store reads SQLite only
-        report = dcache.check_store()
-        checks.append(
-            Check(
-                "check_store() finds no violation",
-                not report.violations,
-                f"{len(report.violations)} violations"
-                + (f", first: {report.violations[0]}" if report.violations else ""),
-            )
+    report = dcache.check_store()
+    checks.append(
+        Check(
+            "check_store() finds no violation",
+            not report.violations,
+            f"{len(report.violations)} violations"
+            + (f", first: {report.violations[0]}" if report.violations else ""),
         )
+    )
     checks.append(_rescues_were_right(seen, targets, jobs, killed))
     checks.append(_idempotent(run, seen, jobs))
     bad = {h: code for h, code in run.exit_codes.items() if h != killed and (code != 0 or run.errors[h])}
@@ -807,11 +805,12 @@ def _idempotent(run: HostsRun, seen: _Seen, jobs: list[tuple[Any, ...]]) -> Chec
 
 
 def cmd_simulate_hosts(args: argparse.Namespace) -> int:
-    if args.db == ":memory:":
+    if getattr(args, "sim_target", args.db) == ":memory:":
         raise CommandError("--hosts: several processes cannot share an in-memory store; name a file")
     settings = settings_of(args)
     journal_dir = Path(tempfile.mkdtemp(prefix="sift-simulate-journals-"))
-    run = run_hosts(settings, args.db, args.hosts, args.stale_after, not args.no_kill, journal_dir)
+    target = getattr(args, "sim_target", args.db)  # args.db may be shown without its password
+    run = run_hosts(settings, target, args.hosts, args.stale_after, not args.no_kill, journal_dir)
     checks = check_run(run, settings.budget)
     summary = _summary(run, checks, args, settings, journal_dir)
     if args.json:

@@ -42,14 +42,13 @@ from sift.dcache.clock import unix_now
 from .inspection import counts_by_status
 from .progress import make_bar
 from .report import Column, emit_json, format_count, format_size, format_span, key_values, plural, table
-from .store import OPEN_TIMEOUT_S, CommandError
+from .store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
 __all__ = [
     "Settings",
     "Simulation",
     "check_invariants",
     "cmd_simulate",
-    "is_postgres",
     "plan",
     "postgres_simulation_store",
 ]
@@ -589,10 +588,6 @@ def check_invariants(budget: int | None = None) -> list[Check]:
 POSTGRES_STORE_TABLES = frozenset({"batch_job", "batch_target", "batch_totals", "sift_schema"})
 
 
-def is_postgres(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
 def postgres_simulation_store(target: str, source: str) -> tuple[str, str | None]:
     """The PostgreSQL store simulate may use for ``target`` (named by ``source``), and the schema it made.
 
@@ -683,7 +678,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     started = time.perf_counter()
     with make_bar(settings.jobs, "simulate", "job") as bar:
-        sim = Simulation(settings, args.db, bar)
+        sim = Simulation(settings, getattr(args, "sim_target", args.db), bar)
         sim.run()
     seconds = time.perf_counter() - started
     summary = _summary(sim, seconds)
