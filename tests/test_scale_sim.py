@@ -186,3 +186,11 @@ def test_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     names = [line.split("  ")[0] for line in out.splitlines()[4:8]]
     assert names == ["global", "1", "1, rebalanced /100", "8"]
+
+
+@pytest.mark.parametrize(("budget", "parts"), [(10, 1), (10, 3), (1_000_003, 64), (5, 16)])
+def test_shard_budgets_add_up_to_the_whole_budget(budget: int, parts: int) -> None:
+    budgets = sim.split(budget, parts)
+    assert len(budgets) == parts and sum(budgets) == budget
+    assert max(budgets) - min(budgets) <= 1
+    assert [s.budget for s in sim.Sharded(budget, parts, (0,)).shards] == budgets
