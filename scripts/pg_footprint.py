@@ -55,60 +55,77 @@ def _measure(url: str, jobs: int, targets: int, result_bytes: int) -> dict[str, 
         assert oid is not None
         dcache.open_db(f"{url}?schema=sift", max_connections=2)
         result = "r" * result_bytes
-        ids = [f"job-{i:07d}" for i in range(jobs)]
+        ids = [(i, f"job-{i:07d}") for i in range(jobs)]
 
-        def create() -> None:
-            for i, job_id in enumerate(ids):
+        def create(chunk: Sequence[tuple[int, str]]) -> None:
+            for i, job_id in chunk:
                 job = dcache.BatchJob(
                     id=job_id, caller=f"caller-{i % 16}", caller_class="fleet", idem_key=f"key-{i}",
                     status="running", targets_total=targets, created_at=i, lease=i,
                 )  # fmt: skip
-                rows = (
-                    dcache.BatchTarget(idx=k, url=f"https://example.com/{i}/{k}", options="{}")
-                    for k in range(targets)
+                urls = (f"https://example.com/{i}/{k}" for k in range(targets))
+                dcache.create_batch_job(
+                    job, (dcache.BatchTarget(idx=k, url=u, options="{}") for k, u in enumerate(urls))
                 )
-                dcache.create_batch_job(job, rows)
 
-        def write() -> None:
-            for i, job_id in enumerate(ids):
+        def write(chunk: Sequence[tuple[int, str]]) -> None:
+            for i, job_id in chunk:
                 for k in range(targets):
                     dcache.update_batch_target(job_id, k, "done", result=result, now=jobs + i)
                 dcache.set_batch_job_status(job_id, "done", now=jobs + i)
 
-        def touch() -> None:
-            for i, job_id in enumerate(ids):
+        def touch(chunk: Sequence[tuple[int, str]]) -> None:
+            for i, job_id in chunk:
                 dcache.touch_batch_job(job_id, now=2 * jobs + i)
 
-        def evict() -> None:
-            assert dcache.evict_batch_oldest(0) == jobs
+        def evict(chunk: Sequence[tuple[int, str]]) -> None:
+            dcache.evict_batch_oldest(dcache.batch_nbytes() - sum(job.nbytes for job in _jobs(chunk)))
 
         figures: dict[str, Any] = {"jobs": jobs, "targets": targets, "result_bytes": result_bytes}
-        figures["create"] = _wal(conn, oid[0], create, jobs)
-        figures["write"] = _wal(conn, oid[0], write, jobs * targets)
+        figures["create"] = _wal(conn, oid[0], create, ids, 1)
+        figures["write"] = _wal(conn, oid[0], write, ids, targets)
         figures["sizes"] = _sizes(conn, jobs, targets)
-        figures["touch"] = _wal(conn, oid[0], touch, jobs)
-        figures["evict"] = _wal(conn, oid[0], evict, jobs)
+        figures["touch"] = _wal(conn, oid[0], touch, ids, 1)
+        figures["evict"] = _wal(conn, oid[0], evict, ids, 1)
+        assert dcache.batch_nbytes() == 0 and dcache.batch_job(ids[-1][1]) is None
         dcache.close_db()
         return figures
 
 
-def _wal(conn: psycopg.Connection[Any], oid: int, phase: Callable[[], None], per: int) -> dict[str, float]:
-    """Run ``phase``; the WAL bytes (all, and full-page images) of this database's records, per unit."""
-    start = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
-    phase()
-    end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
-    assert start is not None and end is not None
-    # A record is ours when it names a block of this database, or belongs to a transaction that did.
-    row = conn.execute(
-        """WITH r AS (SELECT * FROM pg_get_wal_records_info(%s, %s)),
-        ours AS (SELECT * FROM r WHERE block_ref LIKE %s),
-        xids AS (SELECT DISTINCT xid FROM ours WHERE xid <> 0)
-        SELECT COALESCE(SUM(record_length), 0), COALESCE(SUM(fpi_length), 0), COUNT(*)
-        FROM r WHERE block_ref LIKE %s OR xid IN (SELECT xid FROM xids)""",
-        (start[0], end[0], f"%/{oid}/%", f"%/{oid}/%"),
-    ).fetchone()
-    assert row is not None
-    total, fpi, records = (int(v) for v in row)
+def _jobs(chunk: Sequence[tuple[int, str]]) -> list[dcache.BatchJob]:
+    found = [dcache.batch_job(job_id) for _, job_id in chunk]
+    return [job for job in found if job is not None]
+
+
+#: Jobs per WAL reading: the server recycles WAL segments after a checkpoint, so read them soon.
+CHUNK = 50
+
+Chunk = Sequence[tuple[int, str]]
+
+
+def _wal(
+    conn: psycopg.Connection[Any], oid: int, phase: Callable[[Chunk], None], ids: Chunk, per_job: int
+) -> dict[str, float]:
+    """Run ``phase`` over the jobs, a chunk at a time; the WAL bytes (all, and full-page images) of this
+    database's records, per job (``per_job`` = 1) or per target (``per_job`` = targets)."""
+    total = fpi = records = 0
+    for at in range(0, len(ids), CHUNK):
+        start = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+        phase(ids[at : at + CHUNK])
+        end = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()
+        assert start is not None and end is not None
+        # A record is ours when it names a block of this database, or belongs to a transaction that did.
+        row = conn.execute(
+            """WITH r AS (SELECT * FROM pg_get_wal_records_info(%s, %s)),
+            ours AS (SELECT * FROM r WHERE block_ref LIKE %s),
+            xids AS (SELECT DISTINCT xid FROM ours WHERE xid <> 0)
+            SELECT COALESCE(SUM(record_length), 0), COALESCE(SUM(fpi_length), 0), COUNT(*)
+            FROM r WHERE block_ref LIKE %s OR xid IN (SELECT xid FROM xids)""",
+            (start[0], end[0], f"%/{oid}/%", f"%/{oid}/%"),
+        ).fetchone()
+        assert row is not None
+        total, fpi, records = total + int(row[0]), fpi + int(row[1]), records + int(row[2])
+    per = len(ids) * per_job
     return {
         "wal_bytes": total / per,
         "fpi_bytes": fpi / per,
