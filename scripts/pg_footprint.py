@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -38,11 +39,13 @@ def measure(server: str, jobs: int, targets: int, result_bytes: int) -> dict[str
     for name, value in (("jobs", jobs), ("targets", targets), ("result_bytes", result_bytes)):
         if type(value) is not int or value <= 0:
             raise ValueError(f"{name}: must be an int > 0, got {value!r}")
-    database = f"sift_footprint_{os.getpid()}"
+    database = f"sift_footprint_{os.getpid()}_{secrets.token_hex(4)}"  # other machines may share the server
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
         try:
-            return _measure(with_database(server, database), jobs, targets, result_bytes)
+            return {"database": database} | _measure(
+                with_database(server, database), jobs, targets, result_bytes
+            )
         finally:
             dcache.close_db()
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
