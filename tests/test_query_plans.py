@@ -135,9 +135,9 @@ SLOT_VALUES: dict[str, Any] = {
 JOB_BY_ID = f"{JOB_PK} (id=?)"
 TARGET_BY_KEY = f"{TARGET_PK} (job_id=? AND idx=?)"
 TARGETS_OF_JOB = f"{TARGET_PK} (job_id=?)"
-#: Two partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
-#: order): a statement over every live job may scan either.
-LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
+#: Three partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
+#: order, batch_job_live_lease by lease): a statement over every live job may scan any of them.
+LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"}, {"batch_job_live_lease"})
 #: Each statement's index accesses, or a tuple of the sets SQLite may choose between.
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # runner step
@@ -161,14 +161,14 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_TOUCH": {JOB_BY_ID},
     "_MARK_FAILED": LIVE_SCAN,  # a SCAN of a partial index: bounded by the live jobs
     # many runners: the claim walks live jobs in claim order, probing each for a pending target, and takes
-    # the first pending targets of one job; the rescue searches the lease index for stale leases
+    # the first pending targets of one job; the rescue searches live jobs by lease
     "_NEXT_CLAIMABLE_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
     "_CLAIM_TARGETS": (  # each picked target by its key, through either index holding it
         {"batch_target_pending (job_id=?)", TARGET_BY_KEY},
         {"batch_target_pending (job_id=?)", "batch_target_pending (job_id=? AND idx=?)"},
     ),
     "_CLAIM_JOB": {JOB_BY_ID},
-    "_RESCUE": {"batch_job_lease (lease<?)"},
+    "_RESCUE": {"batch_job_live_lease (lease<?)"},  # live jobs only: not the history's old leases
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
@@ -189,7 +189,7 @@ SORTS = {
 PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
-    r"|SCAN \w+ USING (?:COVERING )?INDEX (?P<partial>batch_job_live|batch_job_claim|batch_job_evictable)"
+    r"|SCAN \w+ USING (?:COVERING )?INDEX (?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"

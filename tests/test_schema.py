@@ -94,6 +94,9 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
     objects = schema_objects(tmp_path / "package.db")
     assert ("index", "batch_job_live") in objects
     assert ("index", "batch_job_evictable") in objects
+    assert ("index", "batch_job_claim") in objects
+    assert ("index", "batch_target_pending") in objects
+    assert ("index", "batch_job_live_lease") in objects
     assert ("table", "batch_totals") in objects
 
 

@@ -44,11 +44,14 @@ TOTAL_SLOTS = 16
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-#: Version 2: what claim_batch_targets reads, live jobs in claim order and each job's pending targets.
+#: Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
+#: what rescue_stale_jobs reads (live jobs by lease).
 CLAIM_INDEXES = (
     "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) "
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
+    # rescue_stale_jobs: live jobs by lease (batch_job_lease holds the history too)
+    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running')",
 )
 
 #: What takes a store from the version given to the next one, in the transaction that records the next.
