@@ -146,7 +146,7 @@ def test_claimed_targets_take_results_and_count_once(store: Any) -> None:
     assert dcache.stats()["claims"] == 1 and dcache.stats()["targets_claimed"] == 3
 
 
-BAD_INPUT = [
+BAD_INPUT: list[tuple[str, dict[str, Any]]] = [
     ("limit", {"limit": 0}),
     ("limit", {"limit": -1}),
     ("limit", {"limit": True}),

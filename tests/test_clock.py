@@ -46,7 +46,9 @@ def test_default_now_of_lease_writes(store: Any, write: Callable[[], object]) ->
         write()
         assert lease() == 1_700_000_000
         frozen.move_to(at(1_700_000_123))
-        dcache.set_batch_job_status("job-1", "queued", now=1)  # live again, for mark_in_flight_failed and rescue_stale_jobs
+        dcache.set_batch_job_status(
+            "job-1", "queued", now=1
+        )  # live again, for mark_in_flight_failed and rescue_stale_jobs
         write()
         assert lease() == 1_700_000_123
     assert lease("job-2") == 1_000

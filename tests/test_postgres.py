@@ -178,7 +178,7 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     assert SCHEMA_VERSION == 2
     dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
     make_version_1(pg)
-    with pytest.raises(dcache.StoreUnavailable, match="version 1.*without readonly=True to upgrade"):
+    with pytest.raises(dcache.StoreUnavailable, match=r"version 1.*without readonly=True to upgrade"):
         dcache.open_db(pg, readonly=True)
     dcache.open_db(pg)
     assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
@@ -206,7 +206,7 @@ def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
     db.execute_sql("UPDATE sift_schema SET version = 3")
-    with pytest.raises(dcache.StoreUnavailable, match="schema version 3; this sift knows version 2$"):
+    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 3; this sift knows version 2$"):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current

@@ -189,7 +189,8 @@ SORTS = {
 PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
-    r"|SCAN \w+ USING (?:COVERING )?INDEX (?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable)"
+    r"|SCAN \w+ USING (?:COVERING )?INDEX "
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
@@ -297,7 +298,9 @@ def kinds(log: list[str]) -> list[str]:
         if sql == previous:
             continue
         previous = sql
-        match = KIND.fullmatch(re.sub(r"^WITH .*? (?=UPDATE \"batch_target\" SET)", "", sql.strip(), flags=re.S))
+        match = KIND.fullmatch(
+            re.sub(r"^WITH .*? (?=UPDATE \"batch_target\" SET)", "", sql.strip(), flags=re.S)
+        )
         assert match is not None, sql
         if match["bare"]:
             named.append(match["bare"])
@@ -310,6 +313,10 @@ def kinds(log: list[str]) -> list[str]:
 
 BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
+
+
+#: A claim that finds nothing pending: one read in its (empty) write transaction.
+NOTHING_CLAIMED = [BEGIN, "SELECT batch_job", COMMIT]
 
 
 def runner_update() -> None:
@@ -359,8 +366,7 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
-        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT]
-        + [BEGIN, "SELECT batch_job", COMMIT],
+        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT, *NOTHING_CLAIMED],
         8,
     ),
     "rescue_stale_jobs": (

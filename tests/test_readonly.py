@@ -118,7 +118,9 @@ def test_a_file_without_the_whole_schema_is_refused(tmp_path: Path) -> None:
             conn.execute(statement)
         conn.commit()
     before = path.read_bytes()
-    with pytest.raises(dcache.StoreUnavailable, match=r"lacks batch_job_claim, batch_job_evictable, .*without readonly=True"):
+    with pytest.raises(
+        dcache.StoreUnavailable, match=r"lacks batch_job_claim, batch_job_evictable, .*without readonly=True"
+    ):
         dcache.open_db(path, readonly=True)
     assert path.read_bytes() == before
 

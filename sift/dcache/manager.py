@@ -152,8 +152,8 @@ _RESCUE = Statement(
 )
 
 
-def _pending(target: type[BatchTarget]) -> peewee.Node:
-    """The target is pending (a partial index holds exactly these)."""
+def _pending(target: Any) -> peewee.Node:
+    """``target`` (BatchTarget or an alias of it) is pending: a partial index holds exactly these."""
     return Inline(target.status == TargetStatus.PENDING.value)
 
 
@@ -184,15 +184,14 @@ def _claim_targets() -> peewee.Node:
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
     PostgreSQL runs the subquery again for each row it updates, and updated every pending target."""
-    picked = (
-        db.backend.lock_rows(
-            _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
-            .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
-            .order_by(_PENDING_OF_JOB.idx)
-            .limit(Slot("take")),
-            skip_locked=True,
-        )
-    ).cte("picked", materialized=True)
+    first: Any = db.backend.lock_rows(
+        _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
+        .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
+        .order_by(_PENDING_OF_JOB.idx)
+        .limit(Slot("take")),
+        skip_locked=True,
+    )
+    picked = first.cte("picked", materialized=True)
     return (
         T.update({T.status: Inline(peewee.Value(TargetStatus.RUNNING.value))})
         .from_(picked)
@@ -366,7 +365,9 @@ def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
 
 
 @retried
-def claim_batch_targets(limit: int, *, per_job: int | None = None, now: int | None = None) -> list[BatchTarget]:
+def claim_batch_targets(
+    limit: int, *, per_job: int | None = None, now: int | None = None
+) -> list[BatchTarget]:
     """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
     each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
     claimed from becomes running with ``lease = now``. No target is ever handed to two claimers."""

@@ -51,7 +51,8 @@ CLAIM_INDEXES = (
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
     # rescue_stale_jobs: live jobs by lease (batch_job_lease holds the history too)
-    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running')",
+    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) "
+    "WHERE status IN ('queued', 'running')",
 )
 
 #: What takes a store from the version given to the next one, in the transaction that records the next.
@@ -328,7 +329,9 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                 self._migrate()
                 version = self._version()
             if version != SCHEMA_VERSION:
-                upgrade = "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                upgrade = (
+                    "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                )
                 raise StoreUnavailable(
                     f"path: {self.path!r} has schema version {version}; "
                     f"this sift knows version {SCHEMA_VERSION}{upgrade}"
