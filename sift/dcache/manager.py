@@ -159,7 +159,8 @@ def _pending(target: Any) -> peewee.Node:
 
 # The next live job after (after_created, after_order) in claim order that has a pending target. On
 # PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
-# and they lock a job before its targets, as every target write does.
+# and they lock a job before its targets, as every target write does. The pending target is probed by a
+# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target.
 _NEXT_CLAIMABLE_JOB = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.created_at, db.backend.insertion_order)
@@ -169,7 +170,11 @@ _NEXT_CLAIMABLE_JOB = Statement(
                 peewee.Tuple(J.created_at, db.backend.insertion_order)
                 > peewee.Tuple(Slot("after_created"), Slot("after_order"))
             )
-            & peewee.fn.EXISTS(T.select(peewee.SQL("1")).where((T.job_id == J.id) & _pending(T)))
+            & peewee.Expression(
+                T.select(peewee.SQL("1")).where((T.job_id == J.id) & _pending(T)).limit(1),
+                peewee.OP.IS_NOT,
+                None,
+            )
         )
         .order_by(J.created_at, db.backend.insertion_order)
         .limit(1),
