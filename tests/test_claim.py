@@ -4,6 +4,7 @@ oldest job first, at most ``per_job`` from each job; on every backend, and from 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -293,3 +294,56 @@ def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, hol
         assert keys(dcache.claim_batch_targets(10, now=6)) == [("a", 0), ("a", 1), ("a", 2)]
     finally:
         dcache.close_db()
+
+
+# -- PostgreSQL: the claim's plans read the partial indexes, whatever the planner's statistics say -------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, plan_mode: str) -> None:
+    from conftest import open_empty_postgres
+
+    from sift.dcache import manager
+
+    open_empty_postgres(postgres_schema)
+    with db.atomic():  # a history of finished jobs, then 50 live jobs of 100 pending targets each
+        db.backend.usable_connection().cursor().executemany(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) VALUES (%s, 'c', 'fleet', '', 'done', '', 0, 0, %s, %s, 0)",
+            [(f"old-{i}", i, i) for i in range(5_000)],
+        )
+    for j in range(50):
+        dcache.create_batch_job(
+            make_job(f"job-{j:02d}", targets_total=100, created_at=10**6 + j), make_targets(100)
+        )
+    db.execute_sql("ANALYZE batch_job")
+    db.execute_sql("ANALYZE batch_target")  # every target pending: a table scan looks cheap for LIMIT 1
+    for _ in range(10):
+        dcache.claim_batch_targets(100, now=10**7)  # the 10 oldest jobs have no pending target left
+    db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
+    try:
+        for name, values in [
+            ("_NEXT_CLAIMABLE_JOB", {"after_created": -1, "after_order": -1}),
+            ("_CLAIM_TARGETS", {"job_id": "job-20", "take": 5}),
+            ("_CLAIM_JOB", {"job_id": "job-20", "now": 5}),
+            ("_RESCUE", {"reason": "r", "now": 5, "cutoff": 10**6}),
+        ]:
+            sql, params = getattr(manager, name).bind(values)
+            with db.atomic() as transaction:
+                lines = [row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall()]
+                transaction.rollback()
+            plan = "\n".join(lines)
+            assert "Seq Scan" not in plan and "Sort" not in plan, (name, plan)
+            used = set(re.findall(r"Index (?:Only )?Scan using (\w+)", plan))
+            assert used == POSTGRES_INDEXES[name], (name, plan)
+    finally:
+        db.execute_sql("SET plan_cache_mode = auto")
+
+
+POSTGRES_INDEXES = {
+    "_NEXT_CLAIMABLE_JOB": {"batch_job_claim", "batch_target_pending"},
+    "_CLAIM_TARGETS": {"batch_target_pending"},
+    "_CLAIM_JOB": {"batch_job_pkey"},
+    "_RESCUE": {"batch_job_live_lease"},
+}

@@ -160,7 +160,8 @@ def _pending(target: Any) -> peewee.Node:
 # The next live job after (after_created, after_order) in claim order that has a pending target. On
 # PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
 # and they lock a job before its targets, as every target write does. The pending target is probed by a
-# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target.
+# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target; its
+# ORDER BY idx keeps PostgreSQL on batch_target_pending, where LIMIT 1 alone let it pick a table scan.
 _NEXT_CLAIMABLE_JOB = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.created_at, db.backend.insertion_order)
@@ -171,7 +172,7 @@ _NEXT_CLAIMABLE_JOB = Statement(
                 > peewee.Tuple(Slot("after_created"), Slot("after_order"))
             )
             & peewee.Expression(
-                T.select(peewee.SQL("1")).where((T.job_id == J.id) & _pending(T)).limit(1),
+                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(1),
                 peewee.OP.IS_NOT,
                 None,
             )
