@@ -308,9 +308,10 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
 
     open_empty_postgres(postgres_schema)
     with db.atomic():  # a history of finished jobs, then 50 live jobs of 100 pending targets each
-        db.backend.usable_connection().cursor().executemany(
+        db.backend.executemany(
             "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
-            "targets_done, created_at, lease, nbytes) VALUES (%s, 'c', 'fleet', '', 'done', '', 0, 0, %s, %s, 0)",
+            "targets_done, created_at, lease, nbytes) "
+            "VALUES (%s, 'c', 'fleet', '', 'done', '', 0, 0, %s, %s, 0)",
             [(f"old-{i}", i, i) for i in range(5_000)],
         )
     for j in range(50):
