@@ -348,3 +348,98 @@ POSTGRES_INDEXES = {
     "_CLAIM_JOB": {"batch_job_pkey"},
     "_RESCUE": {"batch_job_live_lease"},
 }
+
+
+# -- PostgreSQL: claims beside every other writer, without a deadlock ---------------------------------------
+
+
+MIXED_JOBS = 10
+MIXED_TARGETS = 300
+
+
+def _count_conflicts(counts: dict[str, int]) -> None:
+    """Count the transactions this process runs again after a deadlock or serialization failure."""
+    backend = db.backend
+    retry = backend.retry
+
+    def counted(conflict: BaseException, run: Any) -> Any:
+        counts["conflicts"] += 1
+        return retry(conflict, run)
+
+    backend.retry = counted  # type: ignore[method-assign]
+
+
+def _mixed(kind: str, target: str, seed: int, barrier: Any) -> dict[str, Any]:
+    rng = random.Random(seed)
+    dcache.open_db(target)
+    counts = {"conflicts": 0, "gone": 0, "claimed": 0}
+    _count_conflicts(counts)
+    errors: list[str] = []
+    barrier.wait()
+    for n in range(150):
+        try:
+            if kind == "claim":
+                batch = dcache.claim_batch_targets(rng.randint(1, 10), per_job=3, now=50_000 + n)
+                counts["claimed"] += len(batch)
+                for t in batch:
+                    dcache.update_batch_target(
+                        t.job_id, t.idx, "done", result="r" * rng.randint(1, 20), now=50_000
+                    )
+                for job_id in {t.job_id for t in batch}:
+                    job = dcache.batch_job(job_id)
+                    if job is not None and job.targets_done == job.targets_total:
+                        dcache.set_batch_job_status(job_id, "done", now=50_000 + n)
+            elif kind == "write":  # writes the very targets the claims are about to take, and the jobs
+                job_id = f"job-{rng.randrange(MIXED_JOBS):02d}"
+                pending = [t.idx for t in dcache.batch_targets(job_id) or [] if t.status == "pending"]
+                for idx in pending[:2]:
+                    dcache.update_batch_target(job_id, idx, "done", result="w", now=50_000 + n)
+                dcache.touch_batch_job(job_id, now=50_000 + n)
+                dcache.set_batch_job_status(job_id, "running", now=50_000 + n)
+            elif kind == "sweep":
+                dcache.sweep_batch(100, now=1_000)  # the old jobs (lease 1..300) only
+            else:
+                dcache.evict_batch_oldest(dcache.batch_nbytes() - 50)
+        except (dcache.JobNotFound, dcache.InvalidBatchInput):
+            counts["gone"] += 1  # a finished target cannot go back to running; an evicted job is gone
+        except Exception as exc:
+            errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+    dcache.close_db()
+    return {"errors": errors, **counts}
+
+
+@pytest.mark.postgres
+def test_claims_beside_writers_sweeps_and_evictions_meet_no_deadlock(postgres_schema: str) -> None:
+    from conftest import open_empty_postgres, postgres_target
+
+    open_empty_postgres(postgres_schema)
+    for j in range(MIXED_JOBS):
+        dcache.create_batch_job(
+            make_job(f"job-{j:02d}", targets_total=MIXED_TARGETS, created_at=j, lease=10_000),
+            make_targets(MIXED_TARGETS),
+        )
+    for i in range(300):  # what the sweeper and the evictor take meanwhile
+        dcache.create_batch_job(
+            make_job(f"old-{i}", status="done", lease=1 + i, targets_total=2), make_targets(2)
+        )
+        dcache.update_batch_target(f"old-{i}", 0, "done", result="x" * 30, now=1 + i)
+        dcache.set_batch_job_status(f"old-{i}", "done", now=1 + i)
+    target = postgres_target(postgres_schema)
+    kinds = ["claim"] * 4 + ["write"] * 2 + ["sweep", "evict"]
+    reports = run_processes(_mixed, [(kind, target, seed) for seed, kind in enumerate(kinds)])
+    assert [r["errors"] for r in reports] == [[]] * len(kinds)
+    assert [r["conflicts"] for r in reports] == [0] * len(kinds)  # not one deadlock to retry
+    assert sum(r["claimed"] for r in reports) > 1_000
+    assert db.execute_sql("SELECT COUNT(*) FROM batch_job WHERE id LIKE 'old-%%'").fetchone()[0] == 0
+    rows = db.execute_sql("SELECT id, targets_done, nbytes FROM batch_job").fetchall()
+    for job_id, done, nbytes in rows:
+        finished = db.execute_sql(
+            "SELECT COUNT(*), COALESCE(SUM(octet_length(result)), 0) FROM batch_target "
+            "WHERE job_id = %s AND status IN ('done', 'failed')",
+            (job_id,),
+        ).fetchone()
+        assert (done, nbytes) == tuple(finished), job_id
+    assert (
+        dcache.batch_nbytes()
+        == db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()[0]
+    )
