@@ -189,7 +189,7 @@ def _claim_targets() -> peewee.Node:
     """The job's first ``take`` pending targets (idx order) become running; the statement returns them.
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
-    PostgreSQL runs the subquery again for each row it updates, and updated every pending target."""
+    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target."""
     first: Any = db.backend.lock_rows(
         _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
         .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))

@@ -46,7 +46,7 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 #: Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
 #: what rescue_stale_jobs reads (live jobs by lease).
-CLAIM_INDEXES = (
+VERSION_2_INDEXES = (
     "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) "
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
@@ -56,7 +56,7 @@ CLAIM_INDEXES = (
 )
 
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: CLAIM_INDEXES}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresStore._prepare_schema`).
 SCHEMA = (
@@ -74,7 +74,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
-    *CLAIM_INDEXES,
+    *VERSION_2_INDEXES,
     # Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
     "CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) "
     "WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000)",
