@@ -44,15 +44,19 @@ TOTAL_SLOTS = 16
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-#: Version 2: what claim_batch_targets reads, live jobs in claim order and each job's pending targets.
-CLAIM_INDEXES = (
+#: Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
+#: what rescue_stale_jobs reads (live jobs by lease).
+VERSION_2_INDEXES = (
     "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) "
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
+    # rescue_stale_jobs: live jobs by lease (batch_job_lease holds the history too)
+    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) "
+    "WHERE status IN ('queued', 'running')",
 )
 
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: CLAIM_INDEXES}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresStore._prepare_schema`).
 SCHEMA = (
@@ -70,7 +74,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
-    *CLAIM_INDEXES,
+    *VERSION_2_INDEXES,
     # Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
     "CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) "
     "WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000)",
@@ -325,7 +329,9 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                 self._migrate()
                 version = self._version()
             if version != SCHEMA_VERSION:
-                upgrade = "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                upgrade = (
+                    "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                )
                 raise StoreUnavailable(
                     f"path: {self.path!r} has schema version {version}; "
                     f"this sift knows version {SCHEMA_VERSION}{upgrade}"
