@@ -4,7 +4,8 @@ that the shared test server is never stopped or reconfigured.
 - The server stopped and started again (``-m fast``, and ``-m immediate``: a crash), and restarted in one
   ``pg_ctl restart``, while 4 threads of this process and 2 other processes of 2 threads each keep calling
   the store: every failed call is ``StoreUnavailable``; the same threads' calls work once it is back; every
-  write whose call returned is there, and the counts and byte totals are exact (checked in SQL).
+  write whose call returned is there, and the counts and byte totals are exact (checked in SQL, and by
+  ``check_store()``).
 - A client SIGKILLed inside ``db.atomic()`` after several writes, and in the middle of a 200,000-target
   ``put_batch_targets``: nothing of it is left, and another process writes the same job at once.
 - A wrong password (scram-sha-256), no password, a wrong port or host, a server that never answers, an
@@ -338,6 +339,7 @@ def test_server_restart_under_load(server: PrivateServer, target: str, how: str)
         dcache.update_batch_target("load-0", 0, "done", result="again", now=10**6)
     dcache.update_batch_target("load-0", 0, "done", result="again", now=10**6)
     _invariants(server, target)
+    assert dcache.check_store().violations == []  # the package's own check agrees
 
 
 # -- A client SIGKILLed mid-transaction ------------------------------------------------------------------
@@ -407,6 +409,7 @@ def test_client_killed_inside_atomic_leaves_nothing_and_no_lock(server: PrivateS
     rows = _rows(server, target, "SELECT id, targets_done, nbytes FROM batch_job ORDER BY id")
     assert rows == [("job-1", 10, 45), ("job-2", 0, 0), ("job-3", 0, 0), ("job-5", 0, 0)]
     _invariants(server, target)
+    assert dcache.check_store().violations == []
 
 
 HUGE = 200_000
@@ -441,6 +444,7 @@ def test_client_killed_in_a_huge_put_leaves_nothing_and_no_lock(server: PrivateS
     _other_process_writes(target)
     assert _rows(server, target, "SELECT COUNT(*) FROM batch_target WHERE job_id = 'job-3'") == [(5,)]
     _invariants(server, target)
+    assert dcache.check_store().violations == []
 
 
 # -- Connecting: wrong password, user, database, port, host; a server that never answers ----------------
