@@ -254,7 +254,7 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                 f"for {self._wait_timeout:g} s; set open_db(max_connections=) to the threads using it"
             ) from exc
         except Exception as exc:
-            self.raise_store_error(exc)
+            self.raise_store_error(exc, connecting=True)
             raise
         conn = self._state.conn
         # Give the connection back when the thread ends: its thread-local sentinel is freed then.
@@ -280,6 +280,36 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
             self.connect()
             conn = self._state.conn
         return conn
+
+    # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable
+    # there too, and BEGIN replaces a connection a server restart broke, as every statement does.
+
+    def begin(self, isolation_level: Any = None) -> None:
+        try:
+            self.usable_connection()
+            super().begin(isolation_level)
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
+
+    def rollback(self) -> None:
+        """ROLLBACK; nothing to send when the connection was lost: the server ended the transaction with the
+        session (and the error that lost it is the one the caller sees)."""
+        conn = self._state.conn
+        if conn is not None and (conn.closed or conn.broken):
+            return
+        try:
+            super().rollback()
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
 
     def _after_fork(self) -> None:
         """In a forked child: keep the parent's connections referenced and unusable, start an empty pool."""
@@ -406,9 +436,13 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
             self.raise_store_error(exc)
             raise
 
-    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
+    def raise_store_error(
+        self, exc: BaseException, *, constraints: bool = False, connecting: bool = False
+    ) -> None:
         """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`)."""
-        error = store_error(exc, path=self.path or "", timeout=self.timeout, constraints=constraints)
+        error = store_error(
+            exc, path=self.path or "", timeout=self.timeout, constraints=constraints, connecting=connecting
+        )
         if error is not None:
             raise error
 
