@@ -2,7 +2,7 @@
 error as ``__cause__``; the file stays intact, every committed write is there and no failed one is; once
 space is freed, the same open store writes again.
 
-Two real full disks: a 3 MiB tmpfs holding the store and a 1 MiB filler file (as root), and a limit on the
+Two real full disks: a 4 MiB tmpfs holding the store and a 1 MiB filler file (as root), and a limit on the
 size of this process's files (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored), which works without root. Past the
 limit a write is cut short (SQLite: ``SQLITE_FULL``) or fails with EFBIG (``SQLITE_IOERR_WRITE``).
 """
@@ -21,7 +21,7 @@ from helpers import make_job, make_targets
 from sift import dcache
 
 LIMIT = 2 * 1024 * 1024  # bytes a file may reach under RLIMIT_FSIZE
-FILLER = 1024 * 1024  # bytes of the filler on the 3 MiB tmpfs
+FILLER = 1024 * 1024  # bytes of the filler on the 4 MiB tmpfs
 
 pytestmark = pytest.mark.sqlite_only
 
@@ -34,7 +34,7 @@ class FullDisk:
         self.freed = False
         directory = tmp_path
         if how == "tmpfs":
-            directory = stack.enter_context(tmpfs(tmp_path / "fs", "3m"))
+            directory = stack.enter_context(tmpfs(tmp_path / "fs", "4m"))
             self.filler = directory / "filler"
             self.filler.write_bytes(b"\0" * FILLER)
         self.path = directory / "store.db"
