@@ -20,7 +20,7 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 
-LIMIT = 2 * 1024 * 1024  # bytes a file may reach under RLIMIT_FSIZE
+LIMIT = 3 * 1024 * 1024  # bytes a file may reach under RLIMIT_FSIZE
 FILLER = 1024 * 1024  # bytes of the filler on the 4 MiB tmpfs
 
 pytestmark = pytest.mark.sqlite_only
