@@ -25,6 +25,7 @@ import peewee
 from . import files
 from .driver_errors import is_busy, store_error
 from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
+from .writer_queue import WriterQueue
 
 __all__ = ["BASE_SCHEMA", "BUSY_TIMEOUT_S", "PRAGMAS", "TOTAL_NBYTES_SQL", "SerializedSqliteDatabase"]
 
@@ -209,9 +210,11 @@ class _WriteTransaction:
                 self.savepoint = peewee.SqliteDatabase.atomic(database)
                 self.savepoint.__enter__()
             else:
+                database.writers.acquire()
                 database.run_sql("BEGIN IMMEDIATE", ())
                 database._state.transactions.append(self)
         except BaseException as exc:
+            database.settle_writers()
             database.lock.release()
             database.raise_store_error(exc)
             raise
@@ -237,6 +240,7 @@ class _WriteTransaction:
             database.raise_store_error(end_error, constraints=True)
             raise
         finally:
+            database.settle_writers()
             database.lock.release()
         if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
             database.raise_store_error(exc, constraints=True)
@@ -310,6 +314,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         self._forked_in_transaction = False
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_lock = threading.Lock()
+        #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
+        self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
+        #: For measurement only (``scripts/bench.py --only tail`` compares both ways in one run): False
+        #: makes the next ``open_store`` leave writers to SQLite's busy handler alone, as before the queue.
+        self._queue_writers = True
         this = weakref.ref(self)
 
         def call(method: str) -> Callable[[], None]:
@@ -340,6 +349,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         self._checkpoint_lock = threading.Lock()
         _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
         self._checkpointer = None
+        self.writers.after_fork_in_child()
         self._state.reset()
 
     def __repr__(self) -> str:
@@ -437,9 +447,19 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     # run on the shared connection like every statement, so their errors are the package's too.
 
     def begin(self, lock_type: str | None = None) -> None:
-        """BEGIN IMMEDIATE (``lock_type``: another kind); on a read-only store a deferred BEGIN, since its
-        transactions only read."""
-        self.run_sql("BEGIN" if self.readonly else f"BEGIN {lock_type or self._lock_type}", ())
+        """BEGIN IMMEDIATE (``lock_type``: another kind), after the writers' queue; on a read-only store a
+        deferred BEGIN, since its transactions only read. A deferred BEGIN does not queue."""
+        if self.readonly:
+            self.run_sql("BEGIN", ())
+            return
+        kind = (lock_type or self._lock_type).upper()
+        with self.lock:
+            try:
+                if kind in ("IMMEDIATE", "EXCLUSIVE"):
+                    self.writers.acquire()
+                self.run_sql(f"BEGIN {kind}", ())
+            finally:
+                self.settle_writers()
 
     def commit(self) -> None:
         self.run_sql("COMMIT", ())
@@ -449,8 +469,17 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         that ended it is what the caller sees, not "no transaction is active"."""
         conn = self._state.conn
         if conn is not None and not conn.in_transaction:
+            self.settle_writers()
             return
         self.run_sql("ROLLBACK", ())
+
+    def settle_writers(self) -> None:
+        """Leave the writers' queue once the connection is out of its transaction, however it ended
+        (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``)."""
+        if self.writers.held:
+            conn = self._state.conn
+            if conn is None or not conn.in_transaction:
+                self.writers.release()
 
     def manual_commit(self) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
@@ -468,6 +497,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 if not readonly and shown != ":memory:":
                     files.create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
+                queued = not readonly and shown != ":memory:" and self._queue_writers
+                self.writers = WriterQueue(target if queued else None, timeout)
                 self._init_raw(
                     target,
                     pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
@@ -506,6 +537,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         with self.lock:
             self._refuse_inside_transaction("close_db")
             self._store_open = False
+            self.writers.close()
             if not self.deferred:
                 self._close_connection()
 
@@ -544,6 +576,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             except Exception as exc:
                 self.raise_store_error(exc)
                 raise
+            finally:
+                self.settle_writers()
 
     def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
@@ -599,6 +633,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             except Exception as exc:
                 self.raise_store_error(exc)
                 raise
+            finally:
+                self.settle_writers()
 
     def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the
@@ -645,9 +681,12 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """Roll back the connection's transaction, if one is open (SQLite ends it itself after some
         errors, a full disk among them)."""
         conn = self._state.conn
-        if conn is not None and conn.in_transaction:
-            with _peewee_errors:
-                conn.execute("ROLLBACK")
+        try:
+            if conn is not None and conn.in_transaction:
+                with _peewee_errors:
+                    conn.execute("ROLLBACK")
+        finally:
+            self.settle_writers()
 
     def set_variable_limit(self, limit: int) -> int:
         """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
