@@ -1287,7 +1287,8 @@ def bench_tail(tmp: Path, sizes: Sizes, report: Report) -> None:
         for rnd in range(rounds):
             sides = list(TAIL_SIDES) if rnd % 2 == 0 else list(TAIL_SIDES)[::-1]
             for side in sides:
-                got, rate = tail_round(path, TAIL_SIDES[side], f"{workload[0]}{rnd}{side[0]}", calls, workload)
+                tag = f"{workload[0]}{rnd}{side[0]}"
+                got, rate = tail_round(path, TAIL_SIDES[side], tag, calls, workload)
                 latencies[side].extend(got)
                 rates[side].append(rate)
         cases = {}

@@ -2,7 +2,7 @@
 
 SQLite's busy handler does not queue: a writer that finds the file locked sleeps 1, 2, 5, 10, … up to
 100 ms between tries, while the process holding the lock commits and begins again at once. With four
-processes writing one file, most calls took under a millisecond and the unlucky ones 84–574 ms. Here a
+processes writing one file, most calls took under a millisecond and the unlucky ones 84 to 574 ms. Here a
 write transaction first takes an exclusive ``flock`` on ``<store>-lock``, and holds it until its COMMIT
 or ROLLBACK: waiting writers sleep in the kernel and wake the moment it is released, instead of
 sleeping out a back-off. SQLite's own locks stay the truth; the queue only orders sift's writers.
@@ -159,7 +159,7 @@ class WriterQueue:
 
     def _start_helper(self) -> None:
         if self._helper is None:
-            self._helper = threading.Thread(target=self._wait_for_turns, name="sift-writer-queue", daemon=True)
+            self._helper = threading.Thread(target=self._wait_for_turns, name="sift-writers", daemon=True)
             self._helper.start()
 
     def _wait_for_turns(self) -> None:
