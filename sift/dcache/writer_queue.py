@@ -27,8 +27,10 @@ The decisions, and why:
   take it. Inside one process the store's RLock already serializes threads, so one thread at a time waits
   here.
 - **Files**: created on the first write with the store file's mode (0600 for a store sift made), owned
-  by the store file's owner when root creates it, as SQLite does for ``-wal``. If it cannot be opened (a
-  directory this user may not write, say), the store works as before: on SQLite's busy handler alone.
+  by the store file's owner when root creates it, as SQLite does for ``-wal``; after a ``chmod`` of the
+  store, its owner's next ``open_db`` and write give the lock file the same mode. It is opened read-only
+  (``flock`` needs no more). If it cannot be opened (a directory this user may not write, say), the store
+  works as before: on SQLite's busy handler alone.
 - **fork**: the child closes the descriptor it inherited (closing does not release the parent's lock)
   and opens its own; a child thus never holds its parent's lock after the parent ends.
 """
@@ -143,10 +145,10 @@ class WriterQueue:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
             except FileExistsError:
-                try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-                except PermissionError:  # flock needs no write access
-                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # flock needs no write access
+                # The store's mode was changed (chmod 0660 to share it): its owner makes the lock follow.
+                if os.fstat(fd).st_uid == os.geteuid() and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                    os.fchmod(fd, mode)
             else:
                 os.fchmod(fd, mode)  # the umask may have taken bits away
                 if os.geteuid() == 0:
