@@ -108,7 +108,7 @@ def _dest_path(dest: str | os.PathLike[str], source: str) -> str:
         raise InvalidBatchInput("dest", f"{shown!r} is a directory; name the backup file")
     if not os.path.isdir(os.path.dirname(target)):
         raise InvalidBatchInput("dest", f"the directory of {shown!r} does not exist")
-    store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal")}
+    store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal", "-lock")}
     if target in store_files or (os.path.exists(target) and os.path.samefile(target, source)):
         raise InvalidBatchInput("dest", f"{shown!r} is the store itself; back it up to another file")
     return target

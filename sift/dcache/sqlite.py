@@ -210,7 +210,7 @@ class _WriteTransaction:
                 self.savepoint = peewee.SqliteDatabase.atomic(database)
                 self.savepoint.__enter__()
             else:
-                database.writers.acquire()
+                database.enter_writers()
                 database.run_sql("BEGIN IMMEDIATE", ())
                 database._state.transactions.append(self)
         except BaseException as exc:
@@ -456,7 +456,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         with self.lock:
             try:
                 if kind in ("IMMEDIATE", "EXCLUSIVE"):
-                    self.writers.acquire()
+                    self.enter_writers()
                 self.run_sql(f"BEGIN {kind}", ())
             finally:
                 self.settle_writers()
@@ -472,6 +472,13 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             self.settle_writers()
             return
         self.run_sql("ROLLBACK", ())
+
+    def enter_writers(self) -> None:
+        """Take this store's place in the writers' queue, the connection opened first (so a process that
+        cannot use the store fails at once, not after waiting its turn)."""
+        if self._state.closed:
+            self.connect()
+        self.writers.acquire()
 
     def settle_writers(self) -> None:
         """Leave the writers' queue once the connection is out of its transaction, however it ended
