@@ -274,6 +274,8 @@ def test_a_write_queued_past_the_timeout_fails_and_changes_nothing(tmp_path: Pat
         assert lock_is_free(path)
     finally:
         dcache.close_db()
+    helpers = lambda: [t for t in threading.enumerate() if t.name == "sift-writers"]  # noqa: E731
+    wait_for(lambda: helpers() == [], "the helper thread ended with the store")
 
 
 def test_reads_never_take_the_lock(file_store: Path) -> None:
@@ -446,13 +448,18 @@ def test_root_gives_a_new_lock_file_to_the_store_files_owner(tmp_path: Path) -> 
         dcache.close_db()
 
 
-def test_without_a_usable_lock_file_the_store_writes_as_before(file_store: Path) -> None:
-    """A lock file that cannot be opened (here: a directory in its place) leaves writers to SQLite's busy
-    handler: the store still writes."""
+@pytest.mark.parametrize("obstacle", ["dangling symlink", "directory"])
+def test_without_a_usable_lock_file_the_store_writes_as_before(file_store: Path, obstacle: str) -> None:
+    """A lock file that cannot be opened, or is not a file, leaves writers to SQLite's busy handler: the
+    store still writes, outside any queue."""
     dcache.close_db()
     os.unlink(lock_path(file_store))
-    os.mkdir(lock_path(file_store))
+    if obstacle == "directory":
+        os.mkdir(lock_path(file_store))
+    else:
+        os.symlink(file_store.parent / "missing" / "lock", lock_path(file_store))
     dcache.open_db(file_store)
-    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    with db.write():
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert not db.obj.writers.held
     assert dcache.batch_job("job-1") is not None
-    assert not db.obj.writers.held

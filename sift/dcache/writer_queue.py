@@ -156,6 +156,10 @@ class WriterQueue:
         except OSError:
             self._unusable = True
             return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, a FIFO, …: not a lock file of ours
+            os.close(fd)
+            self._unusable = True
+            return None
         self._fd = fd
         return fd
 
