@@ -274,8 +274,10 @@ def test_a_write_queued_past_the_timeout_fails_and_changes_nothing(tmp_path: Pat
         assert lock_is_free(path)
     finally:
         dcache.close_db()
-    helpers = lambda: [t for t in threading.enumerate() if t.name == "sift-writers"]  # noqa: E731
-    wait_for(lambda: helpers() == [], "the helper thread ended with the store")
+    wait_for(
+        lambda: all(t.name != "sift-writers" for t in threading.enumerate()),
+        "the helper thread ended with the store",
+    )
 
 
 def test_reads_never_take_the_lock(file_store: Path) -> None:
