@@ -6,6 +6,11 @@ Peewee's ``thread_safe=False`` shares that connection *and* its transaction stat
 :class:`SerializedSqliteDatabase` holds one re-entrant lock from BEGIN to COMMIT and around every single
 statement, including ad-hoc model queries made by a web view or a shell. Users reach it through
 ``sift.dcache.db`` (:mod:`.database`), which forwards every call here while a SQLite store is open.
+
+Across processes, every write transaction of a file store (``write()``, and Peewee's transactions, which
+all begin through :meth:`SerializedSqliteDatabase.begin`) first takes its place in the writers' queue, an
+OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it when the connection is out
+of the transaction again (:meth:`SerializedSqliteDatabase.settle_writers`, after every statement).
 """
 
 from __future__ import annotations
@@ -295,7 +300,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 
     Every transaction is ``BEGIN IMMEDIATE``: a deferred BEGIN that reads and then writes fails at once
-    with "database is locked" when another process writes, without waiting on the busy timeout.
+    with "database is locked" when another process writes, without waiting on the busy timeout. Before
+    it, the transaction waits its turn in the writers' queue (``writers``) behind other processes' writers.
     A child made by ``fork()`` drops the inherited connection unused and opens its own on first use.
     """
 
