@@ -34,7 +34,10 @@ The decisions, and why:
 - **No hand-over**: a writer that releases the lock may take it again at once (its next call tries
   without blocking first), as under the busy handler. Yielding the CPU after each release, so that the
   woken writer runs first, shortened the tail further in a one-off comparison but cost about a quarter
-  of the throughput; so did spinning briefly before blocking. Neither is done.
+  of the throughput; so did spinning briefly before blocking; keeping the lock up to a few milliseconds
+  after COMMIT for the process's next write did not win throughput back either. None is done. Handing
+  the file over after every transaction costs throughput against the busy handler on an idle machine
+  (README, Performance, "The tail with several processes").
 - **fork**: the child closes the descriptor it inherited (closing does not release the parent's lock)
   and opens its own; a child thus never holds its parent's lock after the parent ends.
 """
