@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -192,6 +193,7 @@ CASE_NAMES = (
     "ops/group_by_pass",
     "disk/backup",
     "disk/evict_90",
+    *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
 )
 
 
@@ -1203,6 +1205,124 @@ def bench_ops(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+# -- The tail on SQLite with several processes (issue 10) -------------------------------------------------
+
+#: Rounds of each side and calls per process per round, by run size.
+TAIL_RUNS = {FULL: (8, 600), QUICK: (2, 60)}
+TAIL_PROCESSES = 4
+TAIL_WORKLOADS = ("update_batch_target", "mix")
+#: The two ways a writer waits for another process's transaction: SQLite's busy handler alone (before
+#: the writers' queue; the store's private switch ``_queue_writers``, for measurement only), and the queue.
+TAIL_SIDES = {"busy_handler": False, "queue": True}
+
+
+def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, barrier: Any, out: Any) -> None:
+    """One forked process: ``calls`` writes through the package, each timed; puts (start, end, latencies
+    in µs, error) on ``out``. ``mix``: 60% target results, 20% creates of 10 targets, 20% idempotent
+    submits of 5 (a key in two repeats)."""
+    try:
+        dcache.db._queue_writers = queued
+        dcache.open_db(path)
+        rng = random.Random(tag)
+        latencies: list[float] = []
+        barrier.wait(60)
+        start = perf_ns()
+        for i in range(calls):
+            op = "update" if workload == "update_batch_target" else rng.choice("uuuuuuccss")
+            t0 = perf_ns()
+            if op == "u":
+                dcache.update_batch_target(
+                    f"tail-{tag[-1]}", rng.randrange(50), "done", result="x" * 100, now=T0 + i
+                )
+            elif op == "c":
+                dcache.create_batch_job(make_job(f"tail-{tag}-c{i}", 10), make_targets(10))
+            else:
+                job = make_job(f"tail-{tag}-s{i}", 5)
+                job.idem_key = f"{tag}-key{i // 2}"
+                dcache.submit_batch_job(job, make_targets(5), 3600, now=T0)
+            latencies.append((perf_ns() - t0) / 1000)
+        out.put((start, perf_ns(), latencies, None))
+    except BaseException as exc:  # reported by the parent, which must not wait forever
+        out.put((0, 0, [], f"{type(exc).__name__}: {exc}"))
+    finally:
+        dcache.close_db()
+
+
+def tail_round(path: Path, queued: bool, tag: str, calls: int, workload: str) -> tuple[list[float], float]:
+    """TAIL_PROCESSES forked writers released at once: every call's latency (µs), and calls per second."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(TAIL_PROCESSES), ctx.Queue()
+    procs = [
+        ctx.Process(target=tail_writer, args=(str(path), queued, f"{tag}-{p}", calls, workload, barrier, out))
+        for p in range(TAIL_PROCESSES)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(60)
+    errors = [r[3] for r in results if r[3] is not None]
+    if errors:
+        raise RuntimeError(f"tail: a writer failed: {errors[0]}")
+    latencies = [x for r in results for x in r[2]]
+    elapsed_s = (max(r[1] for r in results) - min(r[0] for r in results)) / 1e9
+    return latencies, len(latencies) / elapsed_s
+
+
+def bench_tail(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """4 processes writing one file, waiting on SQLite's busy handler alone (today's way before the queue)
+    and queued on the writers' OS lock, in alternating rounds of one run: p50/p99/max of every call, and
+    calls per second. Goals for the queue: p99 <= 10 ms, worst call <= 50 ms, throughput no lower."""
+    rounds, calls = TAIL_RUNS[sizes]
+    path = tmp / "tail.db"
+    dcache.open_db(path)
+    for p in range(TAIL_PROCESSES):
+        job = make_job(f"tail-{p}", 50)
+        job.status = "running"
+        dcache.create_batch_job(job, make_targets(50))
+    dcache.close_db()  # no store open in the parent when it forks
+    for workload in TAIL_WORKLOADS:
+        latencies: dict[str, list[float]] = {side: [] for side in TAIL_SIDES}
+        rates: dict[str, list[float]] = {side: [] for side in TAIL_SIDES}
+        for rnd in range(rounds):
+            sides = list(TAIL_SIDES) if rnd % 2 == 0 else list(TAIL_SIDES)[::-1]
+            for side in sides:
+                tag = f"{workload[0]}{rnd}{side[0]}"
+                got, rate = tail_round(path, TAIL_SIDES[side], tag, calls, workload)
+                latencies[side].extend(got)
+                rates[side].append(rate)
+        cases = {}
+        for side in TAIL_SIDES:
+            ordered = sorted(latencies[side])
+            cases[side] = report.case(
+                f"tail/{workload}/{side}",
+                TAIL_PROCESSES,
+                ordered,
+                p50_ms=ordered[len(ordered) // 2] / 1000,
+                p99_ms=ordered[int(len(ordered) * 0.99)] / 1000,
+                max_ms=ordered[-1] / 1000,
+                calls_per_s=statistics.median(rates[side]),
+                calls=len(ordered),
+            )
+            cases[side].samples_us = []  # thousands of calls: the extras summarize them
+        busy, queue = cases["busy_handler"], cases["queue"]
+        # Per round pair, busy-handler calls/s over queue calls/s; <= 1: the queue is no slower.
+        ratio = statistics.median(b / q for b, q in zip(rates["busy_handler"], rates["queue"], strict=True))
+        busy.ratio, queue.ratio = 1.0, ratio
+        label = f"tail, {TAIL_PROCESSES} processes, {workload}"
+        report.goals.append(Goal(f"{label}: queue p99 per call", queue.extra["p99_ms"], 10, "ms"))
+        report.goals.append(Goal(f"{label}: queue worst call", queue.extra["max_ms"], 50, "ms"))
+        report.goals.append(
+            Goal(
+                f"{label}: throughput, busy handler calls/s / queue calls/s (busy handler: p99 "
+                f"{busy.extra['p99_ms']:.1f} ms, worst {busy.extra['max_ms']:.0f} ms)",
+                ratio,
+                1.0,
+                "x",
+            )
+        )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1256,7 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"),
+        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops", "tail"),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1267,7 +1387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"]
+    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops", "tail"]
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
@@ -1281,6 +1401,7 @@ def main(argv: list[str] | None = None) -> int:
             ("hooks", bench_hooks),
             ("ops", bench_ops),
             ("disk", bench_disk),
+            ("tail", bench_tail),
         ):
             if group in groups:
                 t0 = time.perf_counter()

@@ -224,6 +224,7 @@ def test_a_new_dest_is_private_and_an_existing_one_keeps_its_mode(file_store: Pa
         ("{tmp}/missing/copy.db", "does not exist"),
         ("{tmp}/store.db", "is the store itself"),
         ("{tmp}/store.db-wal", "is the store itself"),
+        ("{tmp}/store.db-lock", "is the store itself"),  # the writers' lock file (issue 10)
     ],
 )
 def test_bad_dest_is_refused_and_nothing_is_written(

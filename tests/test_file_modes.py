@@ -1,5 +1,6 @@
 """Private by default: a store file sift creates, and its -wal and -shm, are 0600 whatever the umask;
-an existing file keeps its mode (issue 11, item 5)."""
+an existing file keeps its mode (issue 11, item 5). The writers' lock file (``-lock``, issue 10) has the
+store file's mode too."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def umask(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 def modes(path: Path) -> dict[str, int]:
-    """The permission bits of the store file and of its -wal and -shm files."""
+    """The permission bits of the store file and of its -wal, -shm and -lock files."""
     return {
-        suffix or "store": stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode) for suffix in ("", "-wal", "-shm")
+        suffix or "store": stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode)
+        for suffix in ("", "-wal", "-shm", "-lock")
     }
 
 
@@ -40,7 +42,7 @@ def test_new_store_and_its_wal_and_shm_are_private(tmp_path: Path, umask: int) -
     dcache.open_db(path)
     try:
         write_some(path)
-        assert modes(path) == {"store": 0o600, "-wal": 0o600, "-shm": 0o600}
+        assert modes(path) == {"store": 0o600, "-wal": 0o600, "-shm": 0o600, "-lock": 0o600}
     finally:
         dcache.close_db()
 
@@ -51,7 +53,7 @@ def test_a_umask_that_takes_the_owners_bits_cannot_lock_the_owner_out(tmp_path: 
     dcache.open_db(path)
     try:
         write_some(path)
-        assert modes(path) == {"store": 0o600, "-wal": 0o600, "-shm": 0o600}
+        assert modes(path) == {"store": 0o600, "-wal": 0o600, "-shm": 0o600, "-lock": 0o600}
     finally:
         dcache.close_db()
 
@@ -65,11 +67,12 @@ def test_an_existing_store_keeps_its_mode(tmp_path: Path, umask: int, mode: int)
     for leftover in (f"{path}-wal", f"{path}-shm"):
         if os.path.exists(leftover):
             os.unlink(leftover)
-    os.chmod(path, mode)
+    os.chmod(path, mode)  # the -lock file made at the first open stays, with 0600
     dcache.open_db(path)
     try:
         write_some(path)
-        assert modes(path) == {"store": mode, "-wal": mode, "-shm": mode}  # SQLite copies the file's mode
+        # SQLite copies the file's mode to the -wal and -shm files; the queue makes the -lock follow it
+        assert modes(path) == {"store": mode, "-wal": mode, "-shm": mode, "-lock": mode}
     finally:
         dcache.close_db()
 

@@ -161,7 +161,7 @@ def _dest_path(dest: str | os.PathLike[str], source: str | None) -> str:
         raise InvalidBatchInput("dest", f"the directory of {shown!r} does not exist")
     if source is None:
         return target
-    store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal")}
+    store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal", "-lock")}
     if target in store_files or (os.path.exists(target) and os.path.samefile(target, source)):
         raise InvalidBatchInput("dest", f"{shown!r} is the store itself; back it up to another file")
     return target

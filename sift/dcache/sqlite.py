@@ -6,6 +6,11 @@ Peewee's ``thread_safe=False`` shares that connection *and* its transaction stat
 :class:`SerializedSqliteDatabase` holds one re-entrant lock from BEGIN to COMMIT and around every single
 statement, including ad-hoc model queries made by a web view or a shell. Users reach it through
 ``sift.dcache.db`` (:mod:`.database`), which forwards every call here while a SQLite store is open.
+
+Across processes, every write transaction of a file store (``write()``, and Peewee's transactions, which
+all begin through :meth:`SerializedSqliteDatabase.begin`) first takes its place in the writers' queue, an
+OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it when the connection is out
+of the transaction again (:meth:`SerializedSqliteDatabase.settle_writers`, after every statement).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import peewee
 from . import files
 from .driver_errors import is_busy, store_error
 from .errors import BatchError, StoreNotOpen, StoreReadOnly, StoreUnavailable
+from .writer_queue import WriterQueue
 
 __all__ = ["BASE_SCHEMA", "BUSY_TIMEOUT_S", "PRAGMAS", "TOTAL_NBYTES_SQL", "SerializedSqliteDatabase"]
 
@@ -218,9 +224,11 @@ class _WriteTransaction:
                 self.savepoint = peewee.SqliteDatabase.atomic(database)
                 self.savepoint.__enter__()
             else:
+                database.enter_writers()
                 database.run_sql("BEGIN IMMEDIATE", ())
                 database._state.transactions.append(self)
         except BaseException as exc:
+            database.settle_writers()
             database.lock.release()
             database.raise_store_error(exc)
             raise
@@ -246,6 +254,7 @@ class _WriteTransaction:
             database.raise_store_error(end_error, constraints=True)
             raise
         finally:
+            database.settle_writers()
             database.lock.release()
         if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
             database.raise_store_error(exc, constraints=True)
@@ -300,7 +309,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 
     Every transaction is ``BEGIN IMMEDIATE``: a deferred BEGIN that reads and then writes fails at once
-    with "database is locked" when another process writes, without waiting on the busy timeout.
+    with "database is locked" when another process writes, without waiting on the busy timeout. Before
+    it, the transaction waits its turn in the writers' queue (``writers``) behind other processes' writers.
     A child made by ``fork()`` drops the inherited connection unused and opens its own on first use.
     """
 
@@ -319,6 +329,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         self._forked_in_transaction = False
         self._checkpointer: sqlite3.Connection | None = None
         self._checkpoint_lock = threading.Lock()
+        #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
+        self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
+        #: For measurement only (``scripts/bench.py --only tail`` compares both ways in one run): False
+        #: makes the next ``open_store`` leave writers to SQLite's busy handler alone, as before the queue.
+        self._queue_writers = True
         this = weakref.ref(self)
 
         def call(method: str) -> Callable[[], None]:
@@ -349,6 +364,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         self._checkpoint_lock = threading.Lock()
         _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
         self._checkpointer = None
+        self.writers.after_fork_in_child()
         self._state.reset()
 
     def __repr__(self) -> str:
@@ -446,9 +462,19 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     # run on the shared connection like every statement, so their errors are the package's too.
 
     def begin(self, lock_type: str | None = None) -> None:
-        """BEGIN IMMEDIATE (``lock_type``: another kind); on a read-only store a deferred BEGIN, since its
-        transactions only read."""
-        self.run_sql("BEGIN" if self.readonly else f"BEGIN {lock_type or self._lock_type}", ())
+        """BEGIN IMMEDIATE (``lock_type``: another kind), after the writers' queue; on a read-only store a
+        deferred BEGIN, since its transactions only read. A deferred BEGIN does not queue."""
+        if self.readonly:
+            self.run_sql("BEGIN", ())
+            return
+        kind = (lock_type or self._lock_type).upper()
+        with self.lock:
+            try:
+                if kind in ("IMMEDIATE", "EXCLUSIVE"):
+                    self.enter_writers()
+                self.run_sql(f"BEGIN {kind}", ())
+            finally:
+                self.settle_writers()
 
     def commit(self) -> None:
         self.run_sql("COMMIT", ())
@@ -458,8 +484,24 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         that ended it is what the caller sees, not "no transaction is active"."""
         conn = self._state.conn
         if conn is not None and not conn.in_transaction:
+            self.settle_writers()
             return
         self.run_sql("ROLLBACK", ())
+
+    def enter_writers(self) -> None:
+        """Take this store's place in the writers' queue, the connection opened first (so a process that
+        cannot use the store fails at once, not after waiting its turn)."""
+        if self._state.closed:
+            self.connect()
+        self.writers.acquire()
+
+    def settle_writers(self) -> None:
+        """Leave the writers' queue once the connection is out of its transaction, however it ended
+        (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``)."""
+        if self.writers.held:
+            conn = self._state.conn
+            if conn is None or not conn.in_transaction:
+                self.writers.release()
 
     def manual_commit(self) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
@@ -477,6 +519,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 if not readonly and shown != ":memory:":
                     files.create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
+                queued = not readonly and shown != ":memory:" and self._queue_writers
+                self.writers = WriterQueue(target if queued else None, timeout)
                 self._init_raw(
                     target,
                     pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
@@ -515,6 +559,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         with self.lock:
             self._refuse_inside_transaction("close_db")
             self._store_open = False
+            self.writers.close()
             if not self.deferred:
                 self._close_connection()
 
@@ -553,6 +598,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             except Exception as exc:
                 self.raise_store_error(exc)
                 raise
+            finally:
+                self.settle_writers()
 
     def atomic(self, *args: Any, **kwargs: Any) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).atomic(*args, **kwargs))
@@ -608,6 +655,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             except Exception as exc:
                 self.raise_store_error(exc)
                 raise
+            finally:
+                self.settle_writers()
 
     def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the
@@ -654,9 +703,12 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         """Roll back the connection's transaction, if one is open (SQLite ends it itself after some
         errors, a full disk among them)."""
         conn = self._state.conn
-        if conn is not None and conn.in_transaction:
-            with _peewee_errors:
-                conn.execute("ROLLBACK")
+        try:
+            if conn is not None and conn.in_transaction:
+                with _peewee_errors:
+                    conn.execute("ROLLBACK")
+        finally:
+            self.settle_writers()
 
     def set_variable_limit(self, limit: int) -> int:
         """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""

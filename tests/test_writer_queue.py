@@ -1,0 +1,467 @@
+"""The writers' queue (issue 10, the tail on SQLite): every write transaction of a file store holds an
+exclusive ``flock`` on ``<store>-lock`` from before its ``BEGIN IMMEDIATE`` to its end, so a writer of
+another process waits in the kernel's lock queue, not in SQLite's sleeping busy handler.
+
+No timing is asserted. The cause is pinned instead: while one process holds a write transaction, another
+writer shows in ``/proc/locks`` as blocked on the lock file, and has not issued its ``BEGIN``; the lock is
+free after every way a transaction ends, a SIGKILL included; reads, read-only and in-memory stores never
+take it; a forked child never keeps its parent's lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets, session, snapshot
+
+from sift import dcache
+from sift.dcache import db
+
+pytestmark = pytest.mark.sqlite_only
+
+ctx = multiprocessing.get_context("spawn")
+WAIT_S = 60.0  # how long a test waits for a condition before it fails (never a timing assertion)
+
+
+def lock_path(store: Path) -> str:
+    return f"{store}-lock"
+
+
+def lock_is_free(store: Path) -> bool:
+    """Whether nobody holds the queue: a flock on a new open file of the lock file succeeds at once."""
+    fd = os.open(lock_path(store), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # releases it, if this took it
+    return True
+
+
+@contextmanager
+def hold_lock(store: Path) -> Iterator[None]:
+    """Hold the queue from this test, as another writer would."""
+    fd = os.open(lock_path(store), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def flock_entries(store: Path) -> list[tuple[bool, int]]:
+    """``/proc/locks`` for the lock file: (blocked, pid) for each holder and each blocked waiter."""
+    ino = os.stat(lock_path(store)).st_ino
+    entries = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        blocked = fields[1] == "->"
+        if blocked:
+            fields = fields[1:]
+        if fields[1] == "FLOCK" and fields[5].split(":")[-1] == str(ino):
+            entries.append((blocked, int(fields[4])))
+    return entries
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def _hold_write(path: str, held: Event, release: Event) -> None:
+    """Another process: one write transaction through the package, held open until told to commit."""
+    dcache.open_db(path)
+    with db.write():
+        dcache.touch_batch_job("job-1", now=5_000)
+        held.set()
+        release.wait(WAIT_S)
+    dcache.close_db()
+
+
+def test_a_writer_waits_in_the_os_lock_queue_not_in_sqlites_busy_handler(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_write, args=(str(file_store), held, release))
+    holder.start()
+    statements: list[str] = []
+    db.connection().set_trace_callback(statements.append)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            dcache.update_batch_target("job-1", 0, "done", result="é", now=6_000)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    try:
+        assert held.wait(WAIT_S)
+        assert flock_entries(file_store) == [(False, holder.pid)]
+        writer.start()
+        # This process waits on the lock file, behind the holder...
+        wait_for(lambda: (True, os.getpid()) in flock_entries(file_store), "this process blocked on the lock")
+        # ... and has not begun its transaction: SQLite's busy handler is not where it waits.
+        assert not any(s.startswith("BEGIN") for s in statements)
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+        writer.join(WAIT_S)
+        db.connection().set_trace_callback(None)
+    assert holder.exitcode == 0 and errors == []
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.lease, job.targets_done) == (6_000, 1)  # after the holder's 5_000
+    assert lock_is_free(file_store)
+
+
+def test_without_the_queue_the_writer_waits_in_the_busy_handler(tmp_path: Path) -> None:
+    """The measurement switch (today's way, for scripts/bench.py): no lock file, no queue."""
+    path = tmp_path / "plain.db"
+    db._queue_writers = False
+    try:
+        dcache.open_db(path)
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert not os.path.exists(lock_path(path))
+    finally:
+        db._queue_writers = True
+        dcache.close_db()
+
+
+#: An ad-hoc write, for the idioms inside which the rules cannot run (manual commit, a bare begin()).
+RAW_WRITE = "UPDATE batch_job SET lease = 7000 WHERE id = 'job-1'"
+
+
+def _raw_commit() -> None:
+    db.begin()
+    db.execute_sql(RAW_WRITE)
+    assert not lock_is_free_now()
+    db.execute_sql("COMMIT")
+
+
+def lock_is_free_now() -> bool:
+    path = db.obj.path
+    assert path is not None
+    return lock_is_free(Path(path))
+
+
+def _manual() -> None:
+    with db.manual_commit():
+        db.begin()
+        db.execute_sql(RAW_WRITE)
+        assert not lock_is_free_now()
+        db.commit()
+        assert lock_is_free_now()
+        db.begin()
+        assert not lock_is_free_now()
+        db.rollback()
+
+
+def _inside(block: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        with block():
+            dcache.touch_batch_job("job-1", now=7_000)
+            assert not lock_is_free_now()
+
+    return run
+
+
+def _session_commit() -> None:
+    with session():
+        dcache.touch_batch_job("job-1", now=7_000)
+        assert not lock_is_free_now()
+
+
+class Refused(Exception):
+    pass
+
+
+def _raising(block: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        with pytest.raises(Refused), block():
+            dcache.touch_batch_job("job-1", now=7_000)
+            assert not lock_is_free_now()
+            raise Refused
+
+    return run
+
+
+def _savepoints() -> None:
+    with db.atomic():
+        with db.atomic():  # a savepoint: leaving it keeps the transaction, and the lock
+            dcache.touch_batch_job("job-1", now=7_000)
+        assert not lock_is_free_now()
+        with pytest.raises(Refused), db.write():
+            raise Refused
+        assert not lock_is_free_now()
+
+
+def _failing_rule() -> None:
+    with pytest.raises(dcache.TargetNotFound):
+        dcache.update_batch_target("job-1", 99, "done", result="x")
+
+
+def _with_db() -> None:
+    with db:
+        dcache.touch_batch_job("job-1", now=7_000)
+        assert not lock_is_free_now()
+
+
+def _transaction_commit_midway() -> None:
+    with db.atomic() as txn:
+        dcache.touch_batch_job("job-1", now=7_000)
+        txn.commit()  # commits, and begins again: the lock is taken again
+        assert not lock_is_free_now()
+
+
+ENDINGS: dict[str, Callable[[], None]] = {
+    "write commits": _inside(db.write),
+    "write rolls back": _raising(db.write),
+    "rule fails": _failing_rule,
+    "atomic commits": _inside(db.atomic),
+    "atomic rolls back": _raising(db.atomic),
+    "transaction": _inside(db.transaction),
+    "with db": _with_db,
+    "savepoints": _savepoints,
+    "commit midway": _transaction_commit_midway,
+    "session": _session_commit,
+    "session rolls back": _raising(session),
+    "manual commit": _manual,
+    "raw COMMIT": _raw_commit,
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_every_write_transaction_holds_the_lock_until_it_ends(file_store: Path, ending: str) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    assert lock_is_free(file_store)
+    ENDINGS[ending]()
+    assert lock_is_free(file_store)
+    dcache.touch_batch_job("job-1", now=8_000)  # and the store goes on writing
+    assert lock_is_free(file_store)
+
+
+def test_a_write_queued_past_the_timeout_fails_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        before = snapshot()
+        with hold_lock(path):
+            with pytest.raises(dcache.StoreUnavailable, match=r"locked by another process for over 0\.2 s"):
+                dcache.update_batch_target("job-1", 0, "done", result="x")
+            assert snapshot() == before
+            with pytest.raises(dcache.StoreUnavailable, match="locked by another process"):
+                dcache.touch_batch_job("job-1", now=9_000)  # behind the helper still waiting
+        # The helper takes the lock once it is free, and drops it: nobody gave it to a writer.
+        wait_for(lambda: lock_is_free(path) and flock_entries(path) == [], "the helper dropped the lock")
+        assert snapshot() == before
+        dcache.update_batch_target("job-1", 0, "done", result="x")
+        assert lock_is_free(path)
+    finally:
+        dcache.close_db()
+    wait_for(
+        lambda: all(t.name != "sift-writers" for t in threading.enumerate()),
+        "the helper thread ended with the store",
+    )
+
+
+def test_reads_never_take_the_lock(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    with hold_lock(file_store):  # another process writes: reads go on, on WAL snapshots
+        assert dcache.batch_job("job-1") is not None
+        assert len(dcache.batch_targets("job-1") or []) == 3
+        assert dcache.batch_nbytes() == 0
+        assert dcache.live_batch_jobs("alice") == 1
+        assert dcache.sweep_batch(3_600, now=2_000) == 0  # a no-op sweep reads only
+        assert dcache.evict_batch_oldest(10**12) == 0  # a no-op eviction too
+        with db.atomic("DEFERRED"):  # a deferred transaction only reads until it writes
+            assert db.execute_sql("SELECT count(*) FROM batch_job").fetchone() == (1,)
+
+
+def test_a_read_only_store_never_takes_or_makes_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    db._queue_writers = False  # a store written by another program: no lock file beside it
+    try:
+        dcache.open_db(path)
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    finally:
+        db._queue_writers = True
+        dcache.close_db()
+    assert not os.path.exists(lock_path(path))
+    dcache.open_db(path, readonly=True)
+    try:
+        with db:
+            assert dcache.batch_job("job-1") is not None
+        with pytest.raises(dcache.StoreReadOnly):
+            dcache.touch_batch_job("job-1", now=9_000)
+        assert db.obj.writers.path is None
+    finally:
+        dcache.close_db()
+    assert not os.path.exists(lock_path(path))
+
+
+def test_an_in_memory_store_has_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    dcache.open_db(":memory:")
+    try:
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert db.obj.writers.path is None
+    finally:
+        dcache.close_db()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _write_and_hang(path: str, ready: Event) -> None:
+    dcache.open_db(path)
+    db.begin()  # a transaction left open: the process is killed inside it
+    db.execute_sql(RAW_WRITE)
+    ready.set()
+    time.sleep(WAIT_S)
+
+
+def test_a_process_killed_inside_its_transaction_releases_the_lock(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    ready = ctx.Event()
+    child = ctx.Process(target=_write_and_hang, args=(str(file_store), ready))
+    child.start()
+    try:
+        assert ready.wait(WAIT_S)
+        assert flock_entries(file_store) == [(False, child.pid)]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(WAIT_S)
+    assert lock_is_free(file_store)
+    dcache.touch_batch_job("job-1", now=6_000)  # its transaction was never committed; ours is
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.lease == 6_000
+
+
+def _fork_inside_transaction_then_wait(path: str, pids: Any) -> None:
+    """A process that forks from inside its own write transaction; the child lives on, idle, after this
+    process is killed."""
+    dcache.open_db(path)
+    db.begin()
+    db.execute_sql(RAW_WRITE)
+    child = os.fork()
+    if child == 0:
+        time.sleep(WAIT_S)
+        os._exit(0)
+    pids.put((os.getpid(), child))
+    time.sleep(WAIT_S)
+
+
+def test_a_forked_child_does_not_keep_its_dead_parents_lock(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    pids = ctx.Queue()
+    parent = ctx.Process(target=_fork_inside_transaction_then_wait, args=(str(file_store), pids))
+    parent.start()
+    parent_pid, child_pid = pids.get(timeout=WAIT_S)
+    try:
+        assert not lock_is_free(file_store)
+        os.kill(parent_pid, signal.SIGKILL)
+        wait_for(lambda: parent.exitcode is not None, "the parent died")  # its child holds the join pipe
+        # The child still runs; had it kept the descriptor it inherited, the lock would still be held.
+        assert os.path.exists(f"/proc/{child_pid}")
+        assert lock_is_free(file_store)
+        assert flock_entries(file_store) == []
+    finally:
+        os.kill(child_pid, signal.SIGKILL)
+
+
+def test_a_forked_child_writes_behind_its_parent_with_a_lock_of_its_own(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))  # the parent's lock file is open
+    with db.write():
+        dcache.touch_batch_job("job-1", now=5_000)
+        pid = os.fork()
+        if pid == 0:  # the child: forked inside the parent's transaction, it cannot use the store
+            code = 1
+            try:
+                try:
+                    dcache.touch_batch_job("job-1", now=9_999)
+                except dcache.StoreUnavailable as exc:  # at once, not after waiting for the queue
+                    if "forked inside a transaction" in str(exc):
+                        code = 2 if lock_is_free_now() else 0  # the parent's lock is still held
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)  # the parent's transaction lasts until the child is done
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lock_is_free(file_store)
+    pid = os.fork()
+    if pid == 0:  # forked outside a transaction: writes with a lock of its own
+        code = 1
+        try:
+            dcache.touch_batch_job("job-1", now=6_000)
+            code = 0 if db.obj.writers.path == lock_path(file_store) and lock_is_free_now() else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.lease == 6_000
+    dcache.touch_batch_job("job-1", now=7_000)
+    assert lock_is_free(file_store)
+
+
+def test_the_lock_file_takes_the_store_files_mode_and_follows_a_chmod(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    try:
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert stat.S_IMODE(os.stat(lock_path(path)).st_mode) == 0o600
+    finally:
+        dcache.close_db()
+    os.chmod(path, 0o660)  # shared with a group
+    dcache.open_db(path)
+    try:
+        dcache.touch_batch_job("job-1", now=2_000)
+        assert stat.S_IMODE(os.stat(lock_path(path)).st_mode) == 0o660
+    finally:
+        dcache.close_db()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_root_gives_a_new_lock_file_to_the_store_files_owner(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    os.unlink(lock_path(path))
+    os.chown(path, 4321, 4322)
+    dcache.open_db(path)
+    try:
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        info = os.stat(lock_path(path))
+        assert (info.st_uid, info.st_gid) == (4321, 4322)
+    finally:
+        dcache.close_db()
+
+
+@pytest.mark.parametrize("obstacle", ["dangling symlink", "directory"])
+def test_without_a_usable_lock_file_the_store_writes_as_before(file_store: Path, obstacle: str) -> None:
+    """A lock file that cannot be opened, or is not a file, leaves writers to SQLite's busy handler: the
+    store still writes, outside any queue."""
+    dcache.close_db()
+    os.unlink(lock_path(file_store))
+    if obstacle == "directory":
+        os.mkdir(lock_path(file_store))
+    else:
+        os.symlink(file_store.parent / "missing" / "lock", lock_path(file_store))
+    dcache.open_db(file_store)
+    with db.write():
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert not db.obj.writers.held
+    assert dcache.batch_job("job-1") is not None
