@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Benchmark of the batch store's hot paths (issue 4): flat in history, close to raw SQLite, short lock
-holds, bounded memory and disk.
+holds, bounded memory and disk; and on PostgreSQL (issue 9): flat in history, close to plain psycopg,
+writes from several processes, lock waits.
 
-    python scripts/bench.py                # full run, under 3 minutes on 2 cores
-    python scripts/bench.py --quick        # small sizes, under 20 s: keeps the script working in CI
+    python scripts/bench.py                # full run: SQLite, then PostgreSQL when the test server answers
+    python scripts/bench.py --quick        # small sizes: keeps the script working in CI
     python scripts/bench.py --json out.json
+    python scripts/bench.py --db sqlite --db postgresql://user@host:5432/db   # exactly these backends
 
 Every fixture is a real SQLite file in WAL mode, built in a temporary directory. Fixture building is
 not timed. Each timed case runs in batches of calls; a batch gives one figure, µs per call, and the
@@ -18,6 +20,9 @@ compares the file's size with its pages in use, timing db.lock the same way; it 
 of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are
 printed as PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a failed goal
 exit 1): the suite never asserts on time.
+
+On PostgreSQL each group builds its store in a fresh schema of its own (``sift_bench_<pid>_<random>_<group>``)
+and drops it when done; see the README's Performance section for what each ``pg/`` case runs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import platform
 import random
+import secrets
 import shutil
 import sqlite3
 import statistics
@@ -35,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,6 +101,9 @@ class Sizes:
     hooks_requests: int  # requests per thread in each batch
     hooks_rounds: int  # batches of each side
     disk_jobs: int  # finished jobs of the disk case, 90% of them evicted
+    writer_procs: int  # PostgreSQL: processes writing target results at once
+    writer_ops: int  # writes of each process in one round
+    writer_rounds: int  # rounds of each side (1 process, writer_procs processes)
 
 
 FULL = Sizes(
@@ -129,6 +139,9 @@ FULL = Sizes(
     ops_opens=41,
     ops_checks=3,
     disk_jobs=10_000,
+    writer_procs=8,
+    writer_ops=500,
+    writer_rounds=5,
 )
 
 QUICK = Sizes(
@@ -164,6 +177,9 @@ QUICK = Sizes(
     ops_opens=5,
     ops_checks=1,
     disk_jobs=200,
+    writer_procs=8,
+    writer_ops=40,
+    writer_rounds=2,
 )
 
 FLAT_CASES = (
@@ -193,6 +209,26 @@ CASE_NAMES = (
     "disk/backup",
     "disk/evict_90",
 )
+#: The cases of the PostgreSQL part (issue 9).
+PG_CASE_NAMES = (
+    *(f"pg/flat/{c}" for c in FLAT_CASES),
+    "pg/raw/runner_step/package",
+    "pg/raw/runner_step/psycopg",
+    "pg/target_writes",
+)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a group runs: the prefix of its case names and of its goals."""
+
+    name: str
+    prefix: str
+    goal_prefix: str
+
+
+SQLITE = Backend("sqlite", "", "")
+POSTGRES = Backend("postgresql", "pg/", "PostgreSQL: ")
 
 
 @dataclass
@@ -353,8 +389,8 @@ def time_batch(op: Op, start: int, count: int) -> float:
 # -- (a) Flat in history --------------------------------------------------------------------------------
 
 
-def build_flat(path: Path, n: int, sizes: Sizes, runner_targets: int) -> None:
-    b = Builder(path)
+def build_flat(b: Builder | PgBuilder, n: int, sizes: Sizes, runner_targets: int) -> None:
+    """The flat cases' store, on either backend: ``n`` retained jobs, 10 live ones, and the runner's job."""
     b.jobs("job-", n, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0)
     for k in range(10):  # a few live jobs, so the live counts count something
         b.one_job(
@@ -404,20 +440,28 @@ def hot_paths(n: int) -> dict[str, Op]:
 
 
 def bench_flat(tmp: Path, sizes: Sizes, report: Report) -> None:
-    stores = (sizes.flat_small, sizes.flat_large)
-    runner_targets = sizes.flat_rounds * (sizes.warmup + sizes.flat_batches * sizes.flat_ops) + 10
-    paths = {n: tmp / f"flat-{n}.db" for n in stores}
-    for n in stores:
+    stores = {n: tmp / f"flat-{n}.db" for n in (sizes.flat_small, sizes.flat_large)}
+    for n, path in stores.items():
         t0 = time.perf_counter()
-        build_flat(paths[n], n, sizes, runner_targets)
+        build_flat(Builder(path), n, sizes, flat_runner_targets(sizes))
         log(f"flat: built {n} jobs x {sizes.targets_per_job} targets in {time.perf_counter() - t0:.1f} s")
+    run_flat({n: str(path) for n, path in stores.items()}, sizes, report, SQLITE)
+
+
+def flat_runner_targets(sizes: Sizes) -> int:
+    return sizes.flat_rounds * (sizes.warmup + sizes.flat_batches * sizes.flat_ops) + 10
+
+
+def run_flat(targets: dict[int, str], sizes: Sizes, report: Report, backend: Backend) -> None:
+    """Time the hot paths on the built stores (``targets``: N -> what open_db opens), interleaved."""
+    stores = (sizes.flat_small, sizes.flat_large)
     samples: dict[tuple[int, str], list[float]] = {(n, c): [] for n in stores for c in FLAT_CASES}
     step = dict.fromkeys(stores, 0)  # next runner target of each store
     for rnd in range(sizes.flat_rounds):
         for n in stores if rnd % 2 == 0 else stores[::-1]:
-            dcache.open_db(paths[n])
+            dcache.open_db(targets[n])
             ops = hot_paths(n)
-            for case in FLAT_CASES:  # warm the page cache after the open
+            for case in FLAT_CASES:  # warm the caches after the open
                 start = step[n] if case == "runner_step" else 0
                 time_batch(ops[case], start, sizes.warmup)
             step[n] += sizes.warmup
@@ -428,13 +472,14 @@ def bench_flat(tmp: Path, sizes: Sizes, report: Report) -> None:
                 step[n] += sizes.flat_ops
             dcache.close_db()
     for case in FLAT_CASES:
-        small = report.case(f"flat/{case}", sizes.flat_small, samples[sizes.flat_small, case])
-        large = report.case(f"flat/{case}", sizes.flat_large, samples[sizes.flat_large, case])
+        small = report.case(f"{backend.prefix}flat/{case}", sizes.flat_small, samples[sizes.flat_small, case])
+        large = report.case(f"{backend.prefix}flat/{case}", sizes.flat_large, samples[sizes.flat_large, case])
         small.ratio = 1.0
         large.ratio = large.median_us / small.median_us
         report.goals.append(
             Goal(
-                f"flat in history: {case} median(N={sizes.flat_large})/median(N={sizes.flat_small})",
+                f"{backend.goal_prefix}flat in history: {case} "
+                f"median(N={sizes.flat_large})/median(N={sizes.flat_small})",
                 large.ratio,
                 1.3,
                 "x",
@@ -1203,6 +1248,406 @@ def bench_ops(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
 
 
+# -- PostgreSQL (issue 9) ------------------------------------------------------------------------------------
+
+#: The server a run without --db also measures, when one answers there: the test suite's.
+DEFAULT_POSTGRES = os.environ.get("SIFT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_missing(url: str) -> str | None:
+    """Why no PostgreSQL part can run at ``url`` (no psycopg, no server answering), or None."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        return f"psycopg is not installed (pip install 'sift[postgres]'): {exc}"
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"no PostgreSQL server answers at {url}: {str(exc).strip()}"
+    return None
+
+
+class PgServer:
+    """The PostgreSQL database the bench works in. Every store lives in a fresh schema of its own, named
+    after this run (``sift_bench_<pid>_<random>_<label>``), and is dropped when the group is done, or at the
+    end whatever happens; nothing else on the server is touched."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = url
+        self.tag = f"sift_bench_{os.getpid()}_{secrets.token_hex(3)}"
+        self.schemas: list[str] = []
+        self.admin = psycopg.connect(url, autocommit=True, connect_timeout=5)
+        self.version = str(self.admin.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+
+    def new_schema(self, label: str) -> str:
+        schema = f"{self.tag}_{label}"
+        self.schemas.append(schema)
+        return schema
+
+    def target(self, schema: str) -> str:
+        """What open_db opens: the schema's store; its connections carry the schema's name as their
+        application_name, so pg_stat_activity tells them apart from everyone else's."""
+        joiner = "&" if "?" in self.url else "?"
+        return f"{self.url}{joiner}application_name={schema}&schema={schema}"
+
+    def connect(self, schema: str) -> Any:
+        """A plain psycopg connection in autocommit mode, in the schema."""
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True, options=f"-c search_path={schema}")
+
+    def drop(self, schema: str) -> None:
+        self.admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        self.schemas.remove(schema)
+
+    def close(self) -> None:
+        for schema in list(self.schemas):
+            self.drop(schema)
+        self.admin.close()
+
+
+class PgBuilder:
+    """Bulk-inserts fixture rows with plain SQL (generate_series) into a store's schema, as
+    :class:`Builder` does on SQLite. The byte-total trigger is off while the rows go in (one slot row
+    updated 100,000 times in one transaction took 80 s), and the total is recomputed at the end; then
+    VACUUM ANALYZE, the state autovacuum brings a loaded table to."""
+
+    def __init__(self, server: PgServer, schema: str) -> None:
+        dcache.open_db(server.target(schema))  # the store's own schema
+        dcache.close_db()
+        self.conn = server.connect(schema)
+        self.conn.execute("ALTER TABLE batch_job DISABLE TRIGGER batch_totals_track")
+
+    def jobs(
+        self,
+        prefix: str,
+        count: int,
+        *,
+        targets: int,
+        result_bytes: int | None,
+        lease0: int,
+        statuses: tuple[str, ...] = FINISHED,
+        callers: int = 100,
+    ) -> None:
+        """The same jobs as :meth:`Builder.jobs`."""
+        done = 0 if result_bytes is None else targets
+        nbytes = 0 if result_bytes is None else targets * result_bytes
+        self.conn.execute(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) "
+            "SELECT %s || lpad(i::text, 7, '0'), 'caller-' || (i %% %s), 'fleet', %s || 'idem-' || i, "
+            "(%s::text[])[i %% %s + 1], '', %s, %s, %s + i, %s + i, %s "
+            "FROM generate_series(0, %s - 1) AS i",
+            (
+                prefix,
+                callers,
+                prefix,
+                list(statuses),
+                len(statuses),
+                targets,
+                done,
+                lease0,
+                lease0,
+                nbytes,
+                count,
+            ),
+        )
+        if targets:
+            self.targets_of("b.id LIKE %s", prefix + "%", targets, result_bytes)
+
+    def one_job(
+        self, job_id: str, *, caller: str, status: str, targets: int, result_bytes: int | None, lease: int
+    ) -> None:
+        done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
+        self.conn.execute(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) "
+            "VALUES (%s, %s, 'fleet', '', %s, '', %s, %s, %s, %s, %s)",
+            (job_id, caller, status, targets, done, lease, lease, nbytes),
+        )
+        if targets:
+            self.targets_of("b.id = %s", job_id, targets, result_bytes)
+
+    def targets_of(self, where: str, param: str, targets: int, result_bytes: int | None) -> None:
+        status, result = ("'pending'", "NULL") if result_bytes is None else ("'done'", "repeat('r', %s)")
+        params = ([] if result_bytes is None else [result_bytes]) + [targets, param]
+        self.conn.execute(
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result) "
+            f"SELECT b.id, n.j, 'https://example.com/' || b.id || '/' || n.j, '{OPTIONS}', {status}, "
+            f"{result} FROM batch_job AS b, generate_series(0, %s - 1) AS n(j) "
+            f"WHERE {where} ORDER BY b.id, n.j",
+            params,
+        )
+
+    def close(self) -> None:
+        self.conn.execute("ALTER TABLE batch_job ENABLE TRIGGER batch_totals_track")
+        self.conn.execute(
+            "UPDATE batch_totals SET nbytes = CASE WHEN slot = 0 "
+            "THEN (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job) ELSE 0 END"
+        )
+        self.conn.execute("VACUUM ANALYZE batch_job, batch_target, batch_totals")
+        self.conn.close()
+
+
+def pg_flat(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The flat cases, on PostgreSQL: the same stores and hot paths as on SQLite."""
+    schemas = {n: server.new_schema(f"flat{n}") for n in (sizes.flat_small, sizes.flat_large)}
+    for n, schema in schemas.items():
+        t0 = time.perf_counter()
+        build_flat(PgBuilder(server, schema), n, sizes, flat_runner_targets(sizes))
+        log(f"pg flat: built {n} jobs x {sizes.targets_per_job} targets in {time.perf_counter() - t0:.1f} s")
+    run_flat({n: server.target(schema) for n, schema in schemas.items()}, sizes, report, POSTGRES)
+    for schema in schemas.values():
+        server.drop(schema)
+
+
+class PgBaseline:
+    """The runner step with plain psycopg, as plainly as a competent engineer writes it: the store's own
+    statements (the job-then-target row lock, the counting update, the target update, the total's read)
+    on one connection in autocommit mode, with ``conn.transaction()`` (BEGIN ... COMMIT) where the
+    package opens its write transaction."""
+
+    def __init__(self, conn: Any) -> None:
+        from sift.dcache import postgres
+
+        self.conn = conn
+        self.lock_target_sql = postgres._LOCK_TARGET
+        self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
+        self.set_target_sql = manager._SET_TARGET.sql
+        self.total_sql = postgres.PostgresStore.total_nbytes_sql
+
+    def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(self.lock_target_sql, (job_id, idx))
+            cur = conn.execute(
+                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+            )
+            if cur.rowcount != 1:
+                raise LookupError(f"no target {job_id}/{idx}")
+            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+
+    def evict_noop(self, max_bytes: int) -> None:
+        row = self.conn.execute(self.total_sql).fetchone()
+        if row[0] > max_bytes:
+            raise AssertionError("the baseline does not evict")
+
+
+def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The runner step (update_batch_target to done with 1 KB, then a no-op eviction) against plain
+    psycopg running the same statements, on two running jobs of one store, interleaved."""
+    schema = server.new_schema("raw")
+    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
+    b = PgBuilder(server, schema)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    for job_id in ("runner", "runner-base"):
+        b.one_job(job_id, caller="caller-0", status="running", targets=steps, result_bytes=None, lease=T0 + 1)
+    b.close()
+    dcache.open_db(server.target(schema))
+    check_layouts()  # PostgreSQL's compilation of the statements the baseline binds by hand
+    base = PgBaseline(server.connect(schema))
+    now = T0 + 10
+
+    def pkg_step(i: int) -> None:
+        dcache.update_batch_target("runner", i, "done", result=RESULT_1K, now=now)
+        dcache.evict_batch_oldest(BUDGET)
+
+    def base_step(i: int) -> None:
+        base.update_target_done("runner-base", i, RESULT_1K, now)
+        base.evict_noop(BUDGET)
+
+    time_batch(pkg_step, 0, sizes.warmup)
+    time_batch(base_step, 0, sizes.warmup)
+    pkg, raw = interleave(
+        sizes.raw_rounds, pkg_step, base_step, lambda r: sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
+    )
+    p = report.case("pg/raw/runner_step/package", 1, pkg)
+    q = report.case("pg/raw/runner_step/psycopg", 1, raw)
+    p.ratio, q.ratio = p.median_us / q.median_us, 1.0
+    report.goals.append(Goal("PostgreSQL: close to raw: runner step package/psycopg", p.ratio, 1.5, "x"))
+    base.conn.close()
+    dcache.close_db()
+    server.drop(schema)
+
+
+def writer_child(target: str, job_id: str, warmup: int, pipe: Any) -> None:
+    """A writer process: opens the store, writes ``warmup`` results, then on each ``(count, start_at)``
+    from the pipe waits until ``start_at`` (time.monotonic, one clock for every process of the machine),
+    writes ``count`` results to the next pending targets of its job and answers when it finished."""
+    dcache.open_db(target)
+    idx = 0
+
+    def write(count: int) -> None:
+        nonlocal idx
+        for i in range(idx, idx + count):
+            dcache.update_batch_target(job_id, i, "done", result=RESULT_1K, now=T0 + 10)
+        idx += count
+
+    write(warmup)
+    pipe.send(os.getpid())
+    while (command := pipe.recv()) is not None:
+        count, start_at = command
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        write(count)
+        pipe.send(time.monotonic())
+    dcache.close_db()
+    pipe.send(idx)
+
+
+#: One sample of what each writer's backend is doing: its state and what it waits on, if anything.
+WAIT_SAMPLE = (
+    "SELECT state, COALESCE(wait_event_type, ''), COALESCE(wait_event, '') FROM pg_stat_activity "
+    "WHERE application_name = %s AND backend_type = 'client backend'"
+)
+
+
+class WaitSampler(threading.Thread):
+    """Samples pg_stat_activity every ``interval`` seconds on a connection of its own, counting what the
+    writers' backends are doing. A backend waiting for a row lock, a transaction to end (the holder of a
+    row it wants) or an advisory lock shows wait_event_type 'Lock'."""
+
+    def __init__(self, server: PgServer, schema: str, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.conn = server.connect(schema)
+        self.app = schema
+        self.interval = interval
+        self.stop = threading.Event()
+        self.samples = 0
+        self.seen: dict[tuple[str, str, str], int] = {}
+        self.max_lock_waiters = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            rows = self.conn.execute(WAIT_SAMPLE, (self.app,)).fetchall()
+            self.samples += 1
+            waiting = 0
+            for state, kind, event in rows:
+                key = (state or "", kind, event)
+                self.seen[key] = self.seen.get(key, 0) + 1
+                waiting += kind == "Lock"
+            self.max_lock_waiters = max(self.max_lock_waiters, waiting)
+            time.sleep(self.interval)
+        self.conn.close()
+
+    def shares(self) -> dict[str, float]:
+        """Percent of the writers' sampled backend time in each kind of wait, in Lock waits by event."""
+        total = sum(self.seen.values()) or 1
+        out: dict[str, float] = {"samples": float(self.samples), "backend_samples": float(total)}
+
+        sums: dict[str, int] = {}
+        for (state, kind, event), count in self.seen.items():
+            if kind == "Lock":
+                names = ["lock_wait", f"lock_wait_{event}"]
+            elif kind in ("IO", "LWLock"):
+                names = ["io_or_lwlock_wait"]
+            elif kind == "Client" or state.startswith("idle"):
+                names = ["in_client"]  # the backend waits for the next statement: the client's time
+            else:
+                names = ["running" if state == "active" and not kind else f"other_{kind}"]
+            for name in names:
+                sums[name] = sums.get(name, 0) + count
+        out["lock_wait_pct"] = 0.0
+        for name, count in sorted(sums.items()):
+            out[f"{name}_pct"] = 100 * count / total
+        out["max_lock_waiters"] = float(self.max_lock_waiters)
+        return out
+
+
+def pg_writers(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """Target-result writes (update_batch_target to done with 1 KB) from 1 process and from
+    ``writer_procs`` processes at once, each process writing the pending targets of a job of its own, as
+    runners on several hosts do; rounds alternate which side goes first. Throughput is the writes of a
+    round over the time from the common start to the last process's end. One more round of all processes,
+    not timed, samples pg_stat_activity for the lock waits."""
+    import multiprocessing
+
+    procs, ops, rounds = sizes.writer_procs, sizes.writer_ops, sizes.writer_rounds
+    schema = server.new_schema("writers")
+    warmup = sizes.warmup
+    need = [warmup + ops * (rounds * (2 if w == 0 else 1) + 1) for w in range(procs)]
+    b = PgBuilder(server, schema)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    for w in range(procs):
+        job_id, caller = f"writer-{w}", f"caller-{w}"
+        b.one_job(job_id, caller=caller, status="running", targets=need[w], result_bytes=None, lease=T0)
+    b.close()
+    ctx = multiprocessing.get_context("spawn")
+    pipes: list[Any] = []
+    children: list[Any] = []
+    target = server.target(schema)
+    for w in range(procs):
+        mine, theirs = ctx.Pipe()
+        child = ctx.Process(target=writer_child, args=(target, f"writer-{w}", warmup, theirs), daemon=True)
+        child.start()
+        pipes.append(mine)
+        children.append(child)
+    for pipe in pipes:
+        pipe.recv()  # warmed up
+
+    def one_round(active: int) -> float:
+        """µs per write over a round of ``active`` processes, from the common start to the last end."""
+        start_at = time.monotonic() + 0.1
+        for pipe in pipes[:active]:
+            pipe.send((ops, start_at))
+        ends: list[float] = [pipe.recv() for pipe in pipes[:active]]
+        return (max(ends) - start_at) * 1e6 / (active * ops)
+
+    samples: dict[int, list[float]] = {1: [], procs: []}
+    try:
+        for rnd in range(rounds):
+            for active in (1, procs) if rnd % 2 == 0 else (procs, 1):
+                samples[active].append(one_round(active))
+        sampler = WaitSampler(server, schema)
+        sampler.start()
+        one_round(procs)
+        sampler.stop.set()
+        sampler.join()
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
+        written = [pipe.recv() for pipe in pipes]
+        for child in children:
+            child.join(timeout=30)
+    check = server.connect(schema)
+    counts = dict(check.execute("SELECT id, targets_done FROM batch_job WHERE id LIKE %s", ("writer-%",)))
+    check.close()
+    if [counts[f"writer-{w}"] for w in range(procs)] != written:
+        raise AssertionError(f"writers: targets_done {counts} after {written} first writes")
+    one = report.case("pg/target_writes", 1, samples[1], writes_per_s=1e6 / statistics.median(samples[1]))
+    many = report.case(
+        "pg/target_writes", procs, samples[procs], writes_per_s=1e6 / statistics.median(samples[procs])
+    )
+    many.extra.update(sampler.shares())
+    one.ratio, many.ratio = 1.0, many.median_us / one.median_us
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: target writes from {procs} processes, time per write / 1 process "
+            f"({many.extra['writes_per_s'] / one.extra['writes_per_s']:.2f} x the throughput; "
+            "0.5 x = 2 x the throughput)",
+            many.ratio,
+            0.5,
+            "x",
+        )
+    )
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: lock waits, {procs} processes writing: share of the writers' backend time "
+            "waiting on a lock (pg_stat_activity sampled every 5 ms)",
+            many.extra["lock_wait_pct"],
+            None,
+            "%",
+        )
+    )
+    server.drop(schema)
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1228,9 +1673,10 @@ def machine() -> dict[str, Any]:
 
 
 def print_report(report: Report, info: dict[str, Any]) -> None:
+    server = f", PostgreSQL {info['postgresql']}" if "postgresql" in info else ""
     print(
         f"machine: {info['nproc']} CPUs, {info['cpu']}; Python {info['python']}, "
-        f"SQLite {info['sqlite']}, peewee {info['peewee']}"
+        f"SQLite {info['sqlite']}{server}, peewee {info['peewee']}"
     )
     print()
     print(f"{'case':<34} {'N':>9} {'median µs/op':>13} {'ratio':>7}")
@@ -1249,14 +1695,67 @@ def print_report(report: Report, info: dict[str, Any]) -> None:
         print(f"{g.verdict}  {g.name}: {g.value:.2f} {g.unit}{limit}")
 
 
+#: The groups of each backend, in the order they run.
+SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
+    "flat": bench_flat,
+    "raw": bench_raw,
+    "locks": bench_locks,
+    "memory": bench_memory,
+    "testing": bench_testing,
+    "hooks": bench_hooks,
+    "ops": bench_ops,
+    "disk": bench_disk,
+}
+PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
+    "flat": pg_flat,
+    "raw": pg_raw,
+    "writers": pg_writers,
+}
+
+
+def choose_backends(parser: argparse.ArgumentParser, dbs: list[str] | None) -> tuple[bool, str | None]:
+    """Whether to run the SQLite part, and the PostgreSQL URL to run the other part on (or None).
+
+    With --db, exactly what it names. Without, SQLite, and PostgreSQL at $SIFT_TEST_POSTGRES (the test
+    server by default) when a server answers there; one line says so when none does, except under CI
+    (CI=true), where that is an error, as in the test suite."""
+    if dbs:
+        urls = [d for d in dbs if d.startswith(("postgresql://", "postgres://"))]
+        if unknown := [d for d in dbs if d != "sqlite" and d not in urls]:
+            parser.error(f"--db {unknown[0]}: give sqlite or a postgresql:// URL")
+        if len(set(urls)) > 1:
+            parser.error("--db: one PostgreSQL URL at a time")
+        query = urllib.parse.parse_qsl(urllib.parse.urlsplit(urls[0]).query) if urls else []
+        if any(key == "schema" for key, _ in query):
+            parser.error(f"--db {urls[0]}: drop ?schema=, the bench makes schemas of its own")
+        if urls and (why := postgres_missing(urls[0])):
+            parser.error(f"--db {urls[0]}: {why}")
+        return "sqlite" in dbs, urls[0] if urls else None
+    why = postgres_missing(DEFAULT_POSTGRES)
+    if why is None:
+        return True, DEFAULT_POSTGRES
+    if os.environ.get("CI") == "true":
+        parser.error(f"CI=true and {why} (set SIFT_TEST_POSTGRES, or --db sqlite for SQLite alone)")
+    log(f"PostgreSQL part skipped: {why} (set SIFT_TEST_POSTGRES or --db)")
+    return True, None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI smoke run)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the figures to FILE")
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
+        "--db",
+        action="append",
+        metavar="TARGET",
+        help="sqlite, or a postgresql:// URL (fresh schemas there, dropped at the end); repeatable. "
+        "Default: sqlite, and $SIFT_TEST_POSTGRES (or postgresql://postgres@127.0.0.1:5432/test) "
+        "when a server answers there",
+    )
+    parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"),
+        choices=list(dict.fromkeys([*SQLITE_GROUPS, *PG_GROUPS])),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1267,32 +1766,38 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops"]
+    groups = args.only or [*SQLITE_GROUPS, *PG_GROUPS]
+    run_sqlite, pg_url = choose_backends(parser, args.db)
     report = Report()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        for group, run in (
-            ("flat", bench_flat),
-            ("raw", bench_raw),
-            ("locks", bench_locks),
-            ("memory", bench_memory),
-            ("testing", bench_testing),
-            ("hooks", bench_hooks),
-            ("ops", bench_ops),
-            ("disk", bench_disk),
-        ):
-            if group in groups:
-                t0 = time.perf_counter()
-                run(tmp, sizes, report)
-                log(f"{group}: {time.perf_counter() - t0:.1f} s")
-                for suffix in ("", "-wal", "-shm"):  # free the disk between groups
-                    for p in tmp.glob(f"*.db{suffix}"):
-                        p.unlink()
-    elapsed = time.perf_counter() - started
     info = machine()
+    started = time.perf_counter()
+    if run_sqlite:
+        with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
+            tmp = Path(tmp_name)
+            for group, run in SQLITE_GROUPS.items():
+                if group in groups:
+                    t0 = time.perf_counter()
+                    run(tmp, sizes, report)
+                    log(f"{group}: {time.perf_counter() - t0:.1f} s")
+                    for suffix in ("", "-wal", "-shm"):  # free the disk between groups
+                        for p in tmp.glob(f"*.db{suffix}"):
+                            p.unlink()
+    if pg_url is not None:
+        server = PgServer(pg_url)
+        info["postgresql"] = server.version
+        info["postgresql_schemas"] = f"{server.tag}_*"  # all dropped at the end
+        try:
+            for group, pg_run in PG_GROUPS.items():
+                if group in groups:
+                    t0 = time.perf_counter()
+                    pg_run(server, sizes, report)
+                    log(f"pg {group}: {time.perf_counter() - t0:.1f} s")
+        finally:
+            dcache.close_db()
+            server.close()
+    elapsed = time.perf_counter() - started
     print_report(report, info)
-    command = "python scripts/bench.py" + (" --quick" if args.quick else "")
+    command = " ".join(["python scripts/bench.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"\n{command}: {elapsed:.0f} s")
     if args.json:
         args.json.write_text(
@@ -1302,6 +1807,7 @@ def main(argv: list[str] | None = None) -> int:
                     "quick": args.quick,
                     "elapsed_s": elapsed,
                     "machine": info,
+                    "backends": ["sqlite"] * run_sqlite + ["postgresql"] * (pg_url is not None),
                     "sizes": asdict(sizes),
                     "cases": [asdict(c) for c in report.cases],
                     "goals": [dict(asdict(g), verdict=g.verdict) for g in report.goals],
