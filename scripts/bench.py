@@ -1475,28 +1475,82 @@ def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
     server.drop(schema)
 
 
-def writer_child(target: str, job_id: str, warmup: int, pipe: Any) -> None:
-    """A writer process: opens the store, writes ``warmup`` results, then on each ``(count, start_at)``
-    from the pipe waits until ``start_at`` (time.monotonic, one clock for every process of the machine),
-    writes ``count`` results to the next pending targets of its job and answers when it finished."""
+def worker_child(target: str, task: str, job_id: str, warmup: int, pipe: Any) -> None:
+    """A process of a multi-process case. It opens the store, runs ``warmup`` operations, then on each
+    ``(count, start_at)`` from the pipe waits until ``start_at`` (time.monotonic: one clock for every process
+    of the machine), runs ``count`` operations and answers the time it finished; on None it answers how many
+    targets it moved in all. An operation is, for task ``write``, update_batch_target to done with 1 KB on
+    the next pending target of ``job_id``."""
     dcache.open_db(target)
-    idx = 0
+    idx = moved = 0
 
-    def write(count: int) -> None:
-        nonlocal idx
-        for i in range(idx, idx + count):
-            dcache.update_batch_target(job_id, i, "done", result=RESULT_1K, now=T0 + 10)
-        idx += count
+    def run(count: int) -> None:
+        nonlocal idx, moved
+        if task == "write":
+            for i in range(idx, idx + count):
+                dcache.update_batch_target(job_id, i, "done", result=RESULT_1K, now=T0 + 10)
+            idx += count
+            moved += count
+            return
+        raise ValueError(f"unknown task {task!r}")
 
-    write(warmup)
+    run(warmup)
     pipe.send(os.getpid())
     while (command := pipe.recv()) is not None:
         count, start_at = command
         time.sleep(max(0.0, start_at - time.monotonic()))
-        write(count)
+        run(count)
         pipe.send(time.monotonic())
     dcache.close_db()
-    pipe.send(idx)
+    pipe.send(moved)
+
+
+class Workers:
+    """Processes spawned (not forked) and warmed up before any timing, each running ``worker_child`` with
+    its own (task, job_id); a round starts ``active`` of them at one moment."""
+
+    def __init__(self, target: str, tasks: list[tuple[str, str]], warmup: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes: list[Any] = []
+        self.children: list[Any] = []
+        for task, job_id in tasks:
+            mine, theirs = ctx.Pipe()
+            child = ctx.Process(target=worker_child, args=(target, task, job_id, warmup, theirs), daemon=True)
+            child.start()
+            self.pipes.append(mine)
+            self.children.append(child)
+        for pipe in self.pipes:
+            pipe.recv()  # warmed up
+        self.moved: list[int] = []
+
+    def round(self, active: int, ops: int) -> float:
+        """µs per operation over a round of ``ops`` operations by each of ``active`` processes, from the
+        common start to the last process's end."""
+        start_at = time.monotonic() + 0.1
+        for pipe in self.pipes[:active]:
+            pipe.send((ops, start_at))
+        ends: list[float] = [pipe.recv() for pipe in self.pipes[:active]]
+        return (max(ends) - start_at) * 1e6 / (active * ops)
+
+    def rounds(self, rounds: int, sides: tuple[int, ...], ops: int) -> dict[int, list[float]]:
+        """``rounds`` rounds of each side (a number of processes), the order rotating each round."""
+        samples: dict[int, list[float]] = {side: [] for side in sides}
+        for rnd in range(rounds):
+            shift = rnd % len(sides)
+            for active in sides[shift:] + sides[:shift]:
+                samples[active].append(self.round(active, ops))
+        return samples
+
+    def close(self) -> list[int]:
+        """Stop the processes; how many targets each moved (written, or claimed)."""
+        for pipe in self.pipes:
+            pipe.send(None)
+        self.moved = [pipe.recv() for pipe in self.pipes]
+        for child in self.children:
+            child.join(timeout=30)
+        return self.moved
 
 
 #: One sample of what each writer's backend is doing: its state and what it waits on, if anything.
@@ -1564,8 +1618,6 @@ def pg_writers(server: PgServer, sizes: Sizes, report: Report) -> None:
     runners on several hosts do; rounds alternate which side goes first. Throughput is the writes of a
     round over the time from the common start to the last process's end. One more round of all processes,
     not timed, samples pg_stat_activity for the lock waits."""
-    import multiprocessing
-
     procs, ops, rounds = sizes.writer_procs, sizes.writer_ops, sizes.writer_rounds
     schema = server.new_schema("writers")
     warmup = sizes.warmup
@@ -1578,43 +1630,16 @@ def pg_writers(server: PgServer, sizes: Sizes, report: Report) -> None:
         job_id, caller = f"writer-{w}", f"caller-{w}"
         b.one_job(job_id, caller=caller, status="running", targets=need[w], result_bytes=None, lease=T0)
     b.close()
-    ctx = multiprocessing.get_context("spawn")
-    pipes: list[Any] = []
-    children: list[Any] = []
-    target = server.target(schema)
-    for w in range(procs):
-        mine, theirs = ctx.Pipe()
-        child = ctx.Process(target=writer_child, args=(target, f"writer-{w}", warmup, theirs), daemon=True)
-        child.start()
-        pipes.append(mine)
-        children.append(child)
-    for pipe in pipes:
-        pipe.recv()  # warmed up
-
-    def one_round(active: int) -> float:
-        """µs per write over a round of ``active`` processes, from the common start to the last end."""
-        start_at = time.monotonic() + 0.1
-        for pipe in pipes[:active]:
-            pipe.send((ops, start_at))
-        ends: list[float] = [pipe.recv() for pipe in pipes[:active]]
-        return (max(ends) - start_at) * 1e6 / (active * ops)
-
-    samples: dict[int, list[float]] = {1: [], procs: []}
+    workers = Workers(server.target(schema), [("write", f"writer-{w}") for w in range(procs)], warmup)
     try:
-        for rnd in range(rounds):
-            for active in (1, procs) if rnd % 2 == 0 else (procs, 1):
-                samples[active].append(one_round(active))
+        samples = workers.rounds(rounds, (1, procs), ops)
         sampler = WaitSampler(server, schema)
         sampler.start()
-        one_round(procs)
+        workers.round(procs, ops)
         sampler.stop.set()
         sampler.join()
     finally:
-        for pipe in pipes:
-            pipe.send(None)
-        written = [pipe.recv() for pipe in pipes]
-        for child in children:
-            child.join(timeout=30)
+        written = workers.close()
     check = server.connect(schema)
     counts = dict(check.execute("SELECT id, targets_done FROM batch_job WHERE id LIKE %s", ("writer-%",)))
     check.close()
