@@ -507,6 +507,24 @@ def test_bad_input(store: Any, bad: Case) -> None:
     assert snapshot() == before
 
 
+@pytest.mark.parametrize(
+    ("name", "idx"),
+    [
+        ("big-put-bad-options", 50_000),
+        ("big-put-bad-status", 50_000),
+        ("big-put-duplicate-idx", 3),
+        ("big-put-url-surrogate", 99_999),
+        ("big-create-bad-options", 50_000),
+        ("big-create-duplicate-idx", 0),
+    ],
+)
+def test_the_message_names_the_bad_target_of_a_big_put(store: Any, name: str, idx: int) -> None:
+    # On PostgreSQL psycopg pipelines the rows, so the row that failed is not the last one sent.
+    setup_store()
+    with pytest.raises(dcache.InvalidBatchInput, match=rf"\btarget {idx}\b"):
+        CASES[name].call()
+
+
 # -- Strings full of SQL metacharacters are not bad input ---------------------------------------------------
 
 METACHARS = {

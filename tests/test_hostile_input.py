@@ -216,6 +216,52 @@ def test_nan_and_non_json_options(store: dcache.SerializedSqliteDatabase, how: s
     assert counts() == (1, 1, 2)
 
 
+def nested_list(depth: int) -> list[Any]:
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+TOO_DEEP_OPTIONS: dict[str, Any] = {
+    "text-2001": "[" * 2001 + "]" * 2001,
+    "text-objects-2001": '{"a":' * 2001 + "1" + "}" * 2001,
+    "text-100000": "[" * 100_000 + "]" * 100_000,  # PostgreSQL's json fails with "stack depth" here
+    "list-3000": nested_list(3000),  # deeper than Python's recursion limit when dumped
+}
+
+
+@pytest.mark.parametrize("options", list(TOO_DEEP_OPTIONS.values()), ids=list(TOO_DEEP_OPTIONS))
+@pytest.mark.parametrize("how", ["put", "create"])
+def test_options_nested_deeper_than_2000_are_refused_on_both_backends(
+    store: dcache.StoreDatabase, how: str, options: Any
+) -> None:
+    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)
+    bad = [make_target(1), make_target(2, options=options)]
+    if how == "put":
+        assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
+    else:
+        assert_refused(lambda: dcache.create_batch_job(make_job("job-2"), [make_target(0), *bad]), "options")
+    assert counts() == (1, 1, 2)
+
+
+DEEP_BUT_LEGAL_OPTIONS = {
+    "text-2000": "[" * 2000 + "]" * 2000,
+    "brackets-in-a-string": json.dumps({"s": "[" * 5000 + "{" * 5000}),
+    "escaped-quote-then-brackets": '["\\"' + "[" * 3000 + '"]',
+}
+
+
+@pytest.mark.parametrize("options", list(DEEP_BUT_LEGAL_OPTIONS.values()), ids=list(DEEP_BUT_LEGAL_OPTIONS))
+def test_options_up_to_2000_deep_are_stored_verbatim(store: dcache.StoreDatabase, options: str) -> None:
+    dcache.create_batch_job(make_job("job-1", targets_total=1), [make_target(0, options=options)])
+    targets = dcache.batch_targets("job-1")
+    assert targets is not None and targets[0].options == options
+
+
 # -- An SQL injection string in every id-like field ----------------------------------------------------------
 
 DROP = "'; DROP TABLE batch_job; --"

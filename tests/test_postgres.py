@@ -373,6 +373,17 @@ def test_read_only_open_reads_and_refuses_writes(pg: str) -> None:
     assert snapshot() == before
 
 
+def test_read_only_sweep_and_evict_with_nothing_to_do_only_read(pg: str) -> None:
+    dcache.create_batch_job(make_job("job-1", status="done", lease=100, nbytes=0))
+    dcache.open_db(pg, readonly=True)
+    before = snapshot()
+    assert dcache.sweep_batch(10, now=105) == 0  # nothing due: one read, no lock, no write
+    assert dcache.evict_batch_oldest(0) == 0  # within budget
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.sweep_batch(10, now=110)
+    assert snapshot() == before
+
+
 def test_read_only_open_of_a_missing_store_is_refused(fresh_schema: str) -> None:
     with pytest.raises(dcache.StoreUnavailable, match="no batch store"):
         dcache.open_db(postgres_target(fresh_schema), readonly=True)

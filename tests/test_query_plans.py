@@ -142,7 +142,8 @@ EXPECTED_ACCESS: dict[str, set[str]] = {
     "_LIVE": {"batch_job_live (caller=?)"},
     "_LIVE_TOTAL": {"batch_job_live"},  # a SCAN of the partial index: bounded by the live jobs
     "_SELECT_TARGETS": {JOB_BY_ID, TARGETS_OF_JOB},
-    # sweep and eviction (their no-op forms run only _EXPIRED, or only the byte total)
+    # sweep and eviction (their no-op forms run only _ANY_EXPIRED, or only the byte total)
+    "_ANY_EXPIRED": {"batch_job_lease (lease<?)"},
     "_EXPIRED": {"batch_job_lease (lease<?)"},
     "_EVICTABLE": {"batch_job_evictable"},  # a SCAN of the partial index, in order, stopped by LIMIT
     "_DELETE_TARGETS": {TARGETS_OF_JOB},

@@ -12,6 +12,7 @@ classified by SQLSTATE in :data:`POSTGRES_ERRORS`, then by its two-character cla
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from .errors import BatchError, StoreConflict, StoreCorrupt, StoreFull, StoreReadOnly, StoreUnavailable
@@ -22,6 +23,7 @@ __all__ = [
     "POSTGRES_ERRORS",
     "PRIMARY_KEY",
     "SQLITE_ERRORS",
+    "failing_idx",
     "is_busy",
     "postgres_error",
     "sqlite_error",
@@ -169,6 +171,21 @@ def violated(exc: BaseException) -> str | None:
     if code is None or code & 0xFF != sqlite3.SQLITE_CONSTRAINT:
         return None
     return _VIOLATIONS.get(code) or str(getattr(sqlite_error(exc), "sqlite_errorname", "SQLITE_CONSTRAINT"))
+
+
+def failing_idx(exc: BaseException, job_id: str) -> int | None:
+    """The idx of the target row of ``job_id`` that a PostgreSQL constraint violation names in its detail
+    ("Key (job_id, idx)=(…)", "Failing row contains (…)"), else None. PostgreSQL needs this where SQLite
+    does not: psycopg pipelines ``executemany``, so the failing row is not the last row sent."""
+    pg = postgres_error(exc)
+    detail = getattr(getattr(pg, "diag", None), "message_detail", None)
+    if not isinstance(detail, str):
+        return None
+    for prefix in (f"Key (job_id, idx)=({job_id}, ", f"Failing row contains ({job_id}, "):
+        if detail.startswith(prefix):
+            digits = re.match(r"\d+", detail[len(prefix) :])
+            return int(digits.group()) if digits else None
+    return None
 
 
 def store_error(

@@ -147,6 +147,7 @@ def _evictable() -> peewee.Node:
 
 
 # A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see postgres.py).
+_ANY_EXPIRED = Statement(lambda: J.select(peewee.SQL("1")).where(J.lease <= Slot("cutoff")).limit(1))
 _EXPIRED = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.targets_total, J.nbytes)
@@ -302,7 +303,7 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
     The only removal by time. Returns the number of jobs deleted.
     """
     cutoff = checks.cutoff(checks.now(now), ttl)
-    if not _EXPIRED.rows(cutoff=cutoff):  # the usual case: one read
+    if not _ANY_EXPIRED.rows(cutoff=cutoff):  # the usual case: one read, locking nothing
         return 0
     swept = chunks = 0
     with db.bulk_writes():
@@ -501,7 +502,8 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         _, idx, url, _, _ = last[0]
         checks.invalid("url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})")
     except peewee.IntegrityError as exc:
-        idx = last[0][1]
+        idx = driver_errors.failing_idx(exc, job_id)
+        idx = last[0][1] if idx is None else idx
         violated = driver_errors.violated(exc)
         if violated == driver_errors.NOT_NULL:  # the only NULL a checked row can hold: json_or_null's
             checks.invalid("options", f"is not valid JSON text (target {idx})")
@@ -532,6 +534,8 @@ def _target_rows(
             options = checks.options_text(options)
         elif "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
             checks.invalid("options", f"is not valid JSON text (target {idx})")
+        if checks.json_too_deep(options):  # one limit for both backends: SQLite's
+            checks.invalid("options", f"is nested deeper than {checks.MAX_JSON_DEPTH} levels (target {idx})")
         if len(data) > 3:  # idx, url and options are set, and so is some other field
             _check_unset_fields(data, job_id, idx)
         last[0] = (job_id, idx, url, options, options)
