@@ -98,3 +98,18 @@ def file_store(tmp_path: Path) -> Iterator[Path]:
     dcache.open_db(path)
     yield path
     dcache.close_db()
+
+
+@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store other processes can open too, open in this process and empty: a real WAL file, or the
+    worker's PostgreSQL schema. Yields the target to give ``open_db`` in each process."""
+    if request.param == "postgres":
+        schema = request.getfixturevalue("postgres_schema")
+        open_empty_postgres(schema)
+        target = postgres_target(schema)
+    else:
+        target = str(tmp_path / "store.db")
+        dcache.open_db(target)
+    yield target
+    dcache.close_db()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import multiprocessing
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,3 +57,38 @@ def session() -> Iterator[None]:
         db.session_rollback()
         raise
     db.session_commit()
+
+
+#: multiprocessing's 'spawn' context: each process imports the package afresh and opens its own store.
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def run_processes(
+    worker: Callable[..., dict[str, Any]], args: list[tuple[Any, ...]], timeout: float = 300.0
+) -> list[dict[str, Any]]:
+    """Run ``worker(*args[i], barrier)`` in one spawned process per entry, all released at once by the
+    barrier; return what each returned (an exception it raised becomes ``{"errors": [...]}``)."""
+    barrier = SPAWN.Barrier(len(args))
+    results = SPAWN.Queue()
+    processes = [SPAWN.Process(target=_process_entry, args=(worker, a, barrier, results)) for a in args]
+    for process in processes:
+        process.start()
+    try:
+        reports = [results.get(timeout=timeout) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    assert [process.exitcode for process in processes] == [0] * len(processes)
+    return reports
+
+
+def _process_entry(
+    worker: Callable[..., dict[str, Any]], args: tuple[Any, ...], barrier: Any, results: Any
+) -> None:
+    try:
+        out = worker(*args, barrier)
+    except BaseException as exc:  # reported, so the test names it instead of timing out
+        out = {"errors": [f"{type(exc).__name__}: {exc}"]}
+    results.put(out)

@@ -17,7 +17,7 @@ from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import db
-from sift.dcache.postgres import CONFLICT_RETRIES, PostgresStore
+from sift.dcache.postgres import CONFLICT_RETRIES, SCHEMA_VERSION, PostgresStore
 
 pytestmark = pytest.mark.postgres
 
@@ -153,9 +153,64 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
         process.join(timeout=120)
     assert outcomes == ["ok"] * 8
     dcache.open_db(target)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 1)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
     assert db.execute_sql("SELECT COUNT(*), COUNT(DISTINCT slot) FROM batch_totals").fetchone() == (16, 16)
+
+
+def make_version_1(target: str) -> None:
+    """Turn the store at ``target`` into what sift's schema version 1 made: without the claim indexes."""
+    dcache.open_db(target)
+    db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending")
+    db.execute_sql("UPDATE sift_schema SET version = 1")
+    dcache.close_db()
+
+
+def claim_indexes() -> set[str]:
+    rows = db.execute_sql(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+        "AND indexname IN ('batch_job_claim', 'batch_target_pending')"
+    )
+    return {row[0] for row in rows.fetchall()}
+
+
+def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
+    assert SCHEMA_VERSION == 2
+    dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
+    make_version_1(pg)
+    with pytest.raises(dcache.StoreUnavailable, match="version 1.*without readonly=True to upgrade"):
+        dcache.open_db(pg, readonly=True)
+    dcache.open_db(pg)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
+    assert claim_indexes() == {"batch_job_claim", "batch_target_pending"}
+    assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
+    assert dcache.batch_nbytes() == 5
+    dcache.open_db(pg, readonly=True)  # now current: a read-only open works
+
+
+def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
+    make_version_1(pg)
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    processes = [ctx.Process(target=_open_new, args=(pg, barrier, results)) for _ in range(8)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=120)
+    assert outcomes == ["ok"] * 8
+    dcache.open_db(pg)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
+    assert claim_indexes() == {"batch_job_claim", "batch_target_pending"}
+    assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
+
+
+def test_a_newer_schema_version_is_refused(pg: str) -> None:
+    db.execute_sql("UPDATE sift_schema SET version = 3")
+    with pytest.raises(dcache.StoreUnavailable, match="schema version 3; this sift knows version 2$"):
+        dcache.open_db(pg)
+    dcache.close_db()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current
+        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 2")
 
 
 def test_columns_are_bigint_and_options_json(pg: str) -> None:

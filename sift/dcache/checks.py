@@ -43,6 +43,13 @@ def count(field: str, value: Any) -> int:
     return value
 
 
+def positive(field: str, value: Any) -> int:
+    """An int of at least 1 that fits SQLite's INTEGER (bool is not an int here)."""
+    if type(value) is not int or not 1 <= value <= MAX_INT:
+        invalid(field, f"must be a positive int, got {_show(value)}")
+    return value
+
+
 def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
     """A str that encodes as UTF-8 (no lone surrogates) and holds no NUL; returned as a plain str."""
     if not isinstance(value, str):
@@ -104,21 +111,22 @@ def now(value: Any) -> int:
     return unix_now() if value is None else count("now", value)
 
 
-def cutoff(now: int, ttl: Any) -> int:
+def cutoff(now: int, ttl: Any, field: str = "ttl") -> int:
     """The largest lease with ``lease + ttl <= now``; a job is expired iff ``lease <= cutoff``.
 
     Comparing the bare column lets SQLite use the lease index; ``lease + ttl <= now`` could not.
+    ``field`` names ``ttl`` in the error (``stale_after`` for ``rescue_stale_jobs``).
     """
     if isinstance(ttl, datetime.timedelta):
         micros = ttl // datetime.timedelta(microseconds=1)
         if micros < 0:
-            invalid("ttl", f"must not be negative, got {_show(ttl)}")
+            invalid(field, f"must not be negative, got {_show(ttl)}")
         return max(-1, (now * 1_000_000 - micros) // 1_000_000)
     if type(ttl) is int or type(ttl) is float:
         if not (ttl >= 0 and math.isfinite(ttl)):
-            invalid("ttl", f"must be a finite non-negative number of seconds, got {_show(ttl)}")
+            invalid(field, f"must be a finite non-negative number of seconds, got {_show(ttl)}")
         return max(-1, math.floor(now - ttl))
-    invalid("ttl", f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
+    invalid(field, f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
 
 
 def json_too_deep(text: str) -> bool:

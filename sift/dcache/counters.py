@@ -19,6 +19,9 @@ COUNTER_NAMES = (
     "jobs_evicted",
     "bytes_evicted",
     "jobs_marked_failed",
+    "claims",
+    "targets_claimed",
+    "jobs_rescued",
 )
 
 

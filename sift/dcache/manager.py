@@ -27,6 +27,7 @@ from .models import (
     BatchJob,
     BatchTarget,
     JobStatus,
+    TargetStatus,
 )
 from .statements import Inline, Slot, Statement
 
@@ -138,6 +139,74 @@ _MARK_FAILED = Statement(
             J.lease: Slot("now"),
         }
     ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
+)
+
+_RESCUE = Statement(
+    lambda: J.update(
+        {
+            J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
+            J.error: Slot("reason"),
+            J.lease: Slot("now"),
+        }
+    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)) & (J.lease <= Slot("cutoff")))
+)
+
+
+def _pending(target: type[BatchTarget]) -> peewee.Node:
+    """The target is pending (a partial index holds exactly these)."""
+    return Inline(target.status == TargetStatus.PENDING.value)
+
+
+# The next live job after (after_created, after_order) in claim order that has a pending target. On
+# PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
+# and they lock a job before its targets, as every target write does.
+_NEXT_CLAIMABLE_JOB = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id, J.created_at, db.backend.insertion_order)
+        .where(
+            Inline(J.status.in_(LIVE_JOB_STATUSES))
+            & (
+                peewee.Tuple(J.created_at, db.backend.insertion_order)
+                > peewee.Tuple(Slot("after_created"), Slot("after_order"))
+            )
+            & peewee.fn.EXISTS(T.select(peewee.SQL("1")).where((T.job_id == J.id) & _pending(T)))
+        )
+        .order_by(J.created_at, db.backend.insertion_order)
+        .limit(1),
+        skip_locked=True,
+    )
+)
+_PENDING_OF_JOB = T.alias("pending")
+
+
+def _claim_targets() -> peewee.Node:
+    """The job's first ``take`` pending targets (idx order) become running; the statement returns them.
+
+    They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
+    PostgreSQL runs the subquery again for each row it updates, and updated every pending target."""
+    picked = (
+        db.backend.lock_rows(
+            _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
+            .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
+            .order_by(_PENDING_OF_JOB.idx)
+            .limit(Slot("take")),
+            skip_locked=True,
+        )
+    ).cte("picked", materialized=True)
+    return (
+        T.update({T.status: Inline(peewee.Value(TargetStatus.RUNNING.value))})
+        .from_(picked)
+        .where((T.job_id == Slot("job_id")) & (T.idx == picked.c.idx) & _pending(T))
+        .with_cte(picked)
+        .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
+    )
+
+
+_CLAIM_TARGETS = Statement(_claim_targets)
+_CLAIM_JOB = Statement(
+    lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
 )
 
 
@@ -295,6 +364,53 @@ def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
         marked = _MARK_FAILED.run(reason=reason, now=now)
     counters.add("jobs_marked_failed", marked)
     return marked
+
+
+@retried
+def claim_batch_targets(limit: int, *, per_job: int | None = None, now: int | None = None) -> list[BatchTarget]:
+    """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
+    each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
+    claimed from becomes running with ``lease = now``. No target is ever handed to two claimers."""
+    limit = checks.positive("limit", limit)
+    per_job = limit if per_job is None else checks.positive("per_job", per_job)
+    now = checks.now(now)
+    claimed: list[Any] = []
+    with db.write():
+        after: tuple[int, int] = (-1, -1)  # the claim order's position: (created_at, insertion order)
+        while len(claimed) < limit:
+            job = _NEXT_CLAIMABLE_JOB.rows(after_created=after[0], after_order=after[1])
+            if not job:
+                break
+            job_id, *position = job[0]
+            claimed += _claim_from_job(job_id, min(per_job, limit - len(claimed)), now)
+            after = (position[0], position[1])
+    if claimed:
+        counters.add("claims")
+        counters.add("targets_claimed", len(claimed))
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+
+
+def _claim_from_job(job_id: str, take: int, now: int) -> list[Any]:
+    """Inside the claim's transaction: the job's first ``take`` pending targets, now running (idx order)."""
+    rows = _CLAIM_TARGETS.rows(job_id=job_id, take=take)
+    if rows:
+        _CLAIM_JOB.run(job_id=job_id, now=now)
+    idx = TARGET_COLUMNS.index("idx")
+    return sorted(rows, key=lambda row: row[idx])  # RETURNING promises no order
+
+
+@retried
+def rescue_stale_jobs(stale_after: Any, reason: str, *, now: int | None = None) -> int:
+    """Every queued or running job whose lease is at least ``stale_after`` old (``lease + stale_after <=
+    now``) becomes failed with ``error = reason`` and ``lease = now``; its targets stay as they are.
+    Returns how many jobs changed. Safe from every host at any time."""
+    reason = checks.text("reason", reason)
+    now = checks.now(now)
+    cutoff = checks.cutoff(now, stale_after, "stale_after")
+    with db.write():
+        rescued = _RESCUE.run(reason=reason, now=now, cutoff=cutoff)
+    counters.add("jobs_rescued", rescued)
+    return rescued
 
 
 def sweep_batch(ttl: Any, *, now: int | None = None) -> int:

@@ -49,6 +49,9 @@ COUNTER_HELP = {
     "jobs_evicted": "jobs deleted by evict_batch_oldest()",
     "bytes_evicted": "result bytes deleted by evict_batch_oldest()",
     "jobs_marked_failed": "jobs failed by mark_in_flight_failed()",
+    "claims": "claim_batch_targets() calls that claimed at least one target",
+    "targets_claimed": "targets moved to running by claim_batch_targets()",
+    "jobs_rescued": "jobs failed by rescue_stale_jobs()",
 }
 
 

@@ -33,8 +33,8 @@ from .errors import StoreConflict, StoreNotOpen, StoreReadOnly, StoreUnavailable
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_target"]
 
-#: The version the ``sift_schema`` row records; a later version migrates from it.
-SCHEMA_VERSION = 1
+#: The version the ``sift_schema`` row records; a store of an earlier version is migrated at open.
+SCHEMA_VERSION = 2
 
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
@@ -43,6 +43,16 @@ CONFLICT_RETRIES = 5
 TOTAL_SLOTS = 16
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+#: Version 2: what claim_batch_targets reads, live jobs in claim order and each job's pending targets.
+CLAIM_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) "
+    "WHERE status IN ('queued', 'running')",
+    "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
+)
+
+#: What takes a store from the version given to the next one, in the transaction that records the next.
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: CLAIM_INDEXES}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresStore._prepare_schema`).
 SCHEMA = (
@@ -60,6 +70,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
+    *CLAIM_INDEXES,
     # Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
     "CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) "
     "WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000)",
@@ -299,7 +310,8 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
     # -- Opening ----------------------------------------------------------------------------------------
 
     def open_store(self) -> None:
-        """Connect, and create what is missing of the schema (or check it, read-only)."""
+        """Connect, and create what is missing of the schema or migrate it from an earlier version (or
+        check it, read-only)."""
         with self.connection_context():
             present = self.fetch_one("SELECT to_regclass('sift_schema') IS NOT NULL", ())[0]
             if not present:
@@ -308,23 +320,46 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                         f"path: {self.path!r} holds no batch store; open it once without readonly=True"
                     )
                 self._prepare_schema()
-            version = self.fetch_one("SELECT version FROM sift_schema WHERE id = 0", ())
-            if version is None or version[0] != SCHEMA_VERSION:
+            version = self._version()
+            if version in MIGRATIONS and not self.readonly:
+                self._migrate()
+                version = self._version()
+            if version != SCHEMA_VERSION:
+                upgrade = "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
                 raise StoreUnavailable(
-                    f"path: {self.path!r} has schema version {version and version[0]}; "
-                    f"this sift knows version {SCHEMA_VERSION}"
+                    f"path: {self.path!r} has schema version {version}; "
+                    f"this sift knows version {SCHEMA_VERSION}{upgrade}"
                 )
+
+    def _version(self) -> int | None:
+        row = self.fetch_one("SELECT version FROM sift_schema WHERE id = 0", ())
+        return None if row is None else int(row[0])
+
+    def _lock_schema(self) -> None:
+        """Inside a write: hold the store's schema until the transaction ends."""
+        self.run_sql("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sift schema {self.schema}",))
 
     def _prepare_schema(self) -> None:
         """Create the schema in one transaction, under an advisory lock: several processes opening a new
         database at once wait for the first, then find everything there."""
         with self.write():
-            self.run_sql(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sift schema {self.schema}",)
-            )
+            self._lock_schema()
             self.run_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"', ())
             for statement in SCHEMA:
                 self.run_sql(statement, ())
+
+    def _migrate(self) -> None:
+        """Bring an earlier version's schema up to this one, in one transaction under the schema's advisory
+        lock: several processes opening it at once wait for the first, then find the new version. The new
+        indexes are built inside it (not CONCURRENTLY), so writers of the store wait while they build."""
+        with self.write():
+            self._lock_schema()
+            version = self._version()  # read again under the lock: another process may have migrated
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version]:
+                    self.run_sql(statement, ())
+                version += 1
+                self.run_sql("UPDATE sift_schema SET version = %s WHERE id = 0", (version,))
 
     # -- Statements -------------------------------------------------------------------------------------
 

@@ -1,0 +1,295 @@
+"""claim_batch_targets: pending targets of live jobs move to running and are handed out exactly once, the
+oldest job first, at most ``per_job`` from each job; on every backend, and from 8 processes at once."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets, run_processes, snapshot
+
+from sift import dcache
+from sift.dcache import db
+
+STATUSES = ["queued", "running", "done", "partial", "failed", "cancelled"]
+
+
+def keys(targets: list[dcache.BatchTarget]) -> list[tuple[str, int]]:
+    return [(t.job_id, t.idx) for t in targets]
+
+
+def job_row(job_id: str) -> tuple[Any, ...]:
+    job = dcache.batch_job(job_id)
+    assert job is not None
+    return (job.status, job.lease, job.targets_done, job.nbytes, job.error)
+
+
+def test_oldest_job_first_then_insertion_order_then_idx(store: Any) -> None:
+    # Inserted out of claim order: created_at decides, then the insertion order among equal created_at.
+    dcache.create_batch_job(make_job("c-late", targets_total=2, created_at=300), make_targets(2))
+    dcache.create_batch_job(make_job("b-second", targets_total=3, created_at=100), make_targets(3))
+    dcache.create_batch_job(make_job("a-third", targets_total=2, created_at=100), make_targets(2))
+    dcache.create_batch_job(make_job("z-first", targets_total=2, created_at=50, status="running"))
+    dcache.put_batch_targets("z-first", reversed(make_targets(2)))  # stored idx 1 before idx 0
+    claimed = []
+    while batch := dcache.claim_batch_targets(3, now=2_000):
+        assert len(batch) <= 3
+        claimed += keys(batch)
+    assert claimed == [
+        ("z-first", 0),
+        ("z-first", 1),
+        ("b-second", 0),
+        ("b-second", 1),
+        ("b-second", 2),
+        ("a-third", 0),
+        ("a-third", 1),
+        ("c-late", 0),
+        ("c-late", 1),
+    ]
+
+
+def test_a_claim_spans_jobs_and_returns_whole_targets(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=2, created_at=1), make_targets(2))
+    options = '{"b": 1,  "a": [1, 2]}'
+    dcache.create_batch_job(
+        make_job("b", targets_total=2, created_at=2),
+        [dcache.BatchTarget(idx=i, url=f"https://b.example/{i}", options=options) for i in range(2)],
+    )
+    got = dcache.claim_batch_targets(3, now=5_000)
+    assert [(t.job_id, t.idx, t.url, t.options, t.status, t.result, t.error, t.hint) for t in got] == [
+        ("a", 0, "https://example.com/0", '{"render":false}', "running", None, None, None),
+        ("a", 1, "https://example.com/1", '{"render":false}', "running", None, None, None),
+        ("b", 0, "https://b.example/0", options, "running", None, None, None),
+    ]
+    assert all(isinstance(t, dcache.BatchTarget) for t in got)
+    stored = dcache.batch_targets("b")
+    assert stored is not None and [t.status for t in stored] == ["running", "pending"]
+
+
+def test_per_job_caps_each_job_and_moves_on(store: Any) -> None:
+    for n, job_id in enumerate(["a", "b", "c"]):
+        dcache.create_batch_job(make_job(job_id, targets_total=5, created_at=n), make_targets(5))
+    first = dcache.claim_batch_targets(7, per_job=2, now=10)
+    assert keys(first) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
+    second = dcache.claim_batch_targets(5, per_job=2, now=11)
+    assert keys(second) == [("a", 2), ("a", 3), ("b", 2), ("b", 3), ("c", 2)]
+    third = dcache.claim_batch_targets(100, per_job=4, now=12)
+    assert keys(third) == [("a", 4), ("b", 4), ("c", 3), ("c", 4)]
+
+
+def test_without_per_job_one_huge_job_fills_the_claim(store: Any) -> None:
+    dcache.create_batch_job(make_job("huge", targets_total=50, created_at=1), make_targets(50))
+    dcache.create_batch_job(make_job("small", targets_total=1, created_at=2), make_targets(1))
+    assert {t.job_id for t in dcache.claim_batch_targets(10, now=5)} == {"huge"}
+    assert keys(dcache.claim_batch_targets(10, per_job=1, now=6)) == [("huge", 10), ("small", 0)]
+
+
+def test_queued_becomes_running_and_touched_jobs_get_the_lease(store: Any) -> None:
+    dcache.create_batch_job(
+        make_job("q", status="queued", targets_total=2, created_at=1, lease=7), make_targets(2)
+    )
+    dcache.create_batch_job(
+        make_job("r", status="running", targets_total=1, created_at=2, lease=8), make_targets(1)
+    )
+    dcache.create_batch_job(make_job("later", targets_total=1, created_at=3, lease=9), make_targets(1))
+    dcache.create_batch_job(make_job("empty", status="queued", targets_total=4, created_at=0, lease=6))
+    assert keys(dcache.claim_batch_targets(3, now=4_000)) == [("q", 0), ("q", 1), ("r", 0)]
+    assert job_row("q") == ("running", 4_000, 0, 0, "")
+    assert job_row("r") == ("running", 4_000, 0, 0, "")
+    assert job_row("later") == ("queued", 9, 0, 0, "")  # not reached: untouched
+    assert job_row("empty") == ("queued", 6, 0, 0, "")  # no pending target: untouched
+
+
+def test_only_pending_targets_of_live_jobs(store: Any) -> None:
+    expected = []
+    for n, status in enumerate(STATUSES):
+        job_id = f"job-{status}"
+        dcache.create_batch_job(
+            make_job(job_id, status=status, targets_total=4, created_at=n), make_targets(4)
+        )
+        dcache.update_batch_target(job_id, 1, "running", now=1)
+        dcache.update_batch_target(job_id, 2, "done", result="r", now=1)
+        dcache.update_batch_target(job_id, 3, "failed", error="e", now=1)
+        dcache.set_batch_job_status(job_id, status, now=1)
+        if status in ("queued", "running"):
+            expected.append((job_id, 0))
+    before = {row[0]: row for row in db.execute_sql("SELECT * FROM batch_job").fetchall()}
+    assert keys(dcache.claim_batch_targets(100, now=50)) == expected
+    assert dcache.claim_batch_targets(100, now=51) == []
+    after = {row[0]: row for row in db.execute_sql("SELECT * FROM batch_job").fetchall()}
+    for status in ("done", "partial", "failed", "cancelled"):
+        assert after[f"job-{status}"] == before[f"job-{status}"]
+    for status in STATUSES:
+        targets = dcache.batch_targets(f"job-{status}")
+        assert targets is not None
+        live = status in ("queued", "running")
+        assert [t.status for t in targets] == ["running" if live else "pending", "running", "done", "failed"]
+
+
+def test_nothing_pending_returns_empty_and_writes_nothing(store: Any) -> None:
+    assert dcache.claim_batch_targets(5, now=1) == []
+    dcache.create_batch_job(make_job("a", targets_total=1, lease=3), make_targets(1))
+    dcache.update_batch_target("a", 0, "done", result="x", now=3)
+    before = snapshot()
+    assert dcache.claim_batch_targets(5, per_job=1, now=99) == []
+    assert snapshot() == before
+    assert dcache.stats()["claims"] == 0 and dcache.stats()["targets_claimed"] == 0
+
+
+def test_claimed_targets_take_results_and_count_once(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=3), make_targets(3))
+    for target in dcache.claim_batch_targets(3, now=10):
+        dcache.update_batch_target(target.job_id, target.idx, "done", result="é" * (target.idx + 1), now=11)
+    assert job_row("a") == ("running", 11, 3, 2 + 4 + 6, "")
+    assert dcache.claim_batch_targets(3, now=12) == []
+    assert dcache.stats()["claims"] == 1 and dcache.stats()["targets_claimed"] == 3
+
+
+BAD_INPUT = [
+    ("limit", {"limit": 0}),
+    ("limit", {"limit": -1}),
+    ("limit", {"limit": True}),
+    ("limit", {"limit": 2.0}),
+    ("limit", {"limit": "3"}),
+    ("limit", {"limit": None}),
+    ("limit", {"limit": 2**63}),
+    ("per_job", {"per_job": 0}),
+    ("per_job", {"per_job": -5}),
+    ("per_job", {"per_job": False}),
+    ("per_job", {"per_job": 1.5}),
+    ("per_job", {"per_job": "1"}),
+    ("now", {"now": -1}),
+    ("now", {"now": 1.5}),
+    ("now", {"now": True}),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"), BAD_INPUT, ids=[f"{f}-{v!r}" for f, d in BAD_INPUT for v in d.values()]
+)
+def test_bad_input_names_the_field_and_changes_nothing(store: Any, field: str, bad: dict[str, Any]) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=3), make_targets(3))
+    before = snapshot()
+    args: dict[str, Any] = {"limit": 2, "per_job": None, "now": 5, **bad}
+    with pytest.raises(dcache.InvalidBatchInput) as raised:
+        dcache.claim_batch_targets(args.pop("limit"), **args)
+    assert raised.value.field == field
+    assert snapshot() == before
+
+
+# -- 8 processes x 200 claims -----------------------------------------------------------------------------
+
+PROCESSES = 8
+CLAIMS = 200
+JOBS = 40
+TARGETS_PER_JOB = 100
+
+
+def _claimer(target: str, seed: int, barrier: Any) -> dict[str, Any]:
+    """200 claims of 1-10 targets (sometimes capped per job); a result written for about a third of the
+    targets claimed, between the claims."""
+    rng = random.Random(seed)
+    dcache.open_db(target)
+    claimed: list[tuple[str, int]] = []
+    written: dict[str, list[int]] = {}  # job -> sizes of the results written
+    errors: list[str] = []
+    barrier.wait()
+    for n in range(CLAIMS):
+        try:
+            batch = dcache.claim_batch_targets(
+                rng.randint(1, 10), per_job=rng.choice([None, 1, 3]), now=10_000 + n
+            )
+        except Exception as exc:
+            errors.append(f"claim: {type(exc).__name__}: {exc}")
+            continue
+        if any(t.status != "running" for t in batch):
+            errors.append(f"claim returned {[t.status for t in batch]}")
+        claimed += keys(batch)
+        for t in batch:
+            if rng.random() < 0.35:
+                size = rng.randint(0, 30)
+                try:
+                    dcache.update_batch_target(t.job_id, t.idx, "done", result="ß" * size, now=20_000 + n)
+                except Exception as exc:
+                    errors.append(f"write: {type(exc).__name__}: {exc}")
+                    continue
+                written.setdefault(t.job_id, []).append(2 * size)
+    dcache.close_db()
+    return {"errors": errors, "claimed": claimed, "written": written}
+
+
+def test_8_processes_claim_each_target_exactly_once(shared_store: str) -> None:
+    for j in range(JOBS):
+        dcache.create_batch_job(
+            make_job(f"job-{j:02d}", targets_total=TARGETS_PER_JOB, created_at=j % 7, lease=1),
+            make_targets(TARGETS_PER_JOB),
+        )
+    # Finished targets and a finished job's pending targets are never claimed.
+    dcache.update_batch_target("job-00", 0, "done", result="old", now=2)
+    dcache.create_batch_job(make_job("cancelled", status="cancelled", targets_total=5), make_targets(5))
+    pending = {(f"job-{j:02d}", i) for j in range(JOBS) for i in range(TARGETS_PER_JOB)} - {("job-00", 0)}
+
+    reports = run_processes(_claimer, [(shared_store, seed) for seed in range(PROCESSES)])
+    assert [r["errors"] for r in reports] == [[]] * PROCESSES
+    claimed = [key for r in reports for key in r["claimed"]]
+    assert len(claimed) == len(set(claimed))  # no target handed out twice
+    assert set(claimed) <= pending
+    rest = keys(dcache.claim_batch_targets(10**6, now=99_999))  # what the 200 claims each left
+    assert not set(rest) & set(claimed)
+    assert set(claimed) | set(rest) == pending and len(claimed) + len(rest) == len(pending)
+    assert len(claimed) > len(pending) // 2  # the processes did the claiming, not the drain
+
+    # Exact counts after: each job counts the results written to it (and job-00 its old one), once.
+    rows = db.execute_sql("SELECT job_id, status, result FROM batch_target").fetchall()
+    assert {r[1] for r in rows if r[0] == "cancelled"} == {"pending"}
+    for j in range(JOBS):
+        job_id = f"job-{j:02d}"
+        sizes = [size for r in reports for size in r["written"].get(job_id, [])]
+        mine = [r for r in rows if r[0] == job_id]
+        old = 1 if j == 0 else 0
+        assert sum(r[1] == "done" for r in mine) == len(sizes) + old
+        assert sum(r[1] == "running" for r in mine) == TARGETS_PER_JOB - len(sizes) - old
+        job = dcache.batch_job(job_id)
+        assert job is not None
+        assert (job.status, job.targets_done, job.nbytes) == (
+            "running",
+            len(sizes) + old,
+            sum(sizes) + 3 * old,
+        )
+    assert dcache.batch_nbytes() == db.execute_sql("SELECT SUM(nbytes) FROM batch_job").fetchone()[0]
+
+
+# -- PostgreSQL: claimers never wait on a job another transaction holds ------------------------------------
+
+#: What another transaction holds while the claim runs: a target write's locks (job, then target, as
+#: postgres.py's lock_target takes them), or another claim's (a job, then its pending targets).
+HOLDERS = {
+    "target writer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
+    "AND t.idx = 1 FOR NO KEY UPDATE OF j FOR UPDATE OF t",
+    "another claimer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
+    "AND t.status = 'pending' FOR UPDATE",
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, holder: str) -> None:
+    import psycopg
+    from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
+
+    open_empty_postgres(postgres_schema)
+    # A claim that waited on the held row would fail after 1 s (the store's lock_timeout), not skip it.
+    dcache.open_db(postgres_target(postgres_schema), timeout=1)
+    dcache.create_batch_job(make_job("a", targets_total=3, created_at=1), make_targets(3))
+    dcache.create_batch_job(make_job("b", targets_total=2, created_at=2), make_targets(2))
+    try:
+        with psycopg.connect(POSTGRES_URL) as other:
+            other.execute(f"SET search_path TO {postgres_schema}")
+            assert other.execute(HOLDERS[holder]).fetchall()
+            assert keys(dcache.claim_batch_targets(10, now=5)) == [("b", 0), ("b", 1)]
+            assert job_row("a") == ("queued", 1_000, 0, 0, "")
+            other.rollback()
+        assert keys(dcache.claim_batch_targets(10, now=6)) == [("a", 0), ("a", 1), ("a", 2)]
+    finally:
+        dcache.close_db()
