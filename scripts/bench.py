@@ -104,6 +104,8 @@ class Sizes:
     writer_procs: int  # PostgreSQL: processes writing target results at once
     writer_ops: int  # writes of each process in one round
     writer_rounds: int  # rounds of each side (1 process, writer_procs processes)
+    claim_ops: int  # claim_batch_targets calls of each process in one round (issue 10)
+    claim_rounds: int  # rounds of each side (1, 2 and 4 processes)
 
 
 FULL = Sizes(
@@ -142,6 +144,8 @@ FULL = Sizes(
     writer_procs=8,
     writer_ops=500,
     writer_rounds=5,
+    claim_ops=200,
+    claim_rounds=3,
 )
 
 QUICK = Sizes(
@@ -180,6 +184,8 @@ QUICK = Sizes(
     writer_procs=8,
     writer_ops=40,
     writer_rounds=2,
+    claim_ops=20,
+    claim_rounds=1,
 )
 
 FLAT_CASES = (
@@ -208,6 +214,7 @@ CASE_NAMES = (
     "ops/group_by_pass",
     "disk/backup",
     "disk/evict_90",
+    "claims/claim_batch_targets",
 )
 #: The cases of the PostgreSQL part (issue 9).
 PG_CASE_NAMES = (
@@ -215,6 +222,7 @@ PG_CASE_NAMES = (
     "pg/raw/runner_step/package",
     "pg/raw/runner_step/psycopg",
     "pg/target_writes",
+    "pg/claims/claim_batch_targets",
 )
 
 
@@ -1475,12 +1483,18 @@ def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
     server.drop(schema)
 
 
+#: Targets each claim_batch_targets call asks for in the claims group.
+CLAIM_LIMIT = 10
+#: The claims group's sides: how many processes claim at once.
+CLAIM_SIDES = (1, 2, 4)
+
+
 def worker_child(target: str, task: str, job_id: str, warmup: int, pipe: Any) -> None:
     """A process of a multi-process case. It opens the store, runs ``warmup`` operations, then on each
     ``(count, start_at)`` from the pipe waits until ``start_at`` (time.monotonic: one clock for every process
     of the machine), runs ``count`` operations and answers the time it finished; on None it answers how many
     targets it moved in all. An operation is, for task ``write``, update_batch_target to done with 1 KB on
-    the next pending target of ``job_id``."""
+    the next pending target of ``job_id``; for task ``claim``, claim_batch_targets(CLAIM_LIMIT)."""
     dcache.open_db(target)
     idx = moved = 0
 
@@ -1492,7 +1506,11 @@ def worker_child(target: str, task: str, job_id: str, warmup: int, pipe: Any) ->
             idx += count
             moved += count
             return
-        raise ValueError(f"unknown task {task!r}")
+        for _ in range(count):
+            got = len(dcache.claim_batch_targets(CLAIM_LIMIT, now=T0 + 10))
+            if not got:
+                raise AssertionError("claims: no pending target left; the fixture is too small")
+            moved += got
 
     run(warmup)
     pipe.send(os.getpid())
@@ -1673,6 +1691,68 @@ def pg_writers(server: PgServer, sizes: Sizes, report: Report) -> None:
     server.drop(schema)
 
 
+# -- Claims from several processes (issue 10) ----------------------------------------------------------------
+
+
+def build_claims(b: Builder | PgBuilder, sizes: Sizes) -> None:
+    """Retained history, and queued jobs of 100 pending targets each, enough for every claim of the group
+    (with a quarter to spare): a claim never finds the store empty."""
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    calls = sizes.claim_ops * sizes.claim_rounds * sum(CLAIM_SIDES) + sizes.warmup * max(CLAIM_SIDES)
+    jobs = calls * CLAIM_LIMIT * 5 // 4 // 100 + 1
+    b.jobs("claim-", jobs, targets=100, result_bytes=None, lease0=T0 + 10**6, statuses=("queued",))
+
+
+def run_claims(target: str, sizes: Sizes, report: Report, backend: Backend) -> None:
+    """claim_batch_targets(10) from 1, 2 and 4 processes at once, in rounds (the order rotating); each process
+    makes claim_ops claims a round. Afterwards the running targets must be exactly the targets claimed."""
+    workers = Workers(target, [("claim", "")] * max(CLAIM_SIDES), sizes.warmup)
+    try:
+        samples = workers.rounds(sizes.claim_rounds, CLAIM_SIDES, sizes.claim_ops)
+    finally:
+        claimed = workers.close()
+    dcache.open_db(target)
+    count = "SELECT COUNT(*) FROM batch_target WHERE status = 'running'"
+    running = dcache.db.execute_sql(count).fetchone()[0]
+    dcache.close_db()
+    if running != sum(claimed):
+        raise AssertionError(f"claims: {running} targets running after {sum(claimed)} claimed")
+    cases = {
+        n: report.case(f"{backend.prefix}claims/claim_batch_targets", n, samples[n], claims_per_s=0.0)
+        for n in CLAIM_SIDES
+    }
+    for case in cases.values():
+        case.extra["claims_per_s"] = 1e6 / case.median_us
+        case.ratio = case.median_us / cases[1].median_us
+    most = max(CLAIM_SIDES)
+    ratio = cases[most].median_us / cases[1].median_us
+    name = (
+        f"{backend.goal_prefix}claims from {most} processes, time per claim / 1 process "
+        f"({1 / ratio:.2f} x the throughput)"
+    )
+    if backend is SQLITE:  # writers serialize on SQLite: the goal is no collapse
+        report.goals.append(Goal(name + ": no slower", ratio, 1.0, "x"))
+    else:
+        report.goals.append(Goal(name, ratio, None, "x"))
+
+
+def bench_claims(tmp: Path, sizes: Sizes, report: Report) -> None:
+    path = tmp / "claims.db"
+    b = Builder(path)
+    build_claims(b, sizes)
+    b.close()
+    run_claims(str(path), sizes, report, SQLITE)
+
+
+def pg_claims(server: PgServer, sizes: Sizes, report: Report) -> None:
+    schema = server.new_schema("claims")
+    build_claims(PgBuilder(server, schema), sizes)
+    run_claims(server.target(schema), sizes, report, POSTGRES)
+    server.drop(schema)
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1730,11 +1810,13 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "hooks": bench_hooks,
     "ops": bench_ops,
     "disk": bench_disk,
+    "claims": bench_claims,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
     "raw": pg_raw,
     "writers": pg_writers,
+    "claims": pg_claims,
 }
 
 

@@ -44,6 +44,7 @@ CASES = {
     "ops/group_by_pass",
     "disk/backup",
     "disk/evict_90",
+    "claims/claim_batch_targets",
 }
 #: The PostgreSQL part's cases (issue 9).
 PG_CASES = {
@@ -51,6 +52,7 @@ PG_CASES = {
     "pg/raw/runner_step/package",
     "pg/raw/runner_step/psycopg",
     "pg/target_writes",
+    "pg/claims/claim_batch_targets",
 }
 
 
@@ -98,6 +100,10 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
     assert "peak_rss_growth_mb" in memory
     fixture = next(c for c in report["cases"] if c["name"] == "testing/sift_store_tests")["extra"]
     assert {"per_test_us", "setup_teardown_us", "setup_teardown_empty_us"} <= set(fixture)
+    for prefix in ("", "pg/") if with_postgres() else ("",):
+        claims = {c["n"]: c for c in report["cases"] if c["name"] == f"{prefix}claims/claim_batch_targets"}
+        assert set(claims) == {1, 2, 4}  # processes claiming at once
+        assert all(c["extra"]["claims_per_s"] > 0 for c in claims.values())
 
 
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
@@ -105,14 +111,14 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     goals = report["goals"]
     # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
     # 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use,
-    # hold).
-    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2
+    # hold), claims from 4 processes no slower than from 1.
+    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
-    # 8 writer processes against 1, and the lock waits reported.
-    pg_goals = 7 + 1 + 1 + 1
+    # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported.
+    pg_goals = 7 + 1 + 1 + 1 + 1
     assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (2 if with_postgres() else 1)
+    assert [g["verdict"] for g in goals].count("INFO") == (3 if with_postgres() else 1)
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
