@@ -1271,7 +1271,7 @@ def postgres_missing(url: str) -> str | None:
     try:
         psycopg.connect(url, connect_timeout=3).close()
     except psycopg.Error as exc:
-        return f"no PostgreSQL server answers at {url}: {str(exc).strip()}"
+        return f"no PostgreSQL server answers at {url}: {' '.join(str(exc).split())}"
     return None
 
 
@@ -1820,8 +1820,11 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
 }
 
 
-def choose_backends(parser: argparse.ArgumentParser, dbs: list[str] | None) -> tuple[bool, str | None]:
-    """Whether to run the SQLite part, and the PostgreSQL URL to run the other part on (or None).
+def choose_backends(
+    parser: argparse.ArgumentParser, dbs: list[str] | None, wants_pg: bool
+) -> tuple[bool, str | None]:
+    """Whether to run the SQLite part, and the PostgreSQL URL to run the other part on (or None; always
+    None unless ``wants_pg``: a PostgreSQL group is among those to run).
 
     With --db, exactly what it names. Without, SQLite, and PostgreSQL at $SIFT_TEST_POSTGRES (the test
     server by default) when a server answers there; one line says so when none does, except under CI
@@ -1837,7 +1840,9 @@ def choose_backends(parser: argparse.ArgumentParser, dbs: list[str] | None) -> t
             parser.error(f"--db {urls[0]}: drop ?schema=, the bench makes schemas of its own")
         if urls and (why := postgres_missing(urls[0])):
             parser.error(f"--db {urls[0]}: {why}")
-        return "sqlite" in dbs, urls[0] if urls else None
+        return "sqlite" in dbs, urls[0] if urls and wants_pg else None
+    if not wants_pg:
+        return True, None
     why = postgres_missing(DEFAULT_POSTGRES)
     if why is None:
         return True, DEFAULT_POSTGRES
@@ -1874,7 +1879,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = QUICK if args.quick else FULL
     groups = args.only or [*SQLITE_GROUPS, *PG_GROUPS]
-    run_sqlite, pg_url = choose_backends(parser, args.db)
+    run_sqlite, pg_url = choose_backends(parser, args.db, any(group in PG_GROUPS for group in groups))
+    run_sqlite = run_sqlite and any(group in SQLITE_GROUPS for group in groups)
     report = Report()
     info = machine()
     started = time.perf_counter()
