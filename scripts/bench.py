@@ -1425,6 +1425,8 @@ class PgBaseline:
         self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
         self.set_target_sql = manager._SET_TARGET.sql
         self.total_sql = postgres.PostgresStore.total_nbytes_sql
+        #: What one runner step sends, besides BEGIN and COMMIT.
+        self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
 
     def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
         size = len(result.encode("utf-8"))
@@ -1442,6 +1444,25 @@ class PgBaseline:
         row = self.conn.execute(self.total_sql).fetchone()
         if row[0] > max_bytes:
             raise AssertionError("the baseline does not evict")
+
+
+def statements_of(call: Callable[[], None]) -> list[str]:
+    """The SQL texts the open PostgreSQL store runs during ``call`` (its transactions' BEGIN and COMMIT go
+    through Peewee, not run_sql, and are not listed)."""
+    backend = dcache.db.backend
+    inner = backend.run_sql
+    sent: list[str] = []
+
+    def recording(sql: str, params: Any) -> Any:
+        sent.append(sql)
+        return inner(sql, params)
+
+    setattr(backend, "run_sql", recording)  # noqa: B010 (an instance attribute shadows the method)
+    try:
+        call()
+    finally:
+        delattr(backend, "run_sql")
+    return sent
 
 
 def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
@@ -1469,7 +1490,10 @@ def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
         base.update_target_done("runner-base", i, RESULT_1K, now)
         base.evict_noop(BUDGET)
 
-    time_batch(pkg_step, 0, sizes.warmup)
+    sent = statements_of(lambda: pkg_step(0))
+    if sent != base.statements:
+        raise SystemExit(f"bench.py: the runner step now sends {sent}; the baseline sends {base.statements}")
+    time_batch(pkg_step, 1, sizes.warmup - 1)
     time_batch(base_step, 0, sizes.warmup)
     pkg, raw = interleave(
         sizes.raw_rounds, pkg_step, base_step, lambda r: sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
