@@ -11,9 +11,10 @@ Fixtures:
   test fails; it yields the opened database. ``@pytest.mark.sift_store(file=True)`` opens a WAL file in
   ``tmp_path`` instead, and ``@pytest.mark.sift_store(check=True)`` runs :func:`check_store_invariants`
   after the test. The store is the process's one database (``sift.dcache.db``): opening it closes any
-  store opened before, and after the test none is open. There is no PostgreSQL option yet
-  (``SIFT_TEST_DB``): the store has only its SQLite backend, and the plugin refuses to start when
-  ``SIFT_TEST_DB`` is set rather than silently test on SQLite.
+  store opened before, and after the test none is open. With ``SIFT_TEST_DB`` (or the ini option
+  ``sift_test_db``) set to a ``postgresql://`` URL, each test's store is a new schema of its own in that
+  database instead of memory (created by ``open_db(url?schema=...)``, dropped after the test); a marker's
+  ``file=True`` still gets a SQLite file.
 - ``sift_clock``: the store's clock under the test's control (see :class:`SiftClock`).
 - ``make_job`` and ``make_targets``: the functions of the same names.
 
@@ -23,9 +24,11 @@ This module imports pytest; :mod:`sift.dcache` never imports this module. Its as
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
+import secrets
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -136,9 +139,18 @@ class SiftClock:
 _template: sqlite3.Connection | None = None
 _template_params: object = None
 
+#: The PostgreSQL database the session's stores go in (``SIFT_TEST_DB`` or ``sift_test_db``), or None.
+_postgres_url: str | None = None
+#: What makes each test's schema name unique, across processes and machines sharing the server.
+_schema_prefix = f"sift_test_{os.getpid()}_{secrets.token_hex(4)}"
+_schemas = 0
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("sift_test_db", "the store sift_store opens (a PostgreSQL URL; not supported yet)")
+    parser.addini(
+        "sift_test_db",
+        "a postgresql:// URL: sift_store makes each test's store a new schema of its own in that database",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -147,14 +159,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "sift_store(file=False, check=False): sift_store on a WAL file in tmp_path (file=True); "
         "check_store_invariants() after the test (check=True)",
     )
+    global _postgres_url
+    _postgres_url = None
     for name, value in (
         ("SIFT_TEST_DB", os.environ.get("SIFT_TEST_DB")),
         ("sift_test_db", config.getini("sift_test_db")),
     ):
-        if value:
+        if not value:
+            continue
+        if not value.startswith(("postgresql://", "postgres://")):
             raise pytest.UsageError(
-                f"{name}: sift_store has no PostgreSQL stores yet; unset it to test on SQLite"
+                f"{name}: must be a postgresql:// URL (sift_store is in memory without it), got {value!r}"
             )
+        if "schema=" in value.partition("?")[2]:
+            raise pytest.UsageError(f"{name}: sift_store makes a schema per test; leave ?schema= out")
+        _postgres_url = value
+        return  # the environment wins over the ini file
 
 
 @pytest.fixture
@@ -163,9 +183,12 @@ def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.StoreDatabase]
     opened database. ``@pytest.mark.sift_store(file=True)``: a WAL file in ``tmp_path`` instead;
     ``check=True``: ``check_store_invariants()`` after the test. The closest marker's arguments win."""
     options = _marker_options(request)
+    schema = None
     if options.get("file"):
         tmp_path = request.getfixturevalue("tmp_path")
         opened = dcache.open_db(tmp_path / "sift.db")
+    elif _postgres_url is not None:
+        schema, opened = _open_postgres(_postgres_url)
     else:
         opened = _open_in_memory()
     try:
@@ -174,6 +197,8 @@ def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.StoreDatabase]
             check_store_invariants()
     finally:
         dcache.close_db()
+        if schema is not None:
+            _drop_schema(_postgres_url or "", schema)
 
 
 @pytest.fixture
@@ -226,6 +251,28 @@ def _open_in_memory() -> dcache.StoreDatabase:
     db._store_open = True  # as open_db leaves it: the connection is the store's until close_db
     counters.reset()
     return db
+
+
+def _open_postgres(url: str) -> tuple[str, dcache.StoreDatabase]:
+    """A new schema of the test's own in the database at ``url``, opened as the store."""
+    global _schemas
+    _schemas += 1
+    schema = f"{_schema_prefix}_{_schemas}"
+    try:
+        return schema, dcache.open_db(f"{url}{'&' if '?' in url else '?'}schema={schema}")
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error raised says more (no server, say)
+            _drop_schema(url, schema)
+        raise
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    import psycopg  # sift[postgres]'s: only a PostgreSQL run gets here
+
+    from sift.dcache.postgres import parse_target
+
+    with psycopg.connect(parse_target(url)[0], autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def _connection() -> sqlite3.Connection:

@@ -71,7 +71,7 @@ EXPECTED: dict[str, Expected] = {
 NEWEST_FIRST = ["job-d", "job-b", "job-a", "job-e", "job-c"]
 
 
-def populate(path: Path) -> None:
+def populate(path: Path | str) -> None:
     """A store with five jobs, one per line of :data:`EXPECTED`, written through the package."""
     dcache.open_db(path)
     try:
@@ -127,7 +127,7 @@ def dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         }
 
 
-def snapshot_of(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+def snapshot_of(path: Path | str) -> dict[str, list[tuple[Any, ...]]]:
     """The shared helpers' snapshot() of every table of the store at ``path``."""
     dcache.open_db(path)
     try:

@@ -113,3 +113,16 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         dcache.open_db(target)
     yield target
     dcache.close_db()
+
+
+@pytest.fixture
+def pg_target(postgres_schema: str) -> Iterator[str]:
+    """A PostgreSQL target in a schema of the test's own that does not exist yet (``open_db`` creates it;
+    dropped after the test). Skips, or fails under CI, as ``postgres_schema`` does."""
+    import psycopg
+
+    name = f"{postgres_schema}_{secrets.token_hex(3)}"
+    yield postgres_target(name)
+    dcache.close_db()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

@@ -45,6 +45,13 @@ def _new_id() -> str:
     return f"new-{next(_ids)}"
 
 
+def _refused(call: Callable[[], object], error: type[dcache.BatchError], field: str) -> None:
+    """A function that refuses this store before reading it: on a SQLite store, PostgreSQL's space
+    functions; restore_store given the open store as its source. The refusal is the valid outcome."""
+    with pytest.raises(error, match=field):
+        call()
+
+
 def _put_one() -> None:
     job_id = _new_id()
     dcache.create_batch_job(make_job(job_id, targets_total=2))
@@ -71,6 +78,10 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "mark_in_flight_failed": lambda _: dcache.mark_in_flight_failed("restart", now=2_000),
     "open_db": lambda path: dcache.open_db(path),
     "put_batch_targets": lambda _: _put_one(),
+    "relation_space": lambda _: _refused(dcache.relation_space, dcache.StoreUnavailable, "relation_space"),
+    "restore_store": lambda path: _refused(
+        lambda: dcache.restore_store(path), dcache.InvalidBatchInput, "is the open store itself"
+    ),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
     "store_space": lambda _: dcache.store_space(),
@@ -82,6 +93,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "touch_batch_job": lambda _: dcache.touch_batch_job("job-1", now=2_000),
     "unix_now": lambda _: dcache.unix_now(),
     "update_batch_target": lambda _: dcache.update_batch_target("job-1", 1, "done", result=RESULT, now=2_000),
+    "vacuum_relations": lambda _: _refused(dcache.vacuum_relations, dcache.StoreUnavailable, "vacuum_rel"),
     "vacuum_store": lambda _: dcache.vacuum_store(),
 }
 

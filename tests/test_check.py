@@ -326,9 +326,9 @@ def test_no_false_alarm_while_another_process_writes(
 @pytest.mark.parametrize(
     ("sql", "params", "index"),
     [
-        (check._TARGET_GROUPS.format(where="job_id > ? AND job_id <= ?"), ("a", "b"), "batch_target"),
-        (check._TARGET_GROUPS.format(where="job_id > ?"), ("a",), "batch_target"),
-        (check._JOBS.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
+        (check._SQLITE.target_groups.format(where="job_id > ? AND job_id <= ?"), ("a", "b"), "batch_target"),
+        (check._SQLITE.target_groups.format(where="job_id > ?"), ("a",), "batch_target"),
+        (check._SQLITE.jobs.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
         ("SELECT id FROM batch_job WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?", ("a", 499), "batch_job"),
         (
             "SELECT job_id FROM batch_target WHERE job_id > ? ORDER BY job_id LIMIT 1 OFFSET ?",

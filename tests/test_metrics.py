@@ -77,6 +77,24 @@ def test_counters_and_gauges_after_real_calls(file_store: Path, registry: Collec
     assert found == {}
 
 
+@pytest.mark.postgres
+def test_counters_and_gauges_on_postgresql(pg_target: str, registry: CollectorRegistry) -> None:
+    """The same scrape on PostgreSQL: the file gauges give way to the tables' size (relation_space())."""
+    dcache.open_db(pg_target)
+    work()
+    found = scrape(registry)
+    stats = dcache.stats()
+    for name, value in stats.items():
+        assert found.pop(f"sift_{name}_total") == ("counter", value)
+        found.pop(f"sift_{name}_created", None)
+    assert (stats["jobs_evicted"], stats["bytes_evicted"], stats["jobs_created"]) == (1, 600, 4)
+    assert found.pop("sift_batch_nbytes") == ("gauge", 50) == ("gauge", dcache.batch_nbytes())
+    assert found.pop("sift_live_batch_jobs") == ("gauge", 3) == ("gauge", dcache.live_batch_jobs_total())
+    table_bytes = found.pop("sift_store_table_bytes")
+    assert table_bytes == ("gauge", dcache.relation_space().total_bytes) and table_bytes[1] > 0
+    assert found == {}
+
+
 def test_every_counter_has_its_help(registry: CollectorRegistry) -> None:
     assert set(COUNTER_HELP) == set(dcache.stats())
 

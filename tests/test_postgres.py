@@ -444,21 +444,6 @@ def test_read_only_open_of_a_missing_store_is_refused(fresh_schema: str) -> None
         dcache.open_db(postgres_target(fresh_schema), readonly=True)
 
 
-# -- Not yet on PostgreSQL: refused plainly --------------------------------------------------------------
-
-
-def test_check_store_is_refused_on_postgres(pg: str) -> None:
-    with pytest.raises(dcache.StoreUnavailable, match=r"^check_store: .*SQLite"):
-        dcache.check_store()
-
-
-def test_the_cli_refuses_postgres_targets(pg: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from sift.cli import main
-
-    assert main(["stats", "--db", pg]) == 1
-    assert "works on SQLite stores only so far" in capsys.readouterr().err
-
-
 # -- A client killed mid-transaction --------------------------------------------------------------------
 
 
@@ -501,11 +486,10 @@ def test_a_client_killed_mid_transaction_leaves_nothing_and_no_lock(pg: str) -> 
 @pytest.mark.parametrize(
     "call",
     [
-        lambda tmp: dcache.backup_store(tmp / "copy.db"),
         lambda tmp: dcache.store_space(),
         lambda tmp: dcache.vacuum_store(),
     ],
-    ids=["backup_store", "store_space", "vacuum_store"],
+    ids=["store_space", "vacuum_store"],
 )
 def test_file_housekeeping_is_refused(pg: str, tmp_path: Path, call: Any) -> None:
     dcache.create_batch_job(make_job("job-1"))
@@ -516,7 +500,7 @@ def test_file_housekeeping_is_refused(pg: str, tmp_path: Path, call: Any) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
+def test_metrics_replace_the_file_gauges_with_table_bytes(pg: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from sift.dcache.metrics import register
@@ -528,6 +512,8 @@ def test_metrics_leave_out_the_file_gauges(pg: str) -> None:
     text = generate_latest(registry).decode()
     assert "sift_batch_nbytes 4.0" in text and "sift_live_batch_jobs 1.0" in text
     assert "sift_store_file_bytes" not in text and "sift_store_reclaimable_bytes" not in text
+    (table_bytes,) = [line for line in text.splitlines() if line.startswith("sift_store_table_bytes ")]
+    assert float(table_bytes.split()[1]) == dcache.relation_space().total_bytes > 0
 
 
 # -- Peewee's idioms from 8 threads (tests/test_idioms.py's, each thread on its own connection) ----------

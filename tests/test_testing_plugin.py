@@ -354,13 +354,94 @@ def test_unknown_marker_argument_is_named(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*sift_store marker: unknown argument(s) files; it takes file= and check=*"])
 
 
-def test_postgresql_option_does_not_exist_yet(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+# -- On PostgreSQL: SIFT_TEST_DB or sift_test_db, a schema of each test's own ------------------------------
+
+PG_SAMPLE = """
+    import pytest
+
+    from sift import dcache
+    from sift.dcache.postgres import PostgresStore
+
+
+    def test_a_store_of_its_own(sift_store, make_job, make_targets):
+        assert isinstance(dcache.db.backend, PostgresStore) and sift_store is dcache.db
+        assert dcache.db.backend.schema.startswith("sift_test_")
+        assert dcache.BatchJob.select().count() == 0
+        job = make_job(id="same-id", targets_total=2)
+        dcache.create_batch_job(job, make_targets(2))
+        dcache.update_batch_target(job.id, 0, "done", result="héllo")
+        assert dcache.batch_nbytes() == 6
+
+
+    def test_the_next_one_is_fresh_again(sift_store, make_job):
+        assert dcache.BatchJob.select().count() == 0 and dcache.batch_nbytes() == 0
+        dcache.create_batch_job(make_job(id="same-id"))
+
+
+    @pytest.mark.sift_store(check=True)
+    def test_checked_after_the_test(sift_store):
+        dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 5 WHERE slot = 3")
+
+
+    @pytest.mark.sift_store(file=True)
+    def test_a_file_marker_still_gets_a_file(sift_store, tmp_path):
+        assert dcache.db.path == str(tmp_path / "sift.db")
+"""
+
+
+def _sift_test_schemas() -> set[str]:
+    import psycopg
+    from conftest import POSTGRES_URL
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"{sift.testing._schema_prefix}%",)
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+@pytest.mark.parametrize("where", ["env", "ini"])
+def test_on_postgresql_each_test_gets_a_schema_dropped_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, postgres_schema: str, where: str
 ) -> None:
-    monkeypatch.setenv("SIFT_TEST_DB", "postgresql://localhost/test")
+    from conftest import POSTGRES_URL
+
+    if where == "env":
+        monkeypatch.setenv("SIFT_TEST_DB", POSTGRES_URL)
+    else:
+        monkeypatch.delenv("SIFT_TEST_DB", raising=False)
+        pytester.makeini(f"[pytest]\nsift_test_db = {POSTGRES_URL}\n")
+    result = run(pytester, "--strict-config", test_pg=PG_SAMPLE)
+    result.assert_outcomes(passed=4, errors=1)  # the broken total, found in tear-down
+    result.stdout.fnmatch_lines(["*the store breaks 1 invariant(s):*", "*total: batch_totals holds 5*"])
+    assert dcache.db.is_closed()  # none left open
+    assert _sift_test_schemas() == set()  # every schema dropped, the failing test's too
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("sqlite:///x.db", "*SIFT_TEST_DB: must be a postgresql:// URL*"),
+        ("/tmp/x.db", "*SIFT_TEST_DB: must be a postgresql:// URL*"),
+        ("postgresql://localhost/test?schema=mine", "*SIFT_TEST_DB: sift_store makes a schema per test*"),
+    ],
+)
+def test_a_test_db_that_is_not_a_postgresql_url_is_refused(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    monkeypatch.setenv("SIFT_TEST_DB", value)
     result = run(pytester, test_x="def test_x(sift_store):\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*SIFT_TEST_DB: sift_store has no PostgreSQL stores yet*"])
+    result.stderr.fnmatch_lines([message])
+
+
+def test_an_unreachable_server_fails_the_test_naming_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SIFT_TEST_DB", "postgresql://postgres@127.0.0.1:1/test")
+    result = run(pytester, test_x="def test_x(sift_store):\n    pass\n")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*StoreUnavailable*127.0.0.1:1*"])
 
 
 # -- The plain functions --------------------------------------------------------------------------------
@@ -467,10 +548,3 @@ def test_importing_the_store_never_imports_pytest_or_the_plugin() -> None:
     code = "import sys, sift.dcache; print(sorted(m for m in ('pytest', 'sift.testing') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def test_postgresql_ini_option_does_not_exist_yet(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\nsift_test_db = postgresql://localhost/test\n")
-    result = run(pytester, "--strict-config", test_x="def test_x(sift_store):\n    pass\n")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*sift_test_db: sift_store has no PostgreSQL stores yet*"])

@@ -1,6 +1,7 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
-Built on the public functions of :mod:`sift.dcache` and its models. The commands that only read (stats,
+Built on the public functions of :mod:`sift.dcache` and its models; the store is a SQLite file or, for
+every command but simulate, a PostgreSQL URL. The commands that only read (stats,
 jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
 never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
 negative duration or size, no store at the path a read command names, a file that is not a store or
@@ -24,13 +25,14 @@ from sift.dcache import BatchError, JobStatus
 from .check import cmd_check
 from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
-from .operations import cmd_backup, cmd_vacuum
+from .operations import cmd_backup, cmd_restore, cmd_vacuum
 from .shell import cmd_shell
 from .simulate import Settings, cmd_simulate
 from .store import (
     CommandError,
     default_db_path,
     file_sizes,
+    is_postgres,
     missing_schema,
     new_simulation_store,
     opened,
@@ -75,14 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); created if missing, except by --dry-run",
+        help="the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); created if "
+        "missing, except by --dry-run",
     )
     read_db = argparse.ArgumentParser(add_help=False)
     read_db.add_argument(
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="the store file (default: $SIFT_DB, else ./sift.db); it must exist, and is only read",
+        help="the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); it must exist, "
+        "and is only read",
     )
     new_db = argparse.ArgumentParser(add_help=False)
     new_db.add_argument(
@@ -175,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backup.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
 
+    restore = command(
+        "restore",
+        cmd_restore,
+        "Copy every job and target of the SQLite store file SOURCE (a backup) into the store, which must "
+        "hold none: in one transaction, so a refused row leaves it empty. With --db postgresql://..., "
+        "this moves a SQLite store to PostgreSQL.",
+    )
+    restore.add_argument("source", metavar="SOURCE", help="the SQLite store file to copy from (only read)")
+
     command(
         "vacuum",
         cmd_vacuum,
@@ -243,9 +256,9 @@ def _prepare(args: argparse.Namespace) -> None:
         args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
     else:
         args.db_source = "--db"
-    if isinstance(args.db, str) and args.db.startswith(("postgresql://", "postgres://")):
-        # Not yet: simulate's safety check and the file sizes of stats and check read files.
-        raise CommandError(f"{args.db_source or '--db'}: the sift command works on SQLite stores only so far")
+    if is_postgres(args.db) and args.command == "simulate":
+        # Not yet: simulate's safety check reads files.
+        raise CommandError(f"{args.db_source or '--db'}: sift simulate works on SQLite stores only so far")
     for name, value in vars(args).items():
         if isinstance(value, str):
             try:
@@ -271,7 +284,15 @@ def _simulation_store(args: argparse.Namespace) -> None:
 
 def _prepare_check(args: argparse.Namespace) -> None:
     """``check`` reads the store as it is: it must exist (``--repair`` too: a typo must not make a store),
-    and what open_db would add to the schema is named, by the check or as repaired, not added silently."""
+    and what open_db would add to the schema is named, by the check or as repaired, not added silently.
+    On PostgreSQL the read-only open finds no store in an empty schema, and check_store itself names
+    (and with --repair creates) what is missing: open_db adds nothing to a store that has its version row."""
+    if is_postgres(args.db):
+        args.missing_schema = []
+        if args.repair:  # the store must exist: a typo in the schema's name must not make a new store
+            with opened(args.db, readonly=True):
+                pass
+        return
     if args.db != ":memory:" and not os.path.isfile(args.db):
         raise CommandError(f"path: no store at {args.db!r}")
     args.missing_schema = missing_schema(args.db) if args.db != ":memory:" else []
@@ -300,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             _prepare_check(args)
             readonly = not args.repair
         args.sizes_before = file_sizes(args.db)  # for stats: the files as found, before this command
-        with opened(args.db, readonly=readonly):
+        with opened(args.db, readonly=readonly) as database:
+            if is_postgres(args.db):
+                args.db = database.path  # as shown in messages: without a password
             return int(args.handler(args))
     except (BatchError, BadValue, CommandError) as exc:
         return _fail(str(exc))

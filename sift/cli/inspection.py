@@ -11,6 +11,7 @@ import peewee
 from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
 from sift.dcache.clock import unix_now
+from sift.dcache.space import file_backed
 
 from .operations import space_lines, space_report
 from .report import (
@@ -29,13 +30,11 @@ __all__ = ["cmd_jobs", "cmd_show", "cmd_stats", "counts_by_status", "job_row", "
 
 JOB_FIELDS: tuple[str, ...] = tuple(field.name for field in BatchJob._meta.sorted_fields)
 
-#: Insertion order: among jobs created in the same second, the later insert counts as newer.
-ROWID = peewee.SQL("_rowid_")
-
 
 def result_size(expr: Any) -> Any:
-    """The UTF-8 size of a stored result, computed by SQLite without reading the text out."""
-    return peewee.fn.length(peewee.Cast(expr, "BLOB")).coerce(False)  # an int, not the text field's str
+    """The UTF-8 size of a stored result, computed by the database without reading the text out."""
+    size: Any = dcache.db.backend.byte_length(expr)
+    return size.coerce(False)  # an int, not the text field's str
 
 
 def job_row(job: BatchJob) -> dict[str, Any]:
@@ -68,12 +67,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     leases: Any = BatchJob.select(peewee.fn.MIN(BatchJob.lease), peewee.fn.MAX(BatchJob.lease)).tuples()
     oldest, newest = leases.get()
     # The sizes as found before this command opened the file (its read-only open may add SQLite's empty
-    # -wal file).
+    # -wal file). A PostgreSQL store has no file of its own: its tables' sizes are shown instead.
     file_bytes, wal_bytes = args.sizes_before
+    on_file = file_backed()
     report: dict[str, Any] = {
         "db": args.db,
-        "file_bytes": file_bytes,
-        "wal_bytes": wal_bytes,
+        **({"file_bytes": file_bytes, "wal_bytes": wal_bytes} if on_file else {}),
         "nbytes": dcache.batch_nbytes(),
         "live_jobs": dcache.live_batch_jobs_total(),
         **space_report(),
@@ -93,11 +92,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     def size_text(n: int | None) -> str:
         return "-" if n is None else f"{format_size(n)} ({format_count(n)} bytes)"
 
+    files = [
+        ("File size", size_text(file_bytes)),
+        ("WAL size", "no -wal file" if wal_bytes is None and file_bytes else size_text(wal_bytes)),
+    ]
     lines = key_values(
         [
             ("Store", args.db),
-            ("File size", size_text(file_bytes)),
-            ("WAL size", "no -wal file" if wal_bytes is None and file_bytes else size_text(wal_bytes)),
+            *(files if on_file else []),
             ("Result bytes", f"{size_text(report['nbytes'])}, batch_nbytes()"),
             ("Live jobs", format_count(report["live_jobs"])),
             *space_lines(report),
@@ -134,7 +136,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.status is not None:
         query = query.where(BatchJob.status == args.status)
     total = query.count()
-    query = query.order_by(BatchJob.created_at.desc(), ROWID.desc())
+    # Insertion order: among jobs created in the same second, the later insert counts as newer.
+    query = query.order_by(BatchJob.created_at.desc(), dcache.db.backend.insertion_order.desc())
     if args.limit:
         query = query.limit(args.limit)
     jobs = [job_row(job) for job in query]

@@ -7,11 +7,12 @@ import sys
 from typing import Any
 
 from sift import dcache
+from sift.dcache.space import file_backed
 
 from .progress import make_bar
 from .report import emit_json, format_count, format_size
 
-__all__ = ["cmd_backup", "cmd_vacuum", "space_lines", "space_report"]
+__all__ = ["cmd_backup", "cmd_restore", "cmd_vacuum", "space_lines", "space_report"]
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -23,7 +24,14 @@ CONVERT_WARNING = (
 
 
 def space_report() -> dict[str, Any]:
-    """The store's page use, for ``stats --json``."""
+    """The store's page use, for ``stats --json``; on PostgreSQL its tables' bytes and dead rows."""
+    if not file_backed():
+        tables = dcache.relation_space()
+        return {
+            "table_bytes": tables.table_bytes,
+            "total_table_bytes": tables.total_bytes,
+            "dead_rows": tables.dead_rows,
+        }
     space = dcache.store_space()
     return {
         "page_size": space.page_size,
@@ -36,6 +44,13 @@ def space_report() -> dict[str, Any]:
 
 def space_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The free-space lines of ``stats``."""
+    if "table_bytes" in report:  # PostgreSQL: the server's space, given back by (auto)vacuum
+        total = report["total_table_bytes"]
+        dead = sum(report["dead_rows"].values())
+        return [
+            ("Table sizes", f"{format_size(total)} ({format_count(total)} bytes, with indexes)"),
+            ("Dead rows", f"{format_count(dead)} (the server's estimate; autovacuum or `sift vacuum`)"),
+        ]
     pages = (
         f"{format_count(report['free_pages'])} of {format_count(report['pages'])} "
         f"{format_size(report['page_size'])} pages (auto_vacuum {report['auto_vacuum']})"
@@ -60,6 +75,8 @@ def _space_json(space: dcache.StoreSpace) -> dict[str, int]:
 
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
+    if not file_backed():
+        return _vacuum_relations(args)
     if dcache.store_space().auto_vacuum != 2:
         print(CONVERT_WARNING, file=sys.stderr, flush=True)
     done = dcache.vacuum_store()
@@ -83,7 +100,50 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vacuum_relations(args: argparse.Namespace) -> int:
+    """PostgreSQL: VACUUM (ANALYZE) of the store's tables."""
+    done = dcache.vacuum_relations()
+    if args.json:
+        emit_json(
+            {
+                "before": {"table_bytes": done.before.table_bytes, "dead_rows": done.before.dead_rows},
+                "after": {"table_bytes": done.after.table_bytes, "dead_rows": done.after.dead_rows},
+            }
+        )
+        return 0
+    dead = sum(done.before.dead_rows.values())
+    print(
+        f"vacuumed and analyzed the tables of {args.db}: {format_size(done.before.total_bytes)} -> "
+        f"{format_size(done.after.total_bytes)} with indexes; {format_count(dead)} dead rows before "
+        "(the server's estimate) are reusable space now"
+    )
+    return 0
+
+
+def _backup_postgres(args: argparse.Namespace) -> int:
+    """PostgreSQL: a SQLite store file from one snapshot; the bar counts rows."""
+    with make_bar(None, "backup", unit="row") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        done = dcache.backup_store(args.dest, progress=progress)
+        bar.refresh()
+    report = {"db": args.db, "dest": done.dest, "pages": done.pages, "bytes": done.nbytes}
+    if args.json:
+        emit_json(report)
+        return 0
+    print(
+        f"backed up {args.db} to {done.dest}: a SQLite store of {format_size(done.nbytes)} "
+        f"({format_count(done.pages)} pages), the store as it was when the copy started"
+    )
+    return 0
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
+    if not file_backed():
+        return _backup_postgres(args)
     space = dcache.store_space()
     size = space.page_size
     with make_bar(space.page_count * size, "backup", unit="B", unit_scale=True, unit_divisor=1024) as bar:
@@ -101,5 +161,24 @@ def cmd_backup(args: argparse.Namespace) -> int:
     print(
         f"backed up {args.db} to {done.dest}: {format_size(done.nbytes)} ({format_count(done.pages)} pages), "
         "the store as it was when the copy started"
+    )
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    with make_bar(None, "restore", unit="row") as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        done = dcache.restore_store(args.source, progress=progress)
+        bar.refresh()
+    if args.json:
+        emit_json({"db": args.db, "source": done.source, "jobs": done.jobs, "targets": done.targets})
+        return 0
+    print(
+        f"restored {format_count(done.jobs)} jobs and {format_count(done.targets)} targets "
+        f"from {done.source} into {args.db}"
     )
     return 0

@@ -18,6 +18,7 @@ __all__ = [
     "CommandError",
     "default_db_path",
     "file_sizes",
+    "is_postgres",
     "new_simulation_store",
     "opened",
     "refuse_store_with_jobs",
@@ -32,6 +33,11 @@ OPEN_TIMEOUT_S = 10.0
 
 class CommandError(Exception):
     """Something the user asked for cannot be done (an unknown job id, say): one line, exit status 1."""
+
+
+def is_postgres(target: str) -> bool:
+    """Whether ``target`` names a PostgreSQL store (``postgresql://`` or ``postgres://``)."""
+    return target.startswith(("postgresql://", "postgres://"))
 
 
 def default_db_path() -> str:
@@ -105,8 +111,9 @@ def opened(path: str, *, readonly: bool = False) -> Iterator[dcache.StoreDatabas
 
 
 def file_sizes(path: str) -> tuple[int | None, int | None]:
-    """The size of the store file and of its write-ahead log (None when there is no such file)."""
-    if path == ":memory:" or path.startswith("file:"):
+    """The size of the store file and of its write-ahead log (None when there is no such file; both None
+    for a PostgreSQL store, whose files are the server's)."""
+    if path == ":memory:" or path.startswith("file:") or is_postgres(path):
         return None, None
     sizes: list[int | None] = []
     for candidate in (Path(path), Path(path + "-wal")):

@@ -5,7 +5,7 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
-from .backup import BackupReport, backup_store
+from .backup import BackupReport, RestoreReport, backup_store, restore_store
 from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
@@ -45,7 +45,16 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
-from .space import StoreSpace, VacuumReport, store_space, vacuum_store
+from .space import (
+    RelationSpace,
+    RelationVacuumReport,
+    StoreSpace,
+    VacuumReport,
+    relation_space,
+    store_space,
+    vacuum_relations,
+    vacuum_store,
+)
 from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
@@ -58,6 +67,9 @@ __all__ = [
     "InvalidBatchInput",
     "JobNotFound",
     "JobStatus",
+    "RelationSpace",
+    "RelationVacuumReport",
+    "RestoreReport",
     "SerializedSqliteDatabase",
     "StoreConflict",
     "StoreCorrupt",
@@ -88,7 +100,9 @@ __all__ = [
     "mark_in_flight_failed",
     "open_db",
     "put_batch_targets",
+    "relation_space",
     "rescue_stale_jobs",
+    "restore_store",
     "set_batch_job_status",
     "stats",
     "store_space",
@@ -98,5 +112,6 @@ __all__ = [
     "touch_batch_job",
     "unix_now",
     "update_batch_target",
+    "vacuum_relations",
     "vacuum_store",
 ]

@@ -5,6 +5,15 @@ in WAL mode that transaction sees the store as of its start, so the copy is that
 on meanwhile (their commits wait in the -wal file until the copy ends). The copy goes to a temporary file
 beside the destination and is renamed over it only once complete and on disk, so a backup that is killed
 leaves no file at the destination's name, only a ``.<name>.<pid>.sift-backup`` file beside it.
+
+A PostgreSQL store is backed up to the same thing: a SQLite store file, written from one REPEATABLE READ
+READ ONLY snapshot of the store's schema (so the copy is consistent while others write, and blocks no one).
+Jobs are copied in insertion order (``seq``), so the copy's ``_rowid_`` keeps the newest-wins tiebreak, and
+``options`` as the text stored; the copy's byte total is recomputed from its jobs. It opens with
+``open_db(dest)``: that is also how a store's data moves from PostgreSQL to SQLite.
+
+:func:`restore_store` is the way back: it copies a SQLite store file (a backup, or a store that outgrew
+its machine) into the open store, which must hold no job, in one transaction.
 """
 
 from __future__ import annotations
@@ -18,17 +27,44 @@ import stat
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import peewee
 
 from . import files
 from .database import db
 from .driver_errors import store_error
-from .errors import InvalidBatchInput, StoreFull, StoreNotOpen, StoreReadOnly, StoreUnavailable
-from .sqlite import SerializedSqliteDatabase
+from .errors import (
+    BatchError,
+    InvalidBatchInput,
+    StoreConflict,
+    StoreFull,
+    StoreNotOpen,
+    StoreReadOnly,
+    StoreUnavailable,
+)
+from .sqlite import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA, SerializedSqliteDatabase
 
-__all__ = ["PAGES_PER_STEP", "TEMP_SUFFIX", "BackupReport", "backup_store"]
+__all__ = [
+    "PAGES_PER_STEP",
+    "ROWS_PER_STEP",
+    "TEMP_SUFFIX",
+    "BackupReport",
+    "RestoreReport",
+    "backup_store",
+    "restore_store",
+]
 
 #: Pages copied per step of the backup (4 MiB of 4 KiB pages); progress is reported after each.
 PAGES_PER_STEP = 1024
+
+#: Rows read and written per step of a PostgreSQL store's backup; progress is reported after each.
+ROWS_PER_STEP = 2000
+
+#: The columns a backup copies, in the order both backends' tables take them.
+JOB_COLUMNS = "id, caller, caller_class, idem_key, status, error, targets_total, targets_done, created_at, "
+JOB_COLUMNS += "lease, nbytes"
+TARGET_COLUMNS = "job_id, idx, url, options, status, result, error, hint"
 
 #: How the temporary file of a backup under way ends; one left behind by a killed backup can be deleted.
 TEMP_SUFFIX = ".sift-backup"
@@ -47,6 +83,15 @@ class BackupReport:
         return self.pages * self.page_size
 
 
+@dataclass(frozen=True)
+class RestoreReport:
+    """What :func:`restore_store` copied."""
+
+    source: str
+    jobs: int
+    targets: int
+
+
 def backup_store(
     dest: str | os.PathLike[str],
     *,
@@ -56,7 +101,8 @@ def backup_store(
     """Copy the open store to ``dest``: the store as it was when the copy started, while other threads
     and processes go on writing. ``dest`` is replaced only once the copy is complete and on disk; a new
     ``dest`` gets mode 0600, an existing one keeps its mode. ``progress(done, total)`` is called with
-    pages after each step of ``pages_per_step`` pages.
+    pages after each step of ``pages_per_step`` pages. A PostgreSQL store is copied to a SQLite store file
+    from one snapshot; ``progress`` then counts rows (jobs and targets), :data:`ROWS_PER_STEP` a step.
 
     Raises ``InvalidBatchInput`` (field ``dest``) for a destination that cannot be a backup, and
     ``StoreUnavailable`` or a subclass (``StoreFull``, ...) when the copy cannot be made; nothing is
@@ -68,10 +114,14 @@ def backup_store(
     temp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     if not isinstance(pages_per_step, int) or isinstance(pages_per_step, bool) or pages_per_step < 1:
         raise InvalidBatchInput("pages_per_step", f"must be an int >= 1, got {pages_per_step!r}")
+    source = source or str(db.path)
     try:
         _create(temp, target)
         try:
-            pages, page_size = _copy(source, temp, progress, pages_per_step)
+            if isinstance(db.backend, SerializedSqliteDatabase):
+                pages, page_size = _copy(source, temp, progress, pages_per_step)
+            else:
+                pages, page_size = _copy_postgres(temp, progress)
             _settle(temp, target)
         except BaseException:
             _remove(temp)
@@ -85,18 +135,19 @@ def backup_store(
     return BackupReport(dest=target, pages=pages, page_size=page_size)
 
 
-def _source_path() -> str:
+def _source_path() -> str | None:
+    """The store file's absolute path; None for a PostgreSQL store."""
     if db.deferred:
         raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
     if not isinstance(db.backend, SerializedSqliteDatabase):
-        raise StoreUnavailable("database: backup_store copies SQLite files; back PostgreSQL up with pg_dump")
+        return None
     path = str(db.path)  # as given to open_db (db.database is a URI when read-only)
     if path == ":memory:":
         raise StoreUnavailable("database: an in-memory store has no file to back up")
     return os.path.abspath(path)
 
 
-def _dest_path(dest: str | os.PathLike[str], source: str) -> str:
+def _dest_path(dest: str | os.PathLike[str], source: str | None) -> str:
     try:
         shown = os.fspath(dest)
     except TypeError:
@@ -108,6 +159,8 @@ def _dest_path(dest: str | os.PathLike[str], source: str) -> str:
         raise InvalidBatchInput("dest", f"{shown!r} is a directory; name the backup file")
     if not os.path.isdir(os.path.dirname(target)):
         raise InvalidBatchInput("dest", f"the directory of {shown!r} does not exist")
+    if source is None:
+        return target
     store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal")}
     if target in store_files or (os.path.exists(target) and os.path.samefile(target, source)):
         raise InvalidBatchInput("dest", f"{shown!r} is the store itself; back it up to another file")
@@ -157,6 +210,63 @@ def _copy(
     return int(pages), int(page_size)
 
 
+def _copy_postgres(temp: str, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
+    """Write the PostgreSQL store's rows into a new SQLite store at ``temp``, from one snapshot."""
+    dst = sqlite3.connect(temp, isolation_level=None)
+    try:
+        dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
+        dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
+        dst.execute("PRAGMA synchronous = OFF")  # _settle fsyncs the finished file
+        for statement in BASE_SCHEMA + SPEED_SCHEMA:
+            dst.execute(statement)
+        dst.execute("BEGIN")
+        backend: Any = db.backend
+        conn = backend.usable_connection()
+        if conn.info.transaction_status != 0:  # psycopg's IDLE
+            raise StoreUnavailable("database: backup_store cannot run inside a transaction; call it after")
+        try:
+            backend.run_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ())
+            try:
+                jobs, targets = backend.fetch_one(
+                    "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)", ()
+                )
+                total, done = jobs + targets, 0
+                for table, columns, order in (
+                    ("batch_job", JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ keeps it
+                    ("batch_target", TARGET_COLUMNS, "job_id, idx"),
+                ):
+                    marks = ", ".join("?" * (columns.count(",") + 1))
+                    insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+                    with conn.cursor(name=f"sift_backup_{table}") as cursor:  # server-side: streamed
+                        cursor.itersize = ROWS_PER_STEP
+                        cursor.execute(f"SELECT {columns} FROM {table} ORDER BY {order}")
+                        while rows := cursor.fetchmany(ROWS_PER_STEP):
+                            dst.executemany(insert, rows)
+                            done += len(rows)
+                            if progress is not None:
+                                progress(done, total)
+                backend.run_sql("COMMIT", ())
+            except BaseException:
+                with contextlib.suppress(Exception):  # the error raised already says more
+                    backend.run_sql("ROLLBACK", ())
+                raise
+        except sqlite3.Error:
+            raise
+        except Exception as exc:
+            backend.raise_store_error(exc)
+            raise
+        if progress is not None and total == 0:
+            progress(0, 0)
+        dst.execute(RECOMPUTE_TOTAL_SQL)
+        dst.execute("COMMIT")
+        dst.execute("PRAGMA journal_mode = WAL").fetchall()  # as the store file itself
+        pages = dst.execute("PRAGMA page_count").fetchone()[0]
+        page_size = dst.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        dst.close()
+    return int(pages), int(page_size)
+
+
 def _settle(temp: str, target: str) -> None:
     """Put the finished copy on disk, then at ``target``'s name, then make the rename durable."""
     fd = os.open(temp, os.O_RDONLY)
@@ -169,7 +279,7 @@ def _settle(temp: str, target: str) -> None:
 
 
 def _remove(temp: str) -> None:
-    for path in (temp, temp + "-journal"):
+    for path in (temp, temp + "-journal", temp + "-wal", temp + "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
@@ -181,3 +291,87 @@ def _os_error(exc: OSError, target: str) -> StoreUnavailable:
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return StoreReadOnly(f"dest: cannot write {target!r} ({why})")
     return StoreUnavailable(f"dest: cannot write {target!r} ({why})")
+
+
+def restore_store(
+    source: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
+) -> RestoreReport:
+    """Copy every job and target of the SQLite store file at ``source`` into the open store (either
+    backend), which must hold no job and no target: jobs in their insertion order (newest-wins ties keep
+    their winner), ``options`` as stored, all in one transaction. ``progress(done, total)`` counts rows.
+
+    Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
+    store itself, or a row the open store cannot hold (a NUL in text, JSON PostgreSQL rejects): the open
+    store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
+    """
+    if db.deferred:
+        raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
+    path = _source_file(source)
+    try:
+        src = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise InvalidBatchInput("source", f"cannot open {path!r}: {exc}") from exc
+    try:
+        try:
+            src.execute("BEGIN")  # one snapshot of the source, whoever writes it meanwhile
+            tables = {row[0] for row in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"batch_job", "batch_target"} <= tables:
+                raise InvalidBatchInput(
+                    "source", f"{path!r} is not a batch store (no batch_job, batch_target)"
+                )
+            jobs, targets = src.execute(
+                "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise InvalidBatchInput("source", f"cannot read {path!r} as a batch store: {exc}") from exc
+        mark = "?" if isinstance(db.backend, SerializedSqliteDatabase) else "%s"
+        done = 0
+        with db.write():
+            held = db.fetch_one(
+                "SELECT (SELECT COUNT(*) FROM batch_job) + (SELECT COUNT(*) FROM batch_target)", ()
+            )
+            if held[0]:
+                raise StoreUnavailable(
+                    f"database: {db.path!r} already holds {held[0]} rows; restore_store copies into an empty "
+                    "store only"
+                )
+            for table, columns, order in (
+                ("batch_job", JOB_COLUMNS, "_rowid_"),
+                ("batch_target", TARGET_COLUMNS, "job_id, idx"),
+            ):
+                marks = ", ".join([mark] * (columns.count(",") + 1))
+                insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+                try:
+                    cursor = src.execute(f"SELECT {columns} FROM {table} ORDER BY {order}")
+                    while rows := cursor.fetchmany(ROWS_PER_STEP):
+                        db.executemany(insert, rows)
+                        done += len(rows)
+                        if progress is not None:
+                            progress(done, jobs + targets)
+                except sqlite3.Error as exc:
+                    raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
+                except (BatchError, peewee.DatabaseError) as exc:
+                    if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
+                        raise
+                    raise InvalidBatchInput(
+                        "source", f"a row of {table} in {path!r} cannot be stored here: {exc}"
+                    ) from exc
+    finally:
+        src.close()
+    return RestoreReport(source=path, jobs=jobs, targets=targets)
+
+
+def _source_file(source: str | os.PathLike[str]) -> str:
+    try:
+        shown = os.fspath(source)
+    except TypeError:
+        shown = None
+    if not isinstance(shown, str) or not shown:
+        raise InvalidBatchInput("source", f"must be a non-empty str or os.PathLike of str, got {source!r}")
+    path = os.path.abspath(shown)
+    if not os.path.isfile(path):
+        raise InvalidBatchInput("source", f"no store file at {shown!r}")
+    on_file = isinstance(db.backend, SerializedSqliteDatabase) and db.path not in (None, ":memory:")
+    if on_file and os.path.samefile(path, str(db.path)):
+        raise InvalidBatchInput("source", f"{shown!r} is the open store itself")
+    return path

@@ -8,6 +8,13 @@ thread of its own beside the chunks (its findings, if any, replace theirs). ``re
 derived data (``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan
 targets, each chunk in one short write transaction; a bad status or an idx out of range is data a person
 must decide about, so it is reported and left as it is.
+
+On PostgreSQL the same checks run with PostgreSQL's spellings (no ``quick_check``: the server keeps its own
+files whole), each chunk in one REPEATABLE READ transaction. The schema check reads the catalog (tables,
+indexes, the total's trigger and functions, the ``sift_schema`` version) and the byte total is the 16 slot
+rows summed. Repair stays exact while other processes write: each chunk's fixes lock their jobs first (the
+rule every writer follows: job before target) under the removal advisory lock, and the total is recomputed
+with ``batch_totals`` locked against writers (``EXCLUSIVE``: readers go on).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .database import db
-from .errors import BatchError, StoreCorrupt, StoreUnavailable
+from .errors import BatchError, StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
 from .sqlite import (
     BASE_SCHEMA,
@@ -41,6 +48,14 @@ TARGETS_PER_CHUNK = 5_000
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
 #: target_idx) are left for a person to decide.
 REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
+
+#: PostgreSQL's schema objects by kind (the tables' primary keys come with the tables).
+PG_SCHEMA_NAMES = frozenset(
+    {("table", "batch_job"), ("table", "batch_target"), ("table", "batch_totals"), ("table", "sift_schema")}
+    | {("index", "batch_job_idem"), ("index", "batch_job_lease"), ("index", "batch_job_live")}
+    | {("index", "batch_job_evictable"), ("trigger", "batch_totals_track")}
+    | {("function", "batch_totals_track"), ("function", "sift_json_valid"), ("function", "sift_json")}
+)
 
 _JOB_STATUSES = frozenset(s.value for s in JobStatus)
 
@@ -110,9 +125,10 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
     """Check every invariant of the open store and name each violation with the job it affects;
     with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
     ``progress`` is called after each chunk with the number of jobs it read."""
-    if not isinstance(db.backend, SerializedSqliteDatabase):
-        raise StoreUnavailable("check_store: reads SQLite stores only so far, not a PostgreSQL store")
     report = StoreReport()
+    if not _on_sqlite():  # PostgreSQL keeps its files whole: there is no quick_check to run
+        _check_data(report, repair, progress)
+        return report
     if repair or db.database in (":memory:", ""):
         # Nothing else can be trusted on a damaged file, and repair must not write into it.
         report.violations += _quick_check()
@@ -146,19 +162,17 @@ def _quick_check() -> list[Violation]:
 
 def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], None] | None) -> None:
     """Everything but the integrity check, into ``report``."""
-    with _read_transaction():
-        present = {row[0] for row in db.fetch_all("SELECT name FROM sqlite_master", ())}
-    missing = sorted(SCHEMA_NAMES - present)
+    missing = _missing_schema(report)
     report.violations += [Violation("schema", None, f"{name} is missing") for name in missing]
     if {"batch_job", "batch_target"} & set(missing) and not repair:
         return
     if missing and repair:
-        with db.write():
-            for statement in BASE_SCHEMA + SPEED_SCHEMA:
-                db.run_sql(statement, ())
+        _create_schema()
         report.repairs += [Repair("schema", None, f"created {name}") for name in missing]
     if "batch_totals" not in missing:
-        kept, actual = _side_read(_TOTAL)[0]
+        if not _on_sqlite():
+            _check_slots(report)
+        kept, actual = _side_read(_sql().total)[0]
         if kept != actual:
             shown = "no row" if kept is None else repr(kept)
             report.violations.append(
@@ -175,13 +189,61 @@ def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], Non
         if progress is not None:
             progress(chunk.jobs)
         if repair and chunk.fixes:
-            with db.write():  # read again: another writer may have changed the chunk meanwhile
-                report.repairs += _Chunk(low, high).fix()
+            report.repairs += _fix_chunk(low, high)
         if high is None:
             break
         low = high
     if repair and report.violations:
         _repair_total(report)
+
+
+def _missing_schema(report: StoreReport) -> list[str]:
+    """The parts of the schema the store lacks; on PostgreSQL also a ``sift_schema`` version that is not
+    this sift's (into ``report``: a person decides, as for a status)."""
+    if _on_sqlite():
+        with _read_transaction():
+            present = {row[0] for row in db.fetch_all("SELECT name FROM sqlite_master", ())}
+        return sorted(SCHEMA_NAMES - present)
+    rows = db.fetch_all(_PG_SCHEMA, (db.backend.schema,) * 3)  # type: ignore[attr-defined]
+    missing = sorted(PG_SCHEMA_NAMES - {(kind, name) for kind, name in rows})
+    names = [name if kind == "table" else f"{name} ({kind})" for kind, name in missing]
+    if ("table", "sift_schema") not in missing:
+        from .postgres import SCHEMA_VERSION
+
+        versions = [row[0] for row in db.fetch_all("SELECT version FROM sift_schema", ())]
+        if versions != [SCHEMA_VERSION]:
+            detail = f"sift_schema holds version(s) {versions}; this sift writes version {SCHEMA_VERSION}"
+            report.violations.append(Violation("schema_version", None, detail))
+    return names
+
+
+def _create_schema() -> None:
+    """Create what is missing of the schema, as ``open_db`` does for a new store."""
+    if _on_sqlite():
+        with db.write():
+            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+                db.run_sql(statement, ())
+    else:
+        db.backend._prepare_schema()  # type: ignore[attr-defined]
+
+
+def _fix_chunk(low: Any, high: Any) -> list[Repair]:
+    """Repair one chunk in one write transaction, reading it again there: another writer may have changed
+    it since the check read it. On PostgreSQL its jobs are locked first (job before target, as every
+    writer does) under the removal lock (no sweep or eviction meanwhile), so what it writes is exact."""
+
+    def run() -> list[Repair]:
+        with db.backend.removals():
+            if not _on_sqlite():
+                where, params = _id_range("id", low, high)
+                db.run_sql(_LOCK_JOBS.format(where=where), params)
+            return _Chunk(low, high).fix()
+
+    try:
+        return run()
+    except StoreConflict as conflict:
+        result: list[Repair] = db.backend.retry(conflict, run)
+        return result
 
 
 class _Chunk:
@@ -193,8 +255,9 @@ class _Chunk:
         self.fixes: list[tuple[str, Any, Any, Any]] = []  # (kind, job id, stored value, right value)
         target_range, target_params = _id_range("job_id", low, high)
         job_range, job_params = _id_range("id", low, high)
-        groups = db.fetch_all(_TARGET_GROUPS.format(where=target_range), target_params)
-        jobs = db.fetch_all(_JOBS.format(where=job_range), job_params)
+        sql = _sql()
+        groups = db.fetch_all(sql.target_groups.format(where=target_range), target_params)
+        jobs = db.fetch_all(sql.jobs.format(where=job_range), job_params)
         by_job = {group[0]: group for group in groups}
         self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
         valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None)
@@ -240,7 +303,7 @@ class _Chunk:
             self._add("nbytes", name, f"nbytes is {nbytes!r}, but its results hold {size} bytes (UTF-8)")
             self.fixes.append(("nbytes", job_id, nbytes, size))
         if bad_statuses:
-            status_min, status_max = db.fetch_one(_BAD_STATUSES, (job_id,))
+            status_min, status_max = db.fetch_one(_sql().bad_statuses, (job_id,))
             shown = repr(status_min) if status_min == status_max else f"{status_min!r} to {status_max!r}"
             detail = f"{_targets(bad_statuses)} with a status not in {', '.join(TargetStatus)}: {shown}"
             self._add("target_status", name, detail)
@@ -253,26 +316,106 @@ class _Chunk:
     def fix(self) -> list[Repair]:
         """Apply the fixes (inside the caller's write transaction) and describe each change."""
         repairs = []
+        sql = _sql()
         for kind, job_id, stored, right in self.fixes:
             if kind == "orphan_targets":
-                db.run_sql("DELETE FROM batch_target WHERE job_id = ?", (job_id,))
+                # Only while the job is still missing: a job created since the read keeps its targets.
+                db.run_sql(sql.delete_orphans, (job_id,))
                 repairs.append(Repair(kind, _name(job_id), f"deleted {_targets(stored)}"))
             else:
-                db.run_sql(f"UPDATE batch_job SET {kind} = ? WHERE id = ?", (right, job_id))
+                db.run_sql(sql.fix_job.format(column=kind), (right, job_id))
                 repairs.append(Repair(kind, _name(job_id), f"{stored!r} -> {right}"))
         return repairs
 
 
-# One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
-# final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and largest idx.
-_TARGET_GROUPS = f"""SELECT job_id, COUNT(*), SUM(status IN ({_FINAL})),
-    COALESCE(SUM(length(CAST(result AS BLOB))), 0), SUM(status NOT IN ({_VALID_TARGET})), MIN(idx), MAX(idx)
-    FROM batch_target WHERE {{where}} GROUP BY job_id"""
-_JOBS = "SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} ORDER BY id"
-# The statuses outside the enum of one job's targets, for the report (only when there are some).
-_BAD_STATUSES = f"""SELECT MIN(status), MAX(status) FROM batch_target
-    WHERE job_id = ? AND status NOT IN ({_VALID_TARGET})"""
-_TOTAL = f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
+@dataclass(frozen=True)
+class _Statements:
+    """The check's statements in one backend's spelling."""
+
+    target_groups: str
+    jobs: str
+    bad_statuses: str
+    total: str
+    chunk_end: str
+    idx_outside: str
+    fix_job: str
+    delete_orphans: str
+    mark: str  # the parameter placeholder
+    true: str  # a condition that always holds
+
+
+def _statements(postgres: bool) -> _Statements:
+    q = "%s" if postgres else "?"
+    # One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
+    # final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and largest idx.
+    count_if, size = ("SUM(({})::int)", "octet_length(result)") if postgres else ("SUM({})", None)
+    size = size or "length(CAST(result AS BLOB))"
+    # SQLite's min() of two values skips neither NULL: coalesce each with the other. SQLite also orders an
+    # id another program wrote as a number; PostgreSQL's columns hold only what their types allow.
+    least = "LEAST(j, t)" if postgres else "min(coalesce(j, t), coalesce(t, j))"
+    return _Statements(
+        target_groups=f"""SELECT job_id, COUNT(*), {count_if.format(f"status IN ({_FINAL})")},
+            COALESCE(SUM({size}), 0), {count_if.format(f"status NOT IN ({_VALID_TARGET})")}, MIN(idx),
+            MAX(idx) FROM batch_target WHERE {{where}} GROUP BY job_id""",
+        jobs="SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} "
+        "ORDER BY id",
+        # The statuses outside the enum of one job's targets, for the report (only when there are some).
+        bad_statuses=f"""SELECT MIN(status), MAX(status) FROM batch_target
+            WHERE job_id = {q} AND status NOT IN ({_VALID_TARGET})""",
+        # PostgreSQL: the 16 slot rows summed, in the same statement (one snapshot) as the jobs' sum.
+        total=(
+            "SELECT (SELECT COALESCE(SUM(nbytes), 0)::bigint FROM batch_totals), "
+            "(SELECT COALESCE(SUM(nbytes), 0)::bigint FROM batch_job)"
+            if postgres
+            else f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
+        ),
+        chunk_end=(
+            f"SELECT {least} FROM "
+            f"(SELECT (SELECT id FROM batch_job WHERE {{jobs}} ORDER BY id LIMIT 1 OFFSET {q}) AS j, "
+            f"(SELECT job_id FROM batch_target WHERE {{targets}} ORDER BY job_id LIMIT 1 OFFSET {q}) AS t) "
+            "AS bounds"
+        ),
+        idx_outside=(
+            f"SELECT idx FROM batch_target WHERE job_id = {q} AND NOT ("
+            + ("" if postgres else "typeof(idx) = 'integer' AND ")
+            + f"idx >= 0 AND idx < {q}) ORDER BY idx LIMIT 6"
+        ),
+        fix_job=f"UPDATE batch_job SET {{column}} = {q} WHERE id = {q}",
+        delete_orphans=(
+            f"DELETE FROM batch_target WHERE job_id = {q} "
+            "AND NOT EXISTS (SELECT 1 FROM batch_job WHERE batch_job.id = batch_target.job_id)"
+        ),
+        mark=q,
+        true="TRUE" if postgres else "1",
+    )
+
+
+_SQLITE, _POSTGRES = _statements(False), _statements(True)
+
+# PostgreSQL: the schema's objects present in the store's schema, as (kind, name).
+_PG_SCHEMA = """SELECT CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END, c.relname FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')
+    UNION ALL SELECT 'trigger', t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal
+    AND t.tgenabled <> 'D'
+    UNION ALL SELECT 'function', p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = %s"""
+# PostgreSQL: a repair chunk's jobs, locked in one order before their targets are read again.
+_LOCK_JOBS = "SELECT 1 FROM batch_job WHERE {where} ORDER BY id FOR NO KEY UPDATE"
+# PostgreSQL: the total recomputed into slot 0 (the other slots to 0), with writers held off meanwhile.
+_LOCK_TOTALS = "LOCK TABLE batch_totals IN EXCLUSIVE MODE"
+_RECOMPUTE_SLOTS = (
+    "UPDATE batch_totals SET nbytes = CASE WHEN slot = 0 THEN "
+    "(SELECT COALESCE(SUM(nbytes), 0) FROM batch_job) ELSE 0 END"
+)
+
+
+def _on_sqlite() -> bool:
+    return isinstance(db.backend, SerializedSqliteDatabase)
+
+
+def _sql() -> _Statements:
+    return _SQLITE if _on_sqlite() else _POSTGRES
 
 
 def _chunk_end(low: Any) -> Any:
@@ -280,25 +423,21 @@ def _chunk_end(low: Any) -> Any:
     JOBS_PER_CHUNK jobs and about TARGETS_PER_CHUNK targets (one job with more is a chunk of its own)."""
     jobs, job_params = _id_range("id", low, None)
     targets, target_params = _id_range("job_id", low, None)
-    # SQLite's min() of the two bounds, which also orders an id another program wrote as a number
-    sql = (
-        f"SELECT min(coalesce(j, t), coalesce(t, j)) FROM "
-        f"(SELECT (SELECT id FROM batch_job WHERE {jobs} ORDER BY id LIMIT 1 OFFSET ?) AS j, "
-        f"(SELECT job_id FROM batch_target WHERE {targets} ORDER BY job_id LIMIT 1 OFFSET ?) AS t)"
-    )
+    sql = _sql().chunk_end.format(jobs=jobs, targets=targets)
     row = db.fetch_one(sql, (*job_params, JOBS_PER_CHUNK - 1, *target_params, TARGETS_PER_CHUNK - 1))
     return row[0]
 
 
 def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
+    sql = _sql()
     clauses, params = [], []
     if low is not None:
-        clauses.append(f"{column} > ?")
+        clauses.append(f"{column} > {sql.mark}")
         params.append(low)
     if high is not None:
-        clauses.append(f"{column} <= ?")
+        clauses.append(f"{column} <= {sql.mark}")
         params.append(high)
-    return " AND ".join(clauses) or "1", tuple(params)
+    return " AND ".join(clauses) or sql.true, tuple(params)
 
 
 def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:
@@ -309,24 +448,60 @@ def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:
 
 
 def _idx_detail(job_id: Any, total: Any) -> str:
-    rows = db.fetch_all(
-        "SELECT idx FROM batch_target WHERE job_id = ? AND NOT (typeof(idx) = 'integer' AND idx >= 0 "
-        "AND idx < ?) ORDER BY idx LIMIT 6",
-        (job_id, total),
-    )
+    rows = db.fetch_all(_sql().idx_outside, (job_id, total))
     shown = ", ".join(repr(row[0]) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
     last = total - 1 if type(total) is int else f"{total!r} - 1"
     return f"target idx outside 0..{last} (targets_total - 1): {shown}"
 
 
+def _check_slots(report: StoreReport) -> None:
+    """PostgreSQL: the byte total's slot rows are exactly 0..TOTAL_SLOTS-1 (a missing one loses what the
+    trigger adds to it; an extra one counts in the sum)."""
+    from .postgres import TOTAL_SLOTS
+
+    slots = {row[0] for row in db.fetch_all("SELECT slot FROM batch_totals", ())}
+    missing, extra = sorted(set(range(TOTAL_SLOTS)) - slots), sorted(slots - set(range(TOTAL_SLOTS)))
+    if missing or extra:
+        detail = f"batch_totals should have the slot rows 0..{TOTAL_SLOTS - 1}: "
+        detail += "; ".join(
+            text for text in (missing and f"{missing} missing", extra and f"{extra} extra") if text
+        )
+        report.violations.append(Violation("total", None, detail))
+
+
 def _repair_total(report: StoreReport) -> None:
-    """Recompute the byte total if it differs from SUM(nbytes), in one write transaction (a full scan)."""
+    """Recompute the byte total if it differs from SUM(nbytes), in one write transaction (a full scan).
+    On PostgreSQL: slot 0 gets the sum and the others 0 (missing slot rows are made, others deleted),
+    with ``batch_totals`` locked so no writer adds to a slot meanwhile (see the module's docstring)."""
+    if _on_sqlite():
+        with db.write():
+            kept, actual = db.fetch_one(_sql().total, ())
+            if kept != actual:
+                db.run_sql(RECOMPUTE_TOTAL_SQL, ())
+                shown = "no row" if kept is None else repr(kept)
+                report.repairs.append(Repair("total", None, f"{shown} -> {actual}"))
+        return
+    from .postgres import TOTAL_SLOTS
+
     with db.write():
-        kept, actual = db.fetch_one(_TOTAL, ())
+        db.run_sql(_LOCK_TOTALS, ())
+        # Every transaction that added to a slot has ended; a statement that changes nbytes later adds
+        # its own delta after this commit, to the sum read here without it: the total stays exact.
+        kept, actual = db.fetch_one(_sql().total, ())
+        slots = [row[0] for row in db.fetch_all("SELECT slot FROM batch_totals ORDER BY slot", ())]
+        if slots != list(range(TOTAL_SLOTS)):
+            db.run_sql("DELETE FROM batch_totals WHERE slot NOT BETWEEN 0 AND %s", (TOTAL_SLOTS - 1,))
+            db.run_sql(
+                "INSERT INTO batch_totals (slot, nbytes) SELECT g, 0 FROM generate_series(0, %s) g "
+                "ON CONFLICT (slot) DO NOTHING",
+                (TOTAL_SLOTS - 1,),
+            )
+            report.repairs.append(Repair("total", None, f"slot rows {slots} -> 0..{TOTAL_SLOTS - 1}"))
+        elif kept == actual:
+            return
+        db.run_sql(_RECOMPUTE_SLOTS, ())
         if kept != actual:
-            db.run_sql(RECOMPUTE_TOTAL_SQL, ())
-            shown = "no row" if kept is None else repr(kept)
-            report.repairs.append(Repair("total", None, f"{shown} -> {actual}"))
+            report.repairs.append(Repair("total", None, f"{kept!r} -> {actual} (slot 0; the others 0)"))
 
 
 def _targets(n: int) -> str:
@@ -339,7 +514,22 @@ def _name(job_id: Any) -> str:
 
 @contextlib.contextmanager
 def _read_transaction() -> Iterator[None]:
-    """One chunk's reads as one snapshot, under the lock; inside a caller's transaction, that one."""
+    """One chunk's reads as one snapshot, under the lock; inside a caller's transaction, that one. On
+    PostgreSQL a REPEATABLE READ transaction on the thread's connection (no lock: writers go on)."""
+    if not _on_sqlite():
+        pg_conn = db.backend.usable_connection()  # type: ignore[attr-defined]
+        if pg_conn.info.transaction_status != 0:  # psycopg's IDLE: inside a caller's transaction
+            yield
+            return
+        db.run_sql("BEGIN ISOLATION LEVEL REPEATABLE READ", ())
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error raised already says more
+                db.run_sql("ROLLBACK", ())
+            raise
+        db.run_sql("COMMIT", ())
+        return
     with db.lock:
         conn: sqlite3.Connection = db.connection()
         if conn.in_transaction:
@@ -358,8 +548,9 @@ def _read_transaction() -> Iterator[None]:
 
 def _side_read(sql: str) -> list[Any]:
     """Rows of a statement that reads the whole file: on a private read-only connection for a file (no
-    lock held, nothing blocked); an in-memory store has only the shared connection."""
-    if db.deferred or db.database in (":memory:", ""):
+    lock held, nothing blocked); an in-memory store has only the shared connection, and PostgreSQL's
+    statement reads one snapshot on the thread's connection, blocking no one."""
+    if db.deferred or not _on_sqlite() or db.database in (":memory:", ""):
         with db.lock:
             rows: list[Any] = db.fetch_all(sql, ())
             return rows

@@ -16,6 +16,9 @@ Each scrape reads:
 - ``batch_nbytes()`` and ``live_batch_jobs_total()`` as gauges, and the file's size and reclaimable
   bytes: the kept byte total, a count over the partial index of live jobs, and SQLite's page counts. None
   of them scans the jobs or targets. With no store open they are left out and the scrape still succeeds.
+  On PostgreSQL the two file gauges are replaced by ``sift_store_table_bytes``, the size of the store's
+  tables with their indexes (``relation_space()``: the catalog's figures, no scan); the server's own
+  exporters report the rest (dead rows, vacuums).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .counters import stats
 from .errors import StoreNotOpen
 from .manager import batch_nbytes, live_batch_jobs_total
-from .space import file_backed, store_space
+from .space import file_backed, relation_space, store_space
 
 __all__ = ["COUNTER_HELP", "StoreCollector", "register"]
 
@@ -69,11 +72,17 @@ class StoreCollector(Collector):
         try:
             nbytes = batch_nbytes()
             live = live_batch_jobs_total()
-            space = store_space() if file_backed() else None  # PostgreSQL: the server's own metrics
+            on_file = file_backed()
+            space = store_space() if on_file else None
+            tables = None if on_file else relation_space()
         except StoreNotOpen:
             return
         yield GaugeMetricFamily(f"{p}_batch_nbytes", "result bytes of all jobs (batch_nbytes())", nbytes)
         yield GaugeMetricFamily(f"{p}_live_batch_jobs", "jobs queued or running, all callers", live)
+        if tables is not None:
+            yield GaugeMetricFamily(
+                f"{p}_store_table_bytes", "size of the store's tables with their indexes", tables.total_bytes
+            )
         if space is None:
             return
         yield GaugeMetricFamily(

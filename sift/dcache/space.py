@@ -11,6 +11,11 @@ a list left to grow to 300,000 pages made steps of 64 pages take up to 80 ms; ke
 
 A file created before this (or by another program) has ``auto_vacuum = NONE``, and SQLite can only
 change that by rewriting the whole file: :func:`vacuum_store` does so once (``sift vacuum``).
+
+On PostgreSQL the space is the server's: a delete leaves dead rows that (auto)vacuum makes reusable, and
+only the empty pages at a table's end go back to the file system. :func:`relation_space` reads the size
+of each of the store's tables (with its indexes and TOAST) and the server's count of its dead rows, and
+:func:`vacuum_relations` runs ``VACUUM (ANALYZE)`` on them now rather than when autovacuum gets to it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,21 @@ from .sqlite import SerializedSqliteDatabase
 __all__ = [
     "INCREMENTAL",
     "PAGES_PER_STEP",
+    "RelationSpace",
+    "RelationVacuumReport",
     "StoreSpace",
     "VacuumReport",
     "file_backed",
     "reclaim_all",
     "reclaim_free_pages",
+    "relation_space",
     "store_space",
+    "vacuum_relations",
     "vacuum_store",
 ]
+
+#: The store's tables on PostgreSQL, in the order :func:`relation_space` lists them.
+STORE_RELATIONS = ("batch_job", "batch_target", "batch_totals", "sift_schema")
 
 #: ``PRAGMA auto_vacuum``'s value for INCREMENTAL (0 is NONE, 1 FULL).
 INCREMENTAL = 2
@@ -69,6 +81,29 @@ class VacuumReport:
     after: StoreSpace
 
 
+@dataclass(frozen=True)
+class RelationSpace:
+    """The store's tables on PostgreSQL: each one's bytes on disk (``pg_total_relation_size``: the table,
+    its indexes and TOAST) and its dead rows as the server's statistics count them (an estimate that
+    autovacuum and ANALYZE refresh)."""
+
+    table_bytes: dict[str, int]
+    dead_rows: dict[str, int]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all of the store's tables, with their indexes."""
+        return sum(self.table_bytes.values())
+
+
+@dataclass(frozen=True)
+class RelationVacuumReport:
+    """What :func:`vacuum_relations` did: the tables' space before and after ``VACUUM (ANALYZE)``."""
+
+    before: RelationSpace
+    after: RelationSpace
+
+
 def _pragma(name: str) -> int:
     return int(db.fetch_one(f"PRAGMA {name}", ())[0])
 
@@ -79,8 +114,50 @@ def file_backed(call: str | None = None) -> bool:
     if isinstance(db.backend, SerializedSqliteDatabase):
         return True
     if call is not None:
-        raise StoreUnavailable(f"{call}: a SQLite file's pages; a PostgreSQL store's space is the server's")
+        raise StoreUnavailable(
+            f"{call}: a SQLite file's pages; a PostgreSQL store's space is the server's (see "
+            "relation_space() and vacuum_relations())"
+        )
     return False
+
+
+def relation_space() -> RelationSpace:
+    """PostgreSQL: the bytes of each of the store's tables (with its indexes and TOAST) and its dead rows
+    (the server's statistics). Raises ``StoreUnavailable`` on SQLite (see :func:`store_space`)."""
+    if file_backed():
+        raise StoreUnavailable("relation_space: a PostgreSQL store's tables; a SQLite file has store_space()")
+    schema = db.backend.schema  # type: ignore[attr-defined]
+    rows = db.fetch_all(_RELATION_SPACE, (schema, list(STORE_RELATIONS)))
+    found = {name: (int(size), int(dead)) for name, size, dead in rows}
+    return RelationSpace(
+        table_bytes={name: found[name][0] for name in STORE_RELATIONS if name in found},
+        dead_rows={name: found[name][1] for name in STORE_RELATIONS if name in found},
+    )
+
+
+# The tables of the store's schema: size with indexes and TOAST, and the statistics' dead rows.
+_RELATION_SPACE = """SELECT c.relname, pg_total_relation_size(c.oid), COALESCE(s.n_dead_tup, 0)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+    WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"""
+
+
+def vacuum_relations() -> RelationVacuumReport:
+    """PostgreSQL: ``VACUUM (ANALYZE)`` the store's tables now (outside any transaction: VACUUM cannot
+    run inside one). Dead rows become reusable and empty pages at a table's end go back to the file
+    system; other sessions go on reading and writing meanwhile. Raises ``StoreReadOnly`` on a read-only
+    store, ``StoreUnavailable`` inside a transaction or on SQLite (see :func:`vacuum_store`)."""
+    if file_backed():
+        raise StoreUnavailable(
+            "vacuum_relations: a PostgreSQL store's tables; a SQLite file has vacuum_store()"
+        )
+    if db.readonly:
+        raise StoreReadOnly(f"database: {db.path!r} is open read-only; vacuum needs to write it")
+    if db.in_transaction():
+        raise StoreUnavailable("vacuum_relations: VACUUM cannot run inside a transaction; call it after")
+    before = relation_space()
+    db.run_sql(f"VACUUM (ANALYZE) {', '.join(STORE_RELATIONS)}", ())
+    return RelationVacuumReport(before=before, after=relation_space())
 
 
 def store_space() -> StoreSpace:
