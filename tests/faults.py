@@ -69,6 +69,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "batch_nbytes": lambda _: dcache.batch_nbytes(),
     "batch_targets": lambda _: dcache.batch_targets("job-1"),
     "check_store": lambda _: dcache.check_store(),
+    "claim_batch_targets": lambda _: dcache.claim_batch_targets(2, now=2_000),
     "close_db": lambda _: dcache.close_db(),
     "create_batch_job": lambda _: dcache.create_batch_job(make_job(_new_id()), make_targets(3)),
     "evict_batch_oldest": lambda _: dcache.evict_batch_oldest(0),
@@ -82,6 +83,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "restore_store": lambda path: _refused(
         lambda: dcache.restore_store(path), dcache.InvalidBatchInput, "is the open store itself"
     ),
+    "rescue_stale_jobs": lambda _: dcache.rescue_stale_jobs(0, "host lost", now=2_000),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
     "store_space": lambda _: dcache.store_space(),
@@ -112,6 +114,7 @@ def populate(jobs: int = 40, *, results: bool = True) -> None:
             if results and (n, idx) != (1, 1):
                 dcache.update_batch_target(f"job-{n}", idx, "done", result=RESULT, now=1_000 + n)
     dcache.set_batch_job_status("job-2", "running", now=1_500)
+    dcache.create_batch_job(make_job("job-live", created_at=1_600, lease=1_600), make_targets(2))  # to claim
 
 
 # -- Faults ----------------------------------------------------------------------------------------------

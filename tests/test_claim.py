@@ -4,6 +4,7 @@ oldest job first, at most ``per_job`` from each job; on every backend, and from 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -146,7 +147,7 @@ def test_claimed_targets_take_results_and_count_once(store: Any) -> None:
     assert dcache.stats()["claims"] == 1 and dcache.stats()["targets_claimed"] == 3
 
 
-BAD_INPUT = [
+BAD_INPUT: list[tuple[str, dict[str, Any]]] = [
     ("limit", {"limit": 0}),
     ("limit", {"limit": -1}),
     ("limit", {"limit": True}),
@@ -293,3 +294,152 @@ def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, hol
         assert keys(dcache.claim_batch_targets(10, now=6)) == [("a", 0), ("a", 1), ("a", 2)]
     finally:
         dcache.close_db()
+
+
+# -- PostgreSQL: the claim's plans read the partial indexes, whatever the planner's statistics say -------
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, plan_mode: str) -> None:
+    from conftest import open_empty_postgres
+
+    from sift.dcache import manager
+
+    open_empty_postgres(postgres_schema)
+    with db.atomic():  # a history of finished jobs, then 50 live jobs of 100 pending targets each
+        db.backend.executemany(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) "
+            "VALUES (%s, 'c', 'fleet', '', 'done', '', 0, 0, %s, %s, 0)",
+            [(f"old-{i}", i, i) for i in range(5_000)],
+        )
+    for j in range(50):
+        dcache.create_batch_job(
+            make_job(f"job-{j:02d}", targets_total=100, created_at=10**6 + j), make_targets(100)
+        )
+    db.execute_sql("ANALYZE batch_job")
+    db.execute_sql("ANALYZE batch_target")  # every target pending: a table scan looks cheap for LIMIT 1
+    for _ in range(10):
+        dcache.claim_batch_targets(100, now=10**7)  # the 10 oldest jobs have no pending target left
+    db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
+    try:
+        for name, values in [
+            ("_NEXT_CLAIMABLE_JOB", {"after_created": -1, "after_order": -1}),
+            ("_CLAIM_TARGETS", {"job_id": "job-20", "take": 5}),
+            ("_CLAIM_JOB", {"job_id": "job-20", "now": 5}),
+            ("_RESCUE", {"reason": "r", "now": 5, "cutoff": 10**6}),
+        ]:
+            sql, params = getattr(manager, name).bind(values)
+            with db.atomic() as transaction:
+                lines = [row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall()]
+                transaction.rollback()
+            plan = "\n".join(lines)
+            assert "Seq Scan" not in plan and "Sort" not in plan, (name, plan)
+            used = set(re.findall(r"Index (?:Only )?Scan using (\w+)", plan))
+            assert used == POSTGRES_INDEXES[name], (name, plan)
+    finally:
+        db.execute_sql("SET plan_cache_mode = auto")
+
+
+POSTGRES_INDEXES = {
+    "_NEXT_CLAIMABLE_JOB": {"batch_job_claim", "batch_target_pending"},
+    "_CLAIM_TARGETS": {"batch_target_pending"},
+    "_CLAIM_JOB": {"batch_job_pkey"},
+    "_RESCUE": {"batch_job_live_lease"},
+}
+
+
+# -- PostgreSQL: claims beside every other writer, without a deadlock ---------------------------------------
+
+
+MIXED_JOBS = 10
+MIXED_TARGETS = 300
+
+
+def _count_conflicts(counts: dict[str, int]) -> None:
+    """Count the transactions this process runs again after a deadlock or serialization failure."""
+    backend = db.backend
+    retry = backend.retry
+
+    def counted(conflict: BaseException, run: Any) -> Any:
+        counts["conflicts"] += 1
+        return retry(conflict, run)
+
+    backend.retry = counted  # type: ignore[method-assign]
+
+
+def _mixed(kind: str, target: str, seed: int, barrier: Any) -> dict[str, Any]:
+    rng = random.Random(seed)
+    dcache.open_db(target)
+    counts = {"conflicts": 0, "gone": 0, "claimed": 0}
+    _count_conflicts(counts)
+    errors: list[str] = []
+    barrier.wait()
+    for n in range(150):
+        try:
+            if kind == "claim":
+                batch = dcache.claim_batch_targets(rng.randint(1, 10), per_job=3, now=50_000 + n)
+                counts["claimed"] += len(batch)
+                for t in batch:
+                    dcache.update_batch_target(
+                        t.job_id, t.idx, "done", result="r" * rng.randint(1, 20), now=50_000
+                    )
+                for job_id in {t.job_id for t in batch}:
+                    job = dcache.batch_job(job_id)
+                    if job is not None and job.targets_done == job.targets_total:
+                        dcache.set_batch_job_status(job_id, "done", now=50_000 + n)
+            elif kind == "write":  # writes the very targets the claims are about to take, and the jobs
+                job_id = f"job-{rng.randrange(MIXED_JOBS):02d}"
+                pending = [t.idx for t in dcache.batch_targets(job_id) or [] if t.status == "pending"]
+                for idx in pending[:2]:
+                    dcache.update_batch_target(job_id, idx, "done", result="w", now=50_000 + n)
+                dcache.touch_batch_job(job_id, now=50_000 + n)
+                dcache.set_batch_job_status(job_id, "running", now=50_000 + n)
+            elif kind == "sweep":
+                dcache.sweep_batch(100, now=1_000)  # the old jobs (lease 1..300) only
+            else:
+                dcache.evict_batch_oldest(dcache.batch_nbytes() - 50)
+        except (dcache.JobNotFound, dcache.InvalidBatchInput):
+            counts["gone"] += 1  # a finished target cannot go back to running; an evicted job is gone
+        except Exception as exc:
+            errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+    dcache.close_db()
+    return {"errors": errors, **counts}
+
+
+@pytest.mark.postgres
+def test_claims_beside_writers_sweeps_and_evictions_meet_no_deadlock(postgres_schema: str) -> None:
+    from conftest import open_empty_postgres, postgres_target
+
+    open_empty_postgres(postgres_schema)
+    for j in range(MIXED_JOBS):
+        dcache.create_batch_job(
+            make_job(f"job-{j:02d}", targets_total=MIXED_TARGETS, created_at=j, lease=10_000),
+            make_targets(MIXED_TARGETS),
+        )
+    for i in range(300):  # what the sweeper and the evictor take meanwhile
+        dcache.create_batch_job(
+            make_job(f"old-{i}", status="done", lease=1 + i, targets_total=2), make_targets(2)
+        )
+        dcache.update_batch_target(f"old-{i}", 0, "done", result="x" * 30, now=1 + i)
+        dcache.set_batch_job_status(f"old-{i}", "done", now=1 + i)
+    target = postgres_target(postgres_schema)
+    kinds = ["claim"] * 4 + ["write"] * 2 + ["sweep", "evict"]
+    reports = run_processes(_mixed, [(kind, target, seed) for seed, kind in enumerate(kinds)])
+    assert [r["errors"] for r in reports] == [[]] * len(kinds)
+    assert [r["conflicts"] for r in reports] == [0] * len(kinds)  # not one deadlock to retry
+    assert sum(r["claimed"] for r in reports) > 1_000
+    assert db.execute_sql("SELECT COUNT(*) FROM batch_job WHERE id LIKE 'old-%%'").fetchone()[0] == 0
+    rows = db.execute_sql("SELECT id, targets_done, nbytes FROM batch_job").fetchall()
+    for job_id, done, nbytes in rows:
+        finished = db.execute_sql(
+            "SELECT COUNT(*), COALESCE(SUM(octet_length(result)), 0) FROM batch_target "
+            "WHERE job_id = %s AND status IN ('done', 'failed')",
+            (job_id,),
+        ).fetchone()
+        assert (done, nbytes) == tuple(finished), job_id
+    assert (
+        dcache.batch_nbytes()
+        == db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()[0]
+    )

@@ -257,7 +257,7 @@ def test_a_read_command_on_a_schema_without_a_store_creates_nothing(
 @pytest.mark.parametrize(
     ("url", "why"),
     [
-        ("postgresql://postgres:secret@127.0.0.1:1/test?schema=s", "cannot reach the PostgreSQL server"),
+        ("postgresql://postgres:secret@127.0.0.1:1/test?schema=s", "cannot connect to the PostgreSQL server"),
         (
             "postgresql://postgres:secret@127.0.0.1:5432/no_such_database_here?schema=s",
             "no_such_database_here",

@@ -34,6 +34,8 @@ LEASE_WRITES: dict[str, Callable[[], object]] = {
     "set_batch_job_status": lambda: dcache.set_batch_job_status("job-1", "running"),
     "touch_batch_job": lambda: dcache.touch_batch_job("job-1"),
     "mark_in_flight_failed": lambda: dcache.mark_in_flight_failed("restart"),
+    "claim_batch_targets": lambda: dcache.claim_batch_targets(1),
+    "rescue_stale_jobs": lambda: dcache.rescue_stale_jobs(0, "host lost"),
 }
 
 
@@ -44,7 +46,9 @@ def test_default_now_of_lease_writes(store: Any, write: Callable[[], object]) ->
         write()
         assert lease() == 1_700_000_000
         frozen.move_to(at(1_700_000_123))
-        dcache.set_batch_job_status("job-1", "queued", now=1)  # live again, for mark_in_flight_failed
+        dcache.set_batch_job_status(
+            "job-1", "queued", now=1
+        )  # live again, for mark_in_flight_failed and rescue_stale_jobs
         write()
         assert lease() == 1_700_000_123
     assert lease("job-2") == 1_000

@@ -43,6 +43,8 @@ WRITES = [
     "update_batch_target",
     "touch_batch_job",
     "set_batch_job_status",
+    "claim_batch_targets",
+    "rescue_stale_jobs",
     "mark_in_flight_failed",
     "evict_batch_oldest",
     "sweep_batch",

@@ -159,9 +159,9 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
 
 
 def make_version_1(target: str) -> None:
-    """Turn the store at ``target`` into what sift's schema version 1 made: without the claim indexes."""
+    """Turn the store at ``target`` into what sift's schema version 1 made: without version 2's indexes."""
     dcache.open_db(target)
-    db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending")
+    db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending, batch_job_live_lease")
     db.execute_sql("UPDATE sift_schema SET version = 1")
     dcache.close_db()
 
@@ -169,7 +169,7 @@ def make_version_1(target: str) -> None:
 def claim_indexes() -> set[str]:
     rows = db.execute_sql(
         "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
-        "AND indexname IN ('batch_job_claim', 'batch_target_pending')"
+        "AND indexname IN ('batch_job_claim', 'batch_target_pending', 'batch_job_live_lease')"
     )
     return {row[0] for row in rows.fetchall()}
 
@@ -178,11 +178,11 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     assert SCHEMA_VERSION == 2
     dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
     make_version_1(pg)
-    with pytest.raises(dcache.StoreUnavailable, match="version 1.*without readonly=True to upgrade"):
+    with pytest.raises(dcache.StoreUnavailable, match=r"version 1.*without readonly=True to upgrade"):
         dcache.open_db(pg, readonly=True)
     dcache.open_db(pg)
     assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
-    assert claim_indexes() == {"batch_job_claim", "batch_target_pending"}
+    assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
     assert dcache.batch_nbytes() == 5
     dcache.open_db(pg, readonly=True)  # now current: a read-only open works
@@ -200,13 +200,13 @@ def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     assert outcomes == ["ok"] * 8
     dcache.open_db(pg)
     assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
-    assert claim_indexes() == {"batch_job_claim", "batch_target_pending"}
+    assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
 
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
     db.execute_sql("UPDATE sift_schema SET version = 3")
-    with pytest.raises(dcache.StoreUnavailable, match="schema version 3; this sift knows version 2$"):
+    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 3; this sift knows version 2$"):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current

@@ -135,9 +135,9 @@ SLOT_VALUES: dict[str, Any] = {
 JOB_BY_ID = f"{JOB_PK} (id=?)"
 TARGET_BY_KEY = f"{TARGET_PK} (job_id=? AND idx=?)"
 TARGETS_OF_JOB = f"{TARGET_PK} (job_id=?)"
-#: Two partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
-#: order): a statement over every live job may scan either.
-LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
+#: Three partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
+#: order, batch_job_live_lease by lease): a statement over every live job may scan any of them.
+LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"}, {"batch_job_live_lease"})
 #: Each statement's index accesses, or a tuple of the sets SQLite may choose between.
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # runner step
@@ -162,14 +162,14 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_TOUCH": {JOB_BY_ID},
     "_MARK_FAILED": LIVE_SCAN,  # a SCAN of a partial index: bounded by the live jobs
     # many runners: the claim walks live jobs in claim order, probing each for a pending target, and takes
-    # the first pending targets of one job; the rescue searches the lease index for stale leases
+    # the first pending targets of one job; the rescue searches live jobs by lease
     "_NEXT_CLAIMABLE_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
     "_CLAIM_TARGETS": (  # each picked target by its key, through either index holding it
         {"batch_target_pending (job_id=?)", TARGET_BY_KEY},
         {"batch_target_pending (job_id=?)", "batch_target_pending (job_id=? AND idx=?)"},
     ),
     "_CLAIM_JOB": {JOB_BY_ID},
-    "_RESCUE": {"batch_job_lease (lease<?)"},
+    "_RESCUE": {"batch_job_live_lease (lease<?)"},  # live jobs only: not the history's old leases
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
@@ -190,7 +190,8 @@ SORTS = {
 PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
-    r"|SCAN \w+ USING (?:COVERING )?INDEX (?P<partial>batch_job_live|batch_job_claim|batch_job_evictable)"
+    r"|SCAN \w+ USING (?:COVERING )?INDEX "
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
@@ -298,7 +299,9 @@ def kinds(log: list[str]) -> list[str]:
         if sql == previous:
             continue
         previous = sql
-        match = KIND.fullmatch(re.sub(r"^WITH .*? (?=UPDATE \"batch_target\" SET)", "", sql.strip(), flags=re.S))
+        match = KIND.fullmatch(
+            re.sub(r"^WITH .*? (?=UPDATE \"batch_target\" SET)", "", sql.strip(), flags=re.S)
+        )
         assert match is not None, sql
         if match["bare"]:
             named.append(match["bare"])
@@ -311,6 +314,10 @@ def kinds(log: list[str]) -> list[str]:
 
 BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
+
+
+#: A claim that finds nothing pending: one read in its (empty) write transaction.
+NOTHING_CLAIMED = [BEGIN, "SELECT batch_job", COMMIT]
 
 
 def runner_update() -> None:
@@ -360,8 +367,7 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
-        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT]
-        + [BEGIN, "SELECT batch_job", COMMIT],
+        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT, *NOTHING_CLAIMED],
         8,
     ),
     "rescue_stale_jobs": (

@@ -170,3 +170,79 @@ def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch:
         assert not dcache.db.in_transaction() and not dcache.db.is_closed()
     finally:
         dcache.close_db()
+
+
+def runner_example() -> dict[str, Any]:
+    """The web-app example's namespace, with the "Many runners" example run in it."""
+    namespace = web_app_example()
+    blocks = [b for b in python_blocks("## Using the store from a web app") if "def runner_step(" in b]
+    assert len(blocks) == 1
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    return namespace
+
+
+def test_many_runners_example(tmp_path: Path) -> None:
+    app = runner_example()
+    app["start"](str(tmp_path / "app.db"))
+    try:
+        urls = [f"https://example.com/{i}" for i in range(7)]
+        job_id = app["submit"]("alice", "k", urls)[1]["id"]
+        other = app["submit"]("bob", "k", urls[:2])[1]["id"]
+        beats: list[str] = []
+
+        def fetch(url: str, options: str, heartbeat: Any) -> str:
+            heartbeat()
+            beats.append(url)
+            if url.endswith("/3"):
+                raise TimeoutError("slow host")
+            return f"<body of {url}>"
+
+        assert app["runner_step"](fetch) == 7  # 5 of alice's job, then bob's 2: per_job=5
+        job, done = dcache.batch_job(job_id), dcache.batch_job(other)
+        assert job is not None and (job.status, job.targets_done) == ("running", 5)
+        assert done is not None and (done.status, done.targets_done) == ("done", 2)
+        assert app["runner_step"](fetch) == 2
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("done", 7)
+        targets = dcache.batch_targets(job_id) or []
+        assert [t.status for t in targets].count("failed") == 1 and targets[3].error == "slow host"
+        assert app["runner_step"](fetch) == 0
+        assert len(beats) == 9
+    finally:
+        dcache.close_db()
+
+
+class OneTurn:
+    """A stop event for one turn of run_runner's loop, whose wait returns at once."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
+
+    def wait(self, timeout: float) -> bool:
+        return True
+
+
+def test_many_runners_example_rescues_a_dead_runners_job(tmp_path: Path) -> None:
+    app = runner_example()
+    app["start"](str(tmp_path / "app.db"))
+    try:
+        job_id = app["submit"]("alice", "k", ["https://a.example/", "https://b.example/"])[1]["id"]
+        dcache.claim_batch_targets(2, now=1_000)  # a runner that claimed it all, then died long ago
+        fresh = app["submit"]("bob", "k", ["https://c.example/"])[1]["id"]
+        dcache.claim_batch_targets(1)  # a live runner's claim, just now
+        stop = OneTurn()
+        app["run_runner"](lambda url, options, heartbeat: "body", stop)  # nothing to claim: it rescues
+        assert stop.asked == 2
+        job, live = dcache.batch_job(job_id), dcache.batch_job(fresh)
+        assert job is not None and (job.status, job.error) == (
+            "failed",
+            "its runner stopped sending heartbeats",
+        )
+        assert [t.status for t in dcache.batch_targets(job_id) or []] == ["running", "running"]
+        assert live is not None and live.status == "running"
+    finally:
+        dcache.close_db()

@@ -51,6 +51,8 @@ WRITES: dict[str, Callable[[], object]] = {
     "set_batch_job_status": lambda: dcache.set_batch_job_status("a", "done", now=200),
     "touch_batch_job": lambda: dcache.touch_batch_job("a", now=200),
     "mark_in_flight_failed": lambda: dcache.mark_in_flight_failed("restart", now=200),
+    "claim_batch_targets": lambda: dcache.claim_batch_targets(5, now=200),
+    "rescue_stale_jobs": lambda: dcache.rescue_stale_jobs(0, "host lost", now=200),
     "sweep_batch": lambda: dcache.sweep_batch(0, now=10**6),
     "evict_batch_oldest": lambda: dcache.evict_batch_oldest(0),
     "model save": lambda: BatchJob.update(status="cancelled").where(BatchJob.id == "a").execute(),
@@ -116,7 +118,9 @@ def test_a_file_without_the_whole_schema_is_refused(tmp_path: Path) -> None:
             conn.execute(statement)
         conn.commit()
     before = path.read_bytes()
-    with pytest.raises(dcache.StoreUnavailable, match=r"lacks batch_job_evictable, .*without readonly=True"):
+    with pytest.raises(
+        dcache.StoreUnavailable, match=r"lacks batch_job_claim, batch_job_evictable, .*without readonly=True"
+    ):
         dcache.open_db(path, readonly=True)
     assert path.read_bytes() == before
 

@@ -207,6 +207,7 @@ def test_a_killed_claimers_job_is_rescued_with_exact_counts(shared_store: str) -
         claimed = ready.get(timeout=120)
         pid = ready.get(timeout=120)
     finally:
+        assert process.pid is not None
         os.kill(process.pid, signal.SIGKILL)
         process.join(timeout=30)
     assert pid == process.pid and process.exitcode == -signal.SIGKILL

@@ -94,6 +94,9 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
     objects = schema_objects(tmp_path / "package.db")
     assert ("index", "batch_job_live") in objects
     assert ("index", "batch_job_evictable") in objects
+    assert ("index", "batch_job_claim") in objects
+    assert ("index", "batch_target_pending") in objects
+    assert ("index", "batch_job_live_lease") in objects
     assert ("table", "batch_totals") in objects
 
 
@@ -295,6 +298,8 @@ def test_every_function_before_open_db_raises_store_not_open(tmp_path: Path) -> 
             "sweep_batch": lambda: dcache.sweep_batch(10, now=5),
             "evict_batch_oldest": lambda: dcache.evict_batch_oldest(0),
             "mark_in_flight_failed": lambda: dcache.mark_in_flight_failed("restart", now=5),
+            "claim_batch_targets": lambda: dcache.claim_batch_targets(5, now=5),
+            "rescue_stale_jobs": lambda: dcache.rescue_stale_jobs(60, "host lost", now=5),
             "batch_nbytes": lambda: dcache.batch_nbytes(),
         }
         out = {}
@@ -308,7 +313,7 @@ def test_every_function_before_open_db_raises_store_not_open(tmp_path: Path) -> 
     """.replace("HELPERS_DIR", repr(str(Path(__file__).parent)))
     out = run_python(code, tmp_path)
     assert out == dict.fromkeys(out, "StoreNotOpen")
-    assert len(out) == 15
+    assert len(out) == 17
     assert list(tmp_path.iterdir()) == []
 
 

@@ -53,7 +53,8 @@ REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_tar
 PG_SCHEMA_NAMES = frozenset(
     {("table", "batch_job"), ("table", "batch_target"), ("table", "batch_totals"), ("table", "sift_schema")}
     | {("index", "batch_job_idem"), ("index", "batch_job_lease"), ("index", "batch_job_live")}
-    | {("index", "batch_job_evictable"), ("trigger", "batch_totals_track")}
+    | {("index", "batch_job_evictable"), ("index", "batch_job_claim"), ("index", "batch_target_pending")}
+    | {("index", "batch_job_live_lease"), ("trigger", "batch_totals_track")}
     | {("function", "batch_totals_track"), ("function", "sift_json_valid"), ("function", "sift_json")}
 )
 

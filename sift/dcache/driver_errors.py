@@ -72,7 +72,10 @@ SQLITE_ERRORS: dict[int, tuple[type[StoreUnavailable], str]] = {
 #: Any other driver error: a file changed by another program, or a bug.
 _OTHER = (StoreUnavailable, "unexpected SQLite error on {path} ({sqlite})")
 
-_UNREACHABLE = "cannot reach the PostgreSQL server of {path} ({pg}); check that it runs, and the URL"
+_UNREACHABLE = (
+    "cannot connect to the PostgreSQL server of {path} ({pg}): check that it runs, "
+    "and the URL's host, port, database, user and password"
+)
 
 #: SQLSTATE -> the package error and its message; ``{path}``, ``{timeout}`` and ``{pg}`` are filled in.
 POSTGRES_ERRORS: dict[str, tuple[type[StoreUnavailable], str]] = {
@@ -189,14 +192,18 @@ def failing_idx(exc: BaseException, job_id: str) -> int | None:
 
 
 def store_error(
-    exc: BaseException, *, path: str, timeout: float, constraints: bool = True
+    exc: BaseException, *, path: str, timeout: float, constraints: bool = True, connecting: bool = False
 ) -> StoreUnavailable | None:
     """The package error for a driver exception, with the ``sqlite3.Error`` as its ``__cause__``; None
     when ``exc`` is no driver exception (or is a constraint violation and ``constraints`` is false: the
-    rule that ran the statement names the field at fault)."""
+    rule that ran the statement names the field at fault). ``connecting``: ``exc`` came from opening a
+    PostgreSQL connection, not from using one (a driver error without SQLSTATE then means it could not
+    connect, rather than that a connection was lost)."""
     pg = postgres_error(exc)
     if pg is not None:
-        return _postgres_store_error(pg, path=path, timeout=timeout, constraints=constraints)
+        return _postgres_store_error(
+            pg, path=path, timeout=timeout, constraints=constraints, connecting=connecting
+        )
     error = sqlite_error(exc)
     if error is None or (not constraints and violated(error) is not None):
         return None
@@ -212,15 +219,16 @@ def store_error(
 
 
 def _postgres_store_error(
-    error: Exception, *, path: str, timeout: float, constraints: bool
+    error: Exception, *, path: str, timeout: float, constraints: bool, connecting: bool
 ) -> StoreUnavailable | None:
     if not constraints and _pg_violated(error) is not None:
         return None
     state = _sqlstate(error)
     if state:
         cls, message = POSTGRES_ERRORS.get(state) or POSTGRES_CLASSES.get(state[:2], _OTHER_POSTGRES)
-    elif type(error).__name__ in ("OperationalError", "InterfaceError"):  # no SQLSTATE: no server answer
-        cls, message = StoreUnavailable, _UNREACHABLE
+    elif {"OperationalError", "InterfaceError"} & {cls.__name__ for cls in type(error).__mro__}:
+        # No SQLSTATE: libpq's or psycopg's own error (a refused login, or ConnectionTimeout, included).
+        cls, message = (StoreUnavailable, _UNREACHABLE) if connecting else POSTGRES_CLASSES["08"]
     else:
         cls, message = _OTHER_POSTGRES
     pg = " ".join(str(error).split()) or type(error).__name__

@@ -152,14 +152,16 @@ _RESCUE = Statement(
 )
 
 
-def _pending(target: type[BatchTarget]) -> peewee.Node:
-    """The target is pending (a partial index holds exactly these)."""
+def _pending(target: Any) -> peewee.Node:
+    """``target`` (BatchTarget or an alias of it) is pending: a partial index holds exactly these."""
     return Inline(target.status == TargetStatus.PENDING.value)
 
 
 # The next live job after (after_created, after_order) in claim order that has a pending target. On
 # PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
-# and they lock a job before its targets, as every target write does.
+# and they lock a job before its targets, as every target write does. The pending target is probed by a
+# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target; its
+# ORDER BY idx keeps PostgreSQL on batch_target_pending, where LIMIT 1 alone let it pick a table scan.
 _NEXT_CLAIMABLE_JOB = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.created_at, db.backend.insertion_order)
@@ -169,7 +171,11 @@ _NEXT_CLAIMABLE_JOB = Statement(
                 peewee.Tuple(J.created_at, db.backend.insertion_order)
                 > peewee.Tuple(Slot("after_created"), Slot("after_order"))
             )
-            & peewee.fn.EXISTS(T.select(peewee.SQL("1")).where((T.job_id == J.id) & _pending(T)))
+            & peewee.Expression(
+                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(1),
+                peewee.OP.IS_NOT,
+                None,
+            )
         )
         .order_by(J.created_at, db.backend.insertion_order)
         .limit(1),
@@ -183,16 +189,15 @@ def _claim_targets() -> peewee.Node:
     """The job's first ``take`` pending targets (idx order) become running; the statement returns them.
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
-    PostgreSQL runs the subquery again for each row it updates, and updated every pending target."""
-    picked = (
-        db.backend.lock_rows(
-            _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
-            .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
-            .order_by(_PENDING_OF_JOB.idx)
-            .limit(Slot("take")),
-            skip_locked=True,
-        )
-    ).cte("picked", materialized=True)
+    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target."""
+    first: Any = db.backend.lock_rows(
+        _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
+        .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
+        .order_by(_PENDING_OF_JOB.idx)
+        .limit(Slot("take")),
+        skip_locked=True,
+    )
+    picked = first.cte("picked", materialized=True)
     return (
         T.update({T.status: Inline(peewee.Value(TargetStatus.RUNNING.value))})
         .from_(picked)
@@ -367,7 +372,9 @@ def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
 
 
 @retried
-def claim_batch_targets(limit: int, *, per_job: int | None = None, now: int | None = None) -> list[BatchTarget]:
+def claim_batch_targets(
+    limit: int, *, per_job: int | None = None, now: int | None = None
+) -> list[BatchTarget]:
     """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
     each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
     claimed from becomes running with ``lease = now``. No target is ever handed to two claimers."""

@@ -44,15 +44,19 @@ TOTAL_SLOTS = 16
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
-#: Version 2: what claim_batch_targets reads, live jobs in claim order and each job's pending targets.
-CLAIM_INDEXES = (
+#: Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
+#: what rescue_stale_jobs reads (live jobs by lease).
+VERSION_2_INDEXES = (
     "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) "
     "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
+    # rescue_stale_jobs: live jobs by lease (batch_job_lease holds the history too)
+    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) "
+    "WHERE status IN ('queued', 'running')",
 )
 
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: CLAIM_INDEXES}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresStore._prepare_schema`).
 SCHEMA = (
@@ -70,7 +74,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
-    *CLAIM_INDEXES,
+    *VERSION_2_INDEXES,
     # Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
     "CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) "
     "WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000)",
@@ -250,7 +254,7 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                 f"for {self._wait_timeout:g} s; set open_db(max_connections=) to the threads using it"
             ) from exc
         except Exception as exc:
-            self.raise_store_error(exc)
+            self.raise_store_error(exc, connecting=True)
             raise
         conn = self._state.conn
         # Give the connection back when the thread ends: its thread-local sentinel is freed then.
@@ -276,6 +280,36 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
             self.connect()
             conn = self._state.conn
         return conn
+
+    # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable
+    # there too, and BEGIN replaces a connection a server restart broke, as every statement does.
+
+    def begin(self, isolation_level: Any = None) -> None:
+        try:
+            self.usable_connection()
+            super().begin(isolation_level)
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
+
+    def rollback(self) -> None:
+        """ROLLBACK; nothing to send when the connection was lost: the server ended the transaction with the
+        session (and the error that lost it is the one the caller sees)."""
+        conn = self._state.conn
+        if conn is not None and (conn.closed or conn.broken):
+            return
+        try:
+            super().rollback()
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
 
     def _after_fork(self) -> None:
         """In a forked child: keep the parent's connections referenced and unusable, start an empty pool."""
@@ -325,7 +359,9 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
                 self._migrate()
                 version = self._version()
             if version != SCHEMA_VERSION:
-                upgrade = "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                upgrade = (
+                    "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                )
                 raise StoreUnavailable(
                     f"path: {self.path!r} has schema version {version}; "
                     f"this sift knows version {SCHEMA_VERSION}{upgrade}"
@@ -400,9 +436,13 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
             self.raise_store_error(exc)
             raise
 
-    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
+    def raise_store_error(
+        self, exc: BaseException, *, constraints: bool = False, connecting: bool = False
+    ) -> None:
         """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`)."""
-        error = store_error(exc, path=self.path or "", timeout=self.timeout, constraints=constraints)
+        error = store_error(
+            exc, path=self.path or "", timeout=self.timeout, constraints=constraints, connecting=connecting
+        )
         if error is not None:
             raise error
 

@@ -84,8 +84,13 @@ SPEED_SCHEMA = (
     "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
     # claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
     # with), and each job's pending targets in idx order, so a claim reads neither history nor done targets.
-    "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status IN ('queued', 'running')",
+    "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) "
+    "WHERE status IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
+    # rescue_stale_jobs: live jobs by lease. batch_job_lease holds the history too, which a rescue would
+    # read through (every finished job with an older lease) while holding the write lock.
+    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) "
+    "WHERE status IN ('queued', 'running')",
     "CREATE TABLE IF NOT EXISTS batch_totals ("
     "id INTEGER PRIMARY KEY CHECK (id = 0), nbytes INTEGER NOT NULL)",
     "CREATE TRIGGER IF NOT EXISTS batch_totals_insert AFTER INSERT ON batch_job BEGIN "
@@ -114,7 +119,7 @@ RECOMPUTE_TOTAL_SQL = (
 SCHEMA_NAMES = frozenset(
     {"batch_job", "batch_target", "batch_job_idem", "batch_job_lease", "batch_job_live"}
     | {"batch_job_evictable", "batch_totals", "batch_totals_insert", "batch_totals_delete"}
-    | {"batch_totals_update", "batch_job_claim", "batch_target_pending"}
+    | {"batch_totals_update", "batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
 )
 
 # Connections a forked child inherited. They are kept referenced, never used and never closed:
