@@ -1,22 +1,27 @@
 """``sift simulate`` never changes a store holding jobs it did not make: by default it works on a new file of
 its own, and a store named by ``--db`` or ``$SIFT_DB`` that holds jobs is refused and left byte-for-byte
-unchanged, also when its jobs are only in the -wal file."""
+unchanged, also when its jobs are only in the -wal file. On PostgreSQL it makes a schema of its own and
+leaves every other schema as it was; a named schema holding jobs is refused, unchanged."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from cli_helpers import EXPECTED, job_ids, populate, run, sift_script
+from conftest import POSTGRES_URL, postgres_target
 from helpers import make_job, make_targets
 from test_cli_simulate import SMALL, independent_view
 
@@ -201,3 +206,172 @@ def test_another_programs_database_is_refused_and_unchanged(tmp_path: Path) -> N
         "writes into it (without --db and $SIFT_DB it makes a new file of its own)\n"
     )
     assert path.read_bytes() == before
+
+
+# -- PostgreSQL: a schema of its own -----------------------------------------------------------------------
+
+
+def schemas(conn: Any) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+
+
+def store_contents(conn: Any, schema: str) -> dict[str, str | None]:
+    """A digest of every row of a schema's batch tables, read as text (JSON is not parsed)."""
+    tables = {
+        row[0]
+        for row in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchall()
+    }
+    return {
+        table: conn.execute(
+            f'SELECT md5(string_agg(t::text, chr(10) ORDER BY t::text)) FROM "{schema}".{table} t'
+        ).fetchone()[0]
+        for table in sorted(tables)
+    }
+
+
+@pytest.fixture
+def neighbour(postgres_schema: str) -> Iterator[str]:
+    """A store holding jobs in a schema of this test's own, beside which simulate runs."""
+    schema = f"{postgres_schema}_nb"
+    dcache.open_db(postgres_target(schema))
+    try:
+        for n in range(3):
+            dcache.create_batch_job(make_job(f"live-{n}", targets_total=2), make_targets(2))
+        dcache.update_batch_target("live-0", 0, "done", result="café")
+        dcache.close_db()
+        yield schema
+    finally:
+        dcache.close_db()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("named_by", ["--db", "$SIFT_DB"])
+def test_on_postgres_simulate_makes_a_schema_of_its_own(
+    neighbour: str,
+    named_by: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with psycopg.connect(POSTGRES_URL) as conn:
+        before, neighbour_before = schemas(conn), store_contents(conn, neighbour)
+    if named_by == "--db":
+        code, out, err = run(capsys, "simulate", "--db", POSTGRES_URL, "--json", *SMALL)
+    else:
+        monkeypatch.setenv("SIFT_DB", POSTGRES_URL)
+        code, out, err = run(capsys, "simulate", "--json", *SMALL)
+    summary = json.loads(out)
+    made = summary["schema_made"]
+    try:
+        assert (code, err, summary["ok"]) == (0, "", True)
+        assert re.fullmatch(rf"sift_sim_\d{{8}}_\d{{6}}_{os.getpid()}(_\d+)?", made)
+        assert summary["db"] == f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={made}"
+        with psycopg.connect(POSTGRES_URL) as conn:
+            after = schemas(conn)
+            row = conn.execute(f'SELECT COUNT(*) FROM "{made}".batch_job').fetchone()
+            jobs = row[0] if row else 0
+            # The store beside it, holding jobs, is as it was; and no other schema of this process's
+            # simulations appeared (other sessions may add and drop schemas of their own meanwhile).
+            assert store_contents(conn, neighbour) == neighbour_before
+        assert made not in before and jobs > 0
+        assert {name for name in after - before if name.endswith(f"_{os.getpid()}")} == {made}
+        text_summary = run(
+            capsys, "simulate", "--db", f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={made}"
+        )
+        assert text_summary[0] == 1 and f"schema {made} already holds jobs" in text_summary[2]
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')
+
+
+@pytest.mark.postgres
+def test_on_postgres_the_summary_says_how_to_drop_the_schema(
+    postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "simulate", "--db", POSTGRES_URL, *SMALL)
+    store = next(line for line in out.splitlines() if line.startswith("  store "))
+    made = store.split("schema=")[1].split()[0]
+    try:
+        assert code == 0 and out.splitlines()[-1] == "All invariants hold."
+        assert store.endswith(f"(kept; to drop it: DROP SCHEMA {made} CASCADE)")
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')
+
+
+@pytest.mark.postgres
+def test_a_named_postgres_schema_holding_jobs_is_refused_and_unchanged(
+    neighbour: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with psycopg.connect(POSTGRES_URL) as conn:
+        before = store_contents(conn, neighbour)
+    code, out, err = run(capsys, "simulate", "--db", postgres_target(neighbour), *SMALL)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"sift: --db: schema {neighbour} already holds jobs; simulate runs only on a new or empty store, so "
+        "it never changes real data (without ?schema= it makes a new schema of its own)\n"
+    )
+    with psycopg.connect(POSTGRES_URL) as conn:
+        assert store_contents(conn, neighbour) == before
+
+
+@pytest.mark.postgres
+def test_a_named_postgres_schema_with_other_tables_is_refused(
+    postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = f"{postgres_schema}_app"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".users (id int)')
+    try:
+        code, out, err = run(capsys, "simulate", "--db", postgres_target(schema), *SMALL)
+        assert (code, out) == (1, "")
+        assert err.startswith(f"sift: --db: schema {schema} holds other tables (users), not an empty store")
+        with psycopg.connect(POSTGRES_URL) as conn:
+            assert store_contents(conn, schema) == {"users": None}  # no store table was made there
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("kind", ["missing", "empty store"])
+def test_a_named_postgres_schema_without_jobs_is_used(
+    postgres_schema: str, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    schema = f"{postgres_schema}_new"
+    if kind == "empty store":
+        dcache.open_db(postgres_target(schema))
+        dcache.close_db()
+    try:
+        code, out, _ = run(capsys, "simulate", "--db", postgres_target(schema), "--json", *SMALL)
+        summary = json.loads(out)
+        assert (code, summary["ok"], summary["schema_made"]) == (0, True, None)
+        assert summary["db"] == postgres_target(schema)
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.postgres
+def test_on_postgres_the_password_is_never_shown(
+    postgres_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The test server trusts its clients, so a password in the URL is accepted and ignored; the summary,
+    whose store line names the URL, shows it without the password."""
+    parts = urllib.parse.urlsplit(POSTGRES_URL)
+    user, _, host = parts.netloc.rpartition("@")
+    with_password = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:s3cret@{host}"))
+    code, out, err = run(capsys, "simulate", "--db", with_password, *SMALL)
+    made = (
+        next(line for line in out.splitlines() if line.startswith("  store ")).split("schema=")[1].split()[0]
+    )
+    try:
+        assert code == 0 and "s3cret" not in out + err
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')

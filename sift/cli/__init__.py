@@ -1,7 +1,7 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
-Built on the public functions of :mod:`sift.dcache` and its models; the store is a SQLite file or, for
-every command but simulate, a PostgreSQL URL. The commands that only read (stats,
+Built on the public functions of :mod:`sift.dcache` and its models; the store is a SQLite file or a
+PostgreSQL URL (simulate there works in a schema of its own). The commands that only read (stats,
 jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
 never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
 negative duration or size, no store at the path a read command names, a file that is not a store or
@@ -27,7 +27,7 @@ from .inspection import cmd_jobs, cmd_show, cmd_stats
 from .maintenance import cmd_evict, cmd_reconcile, cmd_sweep
 from .operations import cmd_backup, cmd_restore, cmd_vacuum
 from .shell import cmd_shell
-from .simulate import Settings, cmd_simulate
+from .simulate import Settings, cmd_simulate, postgres_simulation_store
 from .store import (
     CommandError,
     default_db_path,
@@ -47,6 +47,7 @@ VALUE_OPTIONS: dict[str, Callable[[str, str], int]] = {
     "ttl": parse_duration,
     "max_bytes": parse_size,
     "budget": parse_size,
+    "stale_after": parse_duration,
 }
 
 
@@ -205,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
         "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
         "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
-        "jobs: one that holds jobs is refused (exit 1) and left unchanged."
+        "jobs: one that holds jobs is refused (exit 1) and left unchanged. With --db postgresql://... (or "
+        "$SIFT_DB) it makes a new schema sift_sim_<time>_<pid>, kept after the run; a ?schema= that holds "
+        "jobs is refused likewise. With --hosts N: N host processes share the store, each with API, "
+        "runner (--workers) and rescuer threads; the last is SIGKILLed part-way, the others rescue its jobs "
+        "(rescue_stale_jobs), and the run is checked against each host's journal."
     )
     simulate.add_argument(
         "--jobs", metavar="N", type=_count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
@@ -239,6 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--seed", metavar="N", type=int, default=d.seed, help=f"random seed (default {d.seed})"
     )
+    simulate.add_argument(
+        "--hosts",
+        metavar="N",
+        type=_count(1),
+        help="run N host processes (API and runner threads each) on one store; one is SIGKILLed part-way "
+        "and the others rescue its jobs (default: the single-process simulation)",
+    )
+    simulate.add_argument(
+        "--stale-after",
+        metavar="DURATION",
+        default="5s",
+        help="with --hosts: rescue_stale_jobs's stale_after, real time (default %(default)s)",
+    )
+    simulate.add_argument(
+        "--no-kill", action="store_true", help="with --hosts: kill no host (to measure throughput)"
+    )
 
     command("shell", cmd_shell, "An interactive Python console with the store open.", json=False)
     return parser
@@ -256,9 +277,6 @@ def _prepare(args: argparse.Namespace) -> None:
         args.db_source = "$SIFT_DB" if os.environ.get("SIFT_DB") else None
     else:
         args.db_source = "--db"
-    if is_postgres(args.db) and args.command == "simulate":
-        # Not yet: simulate's safety check reads files.
-        raise CommandError(f"{args.db_source or '--db'}: sift simulate works on SQLite stores only so far")
     for name, value in vars(args).items():
         if isinstance(value, str):
             try:
@@ -275,11 +293,16 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _simulation_store(args: argparse.Namespace) -> None:
     """simulate never changes a store holding jobs it did not make: without --db or $SIFT_DB it uses a new
-    file, and it refuses a named file that holds jobs before opening it."""
+    file, on PostgreSQL a new schema, and it refuses a named file or schema that holds jobs before opening
+    it."""
+    args.sim_schema = None
     if args.db_source is None:
         args.db = new_simulation_store()
+    elif is_postgres(args.db):
+        args.db, args.sim_schema = postgres_simulation_store(args.db, args.db_source)
     else:
         refuse_store_with_jobs(args.db, args.db_source)
+    args.sim_target = args.db  # main() shows args.db without its password; the hosts need it whole
 
 
 def _prepare_check(args: argparse.Namespace) -> None:

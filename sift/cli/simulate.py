@@ -13,7 +13,8 @@ alone, as in a real deployment: the callers (the web workers) never call ``mark_
 
 It never changes a store holding jobs it did not make: without ``--db`` or ``$SIFT_DB`` it works on a new
 file of its own (see :func:`sift.cli.store.new_simulation_store`), and a named file that already holds
-jobs is refused before it is opened for writing.
+jobs is refused before it is opened for writing. On PostgreSQL it works in a schema of its own (see
+:func:`postgres_simulation_store`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import queue
 import random
 import secrets
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -36,12 +39,19 @@ from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobNotFound, JobStatus, TargetNotFound, TargetStatus
 from sift.dcache.clock import unix_now
 
-from .inspection import counts_by_status, result_size
+from .inspection import counts_by_status
 from .progress import make_bar
 from .report import Column, emit_json, format_count, format_size, format_span, key_values, plural, table
-from .store import OPEN_TIMEOUT_S
+from .store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
-__all__ = ["Settings", "Simulation", "check_invariants", "cmd_simulate", "plan"]
+__all__ = [
+    "Settings",
+    "Simulation",
+    "check_invariants",
+    "cmd_simulate",
+    "plan",
+    "postgres_simulation_store",
+]
 
 #: Simulated seconds that pass per target result written.
 STEP_S = 2
@@ -120,6 +130,27 @@ def plan(settings: Settings) -> list[JobSpec]:
             recent[caller] = [*recent[caller], (key, count)][-RECENT_KEYS:]
         specs.append(JobSpec(number, caller, caller_class, key, count, repeat=False))
     return specs
+
+
+def corpus(seed: int) -> str:
+    """The text result bodies are cut from (non-ASCII included, so UTF-8 bytes and characters differ)."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(2 * MAX_BODY // 4))
+
+
+def envelope(rng: random.Random, text: str, url: str, **extra: Any) -> str:
+    """A synthetic result: a JSON page envelope of random size, its body cut from ``text``."""
+    size = min(MAX_BODY, int(rng.lognormvariate(7.3, 1.1)))
+    start = rng.randrange(0, len(text) - size)
+    page = {
+        "url": url,
+        "status": 200,
+        "headers": {"content-type": "text/html; charset=utf-8"},
+        "elapsed_ms": rng.randint(20, 900),
+        **extra,
+        "body": text[start : start + size],
+    }
+    return json.dumps(page, ensure_ascii=False)
 
 
 class SimClock:
@@ -214,8 +245,7 @@ class Simulation:
         self.parking = threading.Condition(self.lock)
         self.abort = threading.Event()
         self.errors: list[BaseException] = []
-        corpus_rng = random.Random(settings.seed)
-        self.corpus = " ".join(corpus_rng.choice(WORDS) for _ in range(2 * MAX_BODY // 4))
+        self.corpus = corpus(settings.seed)
         self.handled = 0
 
     # -- bookkeeping ------------------------------------------------------------------------------------
@@ -365,16 +395,7 @@ class Simulation:
             self.run_target(rng, *item)
 
     def envelope(self, rng: random.Random, url: str) -> str:
-        size = min(MAX_BODY, int(rng.lognormvariate(7.3, 1.1)))
-        start = rng.randrange(0, len(self.corpus) - size)
-        page = {
-            "url": url,
-            "status": 200,
-            "headers": {"content-type": "text/html; charset=utf-8"},
-            "elapsed_ms": rng.randint(20, 900),
-            "body": self.corpus[start : start + size],
-        }
-        return json.dumps(page, ensure_ascii=False)
+        return envelope(rng, self.corpus, url)
 
     def run_target(self, rng: random.Random, job_id: str, idx: int, url: str) -> None:
         run = self.runs[job_id]
@@ -535,9 +556,9 @@ def check_invariants(budget: int | None = None) -> list[Check]:
         (T.job_id == J.id) & T.status.in_(FINAL_TARGET)
     )
     bad_done = J.select().where(J.targets_done != finished_rows).count()
-    result_bytes = T.select(peewee.fn.COALESCE(peewee.fn.SUM(result_size(T.result)), 0)).where(
-        T.job_id == J.id
-    )
+    result_bytes = T.select(
+        peewee.fn.COALESCE(peewee.fn.SUM(dcache.db.backend.byte_length(T.result)), 0)
+    ).where(T.job_id == J.id)
     bad_bytes = J.select().where(J.nbytes != result_bytes).count()
     total = J.select(peewee.fn.COALESCE(peewee.fn.SUM(J.nbytes), 0)).scalar()
     orphans = T.select().where(T.job_id.not_in(J.select(J.id))).count()
@@ -563,12 +584,78 @@ def check_invariants(budget: int | None = None) -> list[Check]:
     return checks
 
 
+#: The tables a store has on PostgreSQL: a schema holding any other table is someone else's.
+POSTGRES_STORE_TABLES = frozenset({"batch_job", "batch_target", "batch_totals", "sift_schema"})
+
+
+def postgres_simulation_store(target: str, source: str) -> tuple[str, str | None]:
+    """The PostgreSQL store simulate may use for ``target`` (named by ``source``), and the schema it made.
+
+    Without ``?schema=``, a new schema of its own, ``sift_sim_<UTC time>_<pid>``, created here with a
+    plain ``CREATE SCHEMA`` (so it cannot be one that already existed); it is kept after the run. With
+    ``?schema=NAME``, as a named SQLite file: used if missing or an empty store, refused (unchanged) if it
+    holds jobs or tables that are not the store's. Nothing but that schema is ever written to.
+    """
+    import psycopg  # the CLI reaches here only for a postgresql:// target
+
+    from sift.dcache.postgres import parse_target
+
+    url, schema = parse_target(target)  # StoreUnavailable ("schema: ...") for a name sift does not use
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(target).query, keep_blank_values=True)
+    named = any(key == "schema" for key, _ in query)
+    try:
+        with psycopg.connect(url, connect_timeout=int(OPEN_TIMEOUT_S), autocommit=True) as conn:
+            if named:
+                _refuse_postgres_schema(conn, schema, source)
+                return target, None
+            stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
+            for attempt in range(100):
+                name = f"sift_sim_{stamp}_{os.getpid()}" + (f"_{attempt}" if attempt else "")
+                try:
+                    conn.execute(f'CREATE SCHEMA "{name}"')
+                except psycopg.errors.DuplicateSchema:
+                    continue
+                return f"{target}{'&' if '?' in target else '?'}schema={name}", name
+            raise CommandError(f"{source}: could not make a new schema sift_sim_{stamp}_{os.getpid()}_*")
+    except psycopg.Error as exc:
+        raise CommandError(f"{source}: cannot reach {shown_store(target)}: {exc}") from exc
+
+
+def _refuse_postgres_schema(conn: Any, schema: str, source: str) -> None:
+    rows = conn.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+    ).fetchall()
+    tables = {row[0] for row in rows}
+    if "batch_job" in tables:
+        holds_jobs = conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{schema}".batch_job)').fetchone()[0]
+        if holds_jobs:
+            raise CommandError(
+                f"{source}: schema {schema} already holds jobs; simulate runs only on a new or empty store, "
+                "so it never changes real data (without ?schema= it makes a new schema of its own)"
+            )
+    if foreign := sorted(tables - POSTGRES_STORE_TABLES):
+        raise CommandError(
+            f"{source}: schema {schema} holds other tables ({', '.join(foreign)}), not an empty store; "
+            "simulate never writes into it (without ?schema= it makes a new schema of its own)"
+        )
+
+
+def shown_store(target: str) -> str:
+    """The store as the summary names it: a PostgreSQL URL without its password."""
+    if not is_postgres(target):
+        return target
+    parts = urllib.parse.urlsplit(target)
+    user, at, host = parts.netloc.rpartition("@")
+    netloc = f"{user.partition(':')[0]}{at}{host}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def _jobs_by_status() -> dict[str, int]:
     return counts_by_status(BatchJob, tuple(s.value for s in JobStatus))
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    settings = Settings(
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings(
         jobs=args.jobs,
         targets=args.targets,
         workers=args.workers,
@@ -576,12 +663,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ttl=args.ttl,
         seed=args.seed,
     )
+
+
+def kept_schema_note(schema: str | None) -> str:
+    """What the summary adds to a PostgreSQL schema simulate made: it is kept, and how to drop it."""
+    return f" (kept; to drop it: DROP SCHEMA {schema} CASCADE)" if schema else ""
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    if getattr(args, "hosts", None) is not None:
+        from .hosts import cmd_simulate_hosts  # here: hosts builds on this module
+
+        return cmd_simulate_hosts(args)
+    settings = settings_of(args)
     started = time.perf_counter()
     with make_bar(settings.jobs, "simulate", "job") as bar:
-        sim = Simulation(settings, args.db, bar)
+        sim = Simulation(settings, getattr(args, "sim_target", args.db), bar)
         sim.run()
     seconds = time.perf_counter() - started
     summary = _summary(sim, seconds)
+    summary["schema_made"] = getattr(args, "sim_schema", None)
     if args.json:
         emit_json(summary)
     else:
@@ -609,7 +710,7 @@ def _summary(sim: Simulation, seconds: float) -> dict[str, Any]:
     ]
     callers = sorted({(spec.caller, spec.caller_class) for spec in sim.specs})
     return {
-        "db": sim.path,
+        "db": shown_store(sim.path),
         "settings": asdict(sim.settings),
         "callers": {name: cls for name, cls in callers},
         "seconds": round(seconds, 3),
@@ -641,7 +742,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield from key_values(
         [
-            ("store", summary["db"]),
+            ("store", summary["db"] + kept_schema_note(summary.get("schema_made"))),
             ("jobs created", format_count(t["jobs_created"])),
             (
                 "targets written",

@@ -1,0 +1,284 @@
+"""``sift simulate --hosts N``: real host processes on one store (a SQLite file, or a PostgreSQL schema of
+its own), one of them SIGKILLed part-way; and the end check, which must fail when the store or a journal
+says something went wrong."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from cli_helpers import run
+from conftest import POSTGRES_URL, SUFFIX, postgres_target
+
+from sift import dcache
+from sift.cli.hosts import RESCUE_REASON, HostsRun, assign, check_run, read_journal, run_hosts
+from sift.cli.simulate import Settings, plan
+
+HOSTS = [
+    "--hosts",
+    "3",
+    "--jobs",
+    "80",
+    "--targets",
+    "8",
+    "--workers",
+    "2",
+    "--budget",
+    "96KiB",
+    "--stale-after",
+    "3s",
+    "--seed",
+    "4",
+]
+SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=96 * 1024, seed=4)
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def drop_schema(schema: str) -> None:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new store for one run: a file, or a schema of the test's own on the PostgreSQL server."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "sim.db")
+        return
+    request.getfixturevalue("postgres_schema")  # skips (or fails, under CI) without a server
+    schema = f"sift_hosts_{SUFFIX}"
+    drop_schema(schema)
+    try:
+        yield postgres_target(schema)
+    finally:
+        dcache.close_db()
+        drop_schema(schema)
+
+
+def store_rows(target: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Jobs (id, status, error, targets_done, targets_total, nbytes) and targets (job_id, status, result),
+    read with the package's own connection closed and a plain query."""
+    dcache.open_db(target)
+    try:
+        jobs = dcache.db.execute_sql(
+            "SELECT id, status, error, targets_done, targets_total, nbytes FROM batch_job"
+        ).fetchall()
+        targets = dcache.db.execute_sql("SELECT job_id, status, result FROM batch_target").fetchall()
+    finally:
+        dcache.close_db()
+    return jobs, targets
+
+
+@pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
+def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", "--db", store_target, "--json", *HOSTS)
+    summary = json.loads(out)
+    failed = [check for check in summary["invariants"] if not check["ok"]]
+    assert (code, failed, err) == (0, [], "")
+    hosts = summary["per_host"]
+    assert [(h["host"], h["state"], h["exit"]) for h in hosts] == [
+        (0, "finished", 0),
+        (1, "finished", 0),
+        (2, "killed", -signal.SIGKILL),  # a real SIGKILL, as multiprocessing reports it
+    ]
+    kill = summary["kill"]
+    assert kill["host"] == 2 and kill["held_targets"] >= 1
+    assert summary["total"]["rescued"] >= 1 and hosts[2]["rescued"] == 0  # only survivors rescue
+    assert summary["total"]["targets_written"] == sum(h["targets_written"] for h in hosts)
+    # Independently of the check: every job ended; the counts follow the target rows; each job with a
+    # target left running (the killed host's) was rescued, and so was any other rescued job still stored
+    # only with every target written (its last writer, the killed host, died before it set the status).
+    jobs, targets = store_rows(store_target)
+    running = {job for job, status, _ in targets if status == "running"}
+    rescued = {job for job, status, error, *_ in jobs if error == RESCUE_REASON}
+    assert {status for _, status, *_ in jobs} <= {"done", "partial", "failed"}
+    assert running <= rescued and len(rescued) <= summary["total"]["rescued"]
+    assert all(done == total for job, _, _, done, total, _ in jobs if job in rescued - running)
+    finished: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for job, status, result in targets:
+        finished[job] = finished.get(job, 0) + (status in ("done", "failed"))
+        sizes[job] = sizes.get(job, 0) + (0 if result is None else len(result.encode("utf-8")))
+    assert [(j[3], j[5]) for j in jobs] == [(finished.get(j[0], 0), sizes.get(j[0], 0)) for j in jobs]
+    assert summary["bytes_stored"] == sum(j[5] for j in jobs)
+    # The killed host's journal ends where it was killed: no end record.
+    journals = Path(summary["journals"])
+    assert read_journal(journals / "host-0.jsonl")[-1]["k"] == "end"
+    assert read_journal(journals / "host-2.jsonl")[-1]["k"] != "end"
+
+
+def test_repeats_go_to_another_host() -> None:
+    specs = plan(SETTINGS)
+    shares = assign(specs, 3)
+    assert sorted(s.number for share in shares for s in share) == [s.number for s in specs]
+    host_of = {s.number: h for h, share in enumerate(shares) for s in share}
+    repeats = [s for s in specs if s.repeat]
+    assert repeats
+    for spec in repeats:
+        original = next(s for s in specs if s.idem_key == spec.idem_key and not s.repeat)
+        assert host_of[spec.number] == (host_of[original.number] + 1) % 3
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, HostsRun]]:
+    """One real three-host run with a kill on a SQLite file, for the tampering tests below."""
+    path = tmp_path_factory.mktemp("hosts") / "sim.db"
+    journals = path.parent / "journals"
+    journals.mkdir()
+    dcache.open_db(path)
+    try:
+        result = run_hosts(SETTINGS, str(path), 3, 3, True, journals)
+    finally:
+        dcache.close_db()
+    yield path, result
+
+
+def failing(run: HostsRun) -> list[str]:
+    return [check.name for check in check_run(run, SETTINGS.budget) if not check.ok]
+
+
+@pytest.fixture
+def checked(finished_run: tuple[Path, HostsRun]) -> Iterator[HostsRun]:
+    """The run, with the store open; its journals are a copy each test may change."""
+    path, result = finished_run
+    dcache.open_db(path)
+    try:
+        assert failing(result) == []
+        yield copy.deepcopy(result)
+    finally:
+        dcache.close_db()
+
+
+def a_record(run: HostsRun, kind: str, host: int = 0, **match: Any) -> dict[str, Any]:
+    return next(
+        r for r in run.journals[host] if r["k"] == kind and all(r.get(k) == v for k, v in match.items())
+    )
+
+
+def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
+    claim = a_record(checked, "claim")
+    checked.journals[1].append({**claim, "c": 10_000})
+    assert failing(checked) == ["every target claimed at most once"]
+
+
+def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(checked: HostsRun) -> None:
+    """The result names host 1 where host 0 claimed it (same length, so every count still holds)."""
+    job, idx = dcache.db.execute_sql(
+        "SELECT job_id, idx FROM batch_target WHERE result LIKE '%\"host\": 0,%' LIMIT 1"
+    ).fetchone()
+    sql = "UPDATE batch_target SET result = replace(result, ?, ?) WHERE job_id = ? AND idx = ?"
+    dcache.db.execute_sql(sql, ('"host": 0,', '"host": 1,', job, idx))
+    try:
+        assert failing(checked) == [
+            "every target out of pending was claimed, and written once by its claimer"
+        ]
+    finally:
+        dcache.db.execute_sql(sql, ('"host": 1,', '"host": 0,', job, idx))
+    assert failing(checked) == []
+
+
+def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
+    job = dcache.db.execute_sql("SELECT id FROM batch_job WHERE nbytes > 0 LIMIT 1").fetchone()[0]
+    dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes + 1 WHERE id = ?", (job,))
+    try:
+        failed = failing(checked)
+        assert "nbytes equals the UTF-8 bytes of each job's results" in failed
+        assert "batch_nbytes() equals SUM(nbytes)" not in failed  # the trigger keeps the total
+        assert "check_store() finds no violation" in failed
+    finally:
+        dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes - 1 WHERE id = ?", (job,))
+
+
+def test_a_live_hosts_job_failed_by_the_rescue_fails_the_check(checked: HostsRun) -> None:
+    """A finished job whose every target a surviving host claimed, failed with the rescue's reason."""
+    assert checked.kill is not None
+    by_killed = {
+        job
+        for job, _ in (
+            tuple(g) for r in checked.journals[checked.kill.host] if r["k"] == "claim" for g in r["got"]
+        )
+    }
+    done = dcache.db.execute_sql("SELECT id, status, error FROM batch_job WHERE status = 'done'").fetchall()
+    job, status, error = next(row for row in done if row[0] not in by_killed)
+    dcache.db.execute_sql(
+        "UPDATE batch_job SET status = 'failed', error = ? WHERE id = ?", (RESCUE_REASON, job)
+    )
+    try:
+        assert failing(checked) == ["no job of a live host failed by the rescue"]
+    finally:
+        dcache.db.execute_sql("UPDATE batch_job SET status = ?, error = ? WHERE id = ?", (status, error, job))
+
+
+def test_a_job_lost_by_a_live_host_fails_the_check(checked: HostsRun) -> None:
+    checked.journals[0].append({"k": "lost", "job": "x", "why": "rescued while this host held a claim"})
+    assert failing(checked) == ["no job of a live host failed by the rescue"]
+
+
+def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) -> None:
+    hit = next(
+        r for records in checked.journals.values() for r in records if r["k"] == "sub" and not r["new"]
+    )
+    hit["id"] = f"{checked.prefix}-99999"
+    assert failing(checked) == ["every idempotent repeat answered with the same id"]
+
+
+def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
+    rows = dcache.db.execute_sql(
+        "SELECT id, caller, idem_key FROM batch_job WHERE idem_key <> '' AND status IN ('done', 'partial') "
+        "ORDER BY id LIMIT 2"
+    ).fetchall()
+    (_, caller, key), (second, other_caller, other_key) = rows
+    sql = "UPDATE batch_job SET caller = ?, idem_key = ? WHERE id = ?"
+    dcache.db.execute_sql(sql, (caller, key, second))
+    try:
+        assert failing(checked) == ["every idempotent repeat answered with the same id"]
+    finally:
+        dcache.db.execute_sql(sql, (other_caller, other_key, second))
+
+
+def test_a_stale_after_too_short_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With stale_after 0 every live job is stale at once: the rescue fails jobs that live hosts hold,
+    and the check says so (no host is killed here, so any rescue is wrong)."""
+    argv = ["--hosts", "2", "--no-kill", "--jobs", "400", "--targets", "10", "--stale-after", "0s"]
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", "--json", *argv)
+    summary = json.loads(out)
+    assert code == 1 and summary["ok"] is False and summary["kill"] is None
+    assert summary["total"]["rescued"] > 0
+    failed = [check["name"] for check in summary["invariants"] if not check["ok"]]
+    assert failed == ["no job of a live host failed by the rescue"]
+
+
+def test_hosts_need_a_store_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", "--db", ":memory:", "--hosts", "2")
+    assert (code, out) == (1, "")
+    assert err == "sift: --hosts: several processes cannot share an in-memory store; name a file\n"
+
+
+def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--hosts", "2", "--no-kill", "--jobs", "12", "--targets", "3"]
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("Simulated 12 of 12 submissions on 2 hosts (2 API threads, 4 runner threads")
+    assert [line.split()[0] for line in lines[2:10]] == [
+        "store",
+        "journals",
+        "killed",
+        "rescued",
+        "submissions",
+        "longest",
+        "eviction",
+        "bytes",
+    ]
+    assert lines[4].split(None, 1)[1] == "none (--no-kill, or a single host)"
+    header = lines[11].split()
+    assert header[:8] == ["host", "state", "seconds", "targets", "targets/s", "claims", "claims/s", "rescued"]
+    assert [line.split()[:2] for line in lines[12:14]] == [["0", "finished"], ["1", "finished"]]
+    assert lines[14].split()[0] == "total"
+    assert lines[-1] == "All invariants hold."
