@@ -106,6 +106,8 @@ class Sizes:
     writer_rounds: int  # rounds of each side (1 process, writer_procs processes)
     claim_ops: int  # claim_batch_targets calls of each process in one round (issue 10)
     claim_rounds: int  # rounds of each side (1, 2 and 4 processes)
+    sim_jobs: int  # PostgreSQL: submissions of each sift simulate --hosts run
+    sim_rounds: int  # runs of each side (--hosts 1, --hosts 4)
 
 
 FULL = Sizes(
@@ -146,6 +148,8 @@ FULL = Sizes(
     writer_rounds=5,
     claim_ops=200,
     claim_rounds=3,
+    sim_jobs=300,
+    sim_rounds=2,
 )
 
 QUICK = Sizes(
@@ -186,6 +190,8 @@ QUICK = Sizes(
     writer_rounds=2,
     claim_ops=20,
     claim_rounds=1,
+    sim_jobs=30,
+    sim_rounds=1,
 )
 
 FLAT_CASES = (
@@ -223,6 +229,7 @@ PG_CASE_NAMES = (
     "pg/raw/runner_step/psycopg",
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
+    "pg/simulate/hosts",
 )
 
 
@@ -1777,6 +1784,58 @@ def pg_claims(server: PgServer, sizes: Sizes, report: Report) -> None:
     server.drop(schema)
 
 
+#: The sides of the simulate group: sift simulate --hosts N.
+SIM_HOSTS = (1, 4)
+
+
+def pg_simulate(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """End to end: ``sift simulate --hosts 1`` and ``--hosts 4`` (``--no-kill``: no host is SIGKILLed, so
+    both sides do the same work; ``--stale-after 10m``: nor is a job rescued because a busy machine delayed
+    it), each run on a new schema of its own, the sides alternating. The figure is
+    the run's own total targets/s (targets written by the runners over the run's time, from its JSON); a run
+    whose end check fails stops the bench."""
+    runs: dict[int, list[dict[str, Any]]] = {hosts: [] for hosts in SIM_HOSTS}
+    for rnd in range(sizes.sim_rounds):
+        for hosts in SIM_HOSTS if rnd % 2 == 0 else SIM_HOSTS[::-1]:
+            schema = server.new_schema(f"sim{hosts}_{rnd}")
+            command = [sys.executable, "-m", "sift", "simulate", "--hosts", str(hosts), "--no-kill", "--json"]
+            command += ["--stale-after", "10m"]  # no host dies: a slow machine must not make a rescue
+            command += ["--db", server.target(schema), "--jobs", str(sizes.sim_jobs), "--seed", str(rnd + 1)]
+            out = subprocess.run(command, capture_output=True, text=True, check=False)
+            server.drop(schema)
+            summary = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
+            if summary.get("journals"):
+                shutil.rmtree(summary["journals"], ignore_errors=True)
+            if out.returncode != 0 or not summary.get("ok"):
+                why = out.stderr[-2000:]
+                raise AssertionError(f"simulate --hosts {hosts} failed ({out.returncode}): {why}")
+            runs[hosts].append(summary["total"])
+            log(f"pg simulate: --hosts {hosts}: {summary['total']['targets_per_s']} targets/s")
+    cases = {}
+    for hosts, totals in runs.items():
+        us = [1e6 / t["targets_per_s"] for t in totals]
+        cases[hosts] = report.case(
+            "pg/simulate/hosts",
+            hosts,
+            us,
+            targets_per_s=statistics.median(t["targets_per_s"] for t in totals),
+            claims_per_s=statistics.median(t["claims_per_s"] for t in totals),
+            claim_p99_ms=statistics.median(t["claim_p99_ms"] for t in totals),
+            seconds=statistics.median(t["seconds"] for t in totals),
+        )
+    one, most = cases[1], cases[max(SIM_HOSTS)]
+    one.ratio, most.ratio = 1.0, most.median_us / one.median_us
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: end to end, sift simulate --hosts {max(SIM_HOSTS)}, time per target / --hosts 1 "
+            f"({1 / most.ratio:.2f} x the targets/s; 0.5 x = 2 x)",
+            most.ratio,
+            0.5,
+            "x",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1841,6 +1900,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "raw": pg_raw,
     "writers": pg_writers,
     "claims": pg_claims,
+    "simulate": pg_simulate,
 }
 
 
