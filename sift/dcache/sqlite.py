@@ -682,6 +682,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def _check_schema(self) -> None:
         """A read-only store cannot add what is missing: refuse a file that lacks part of the schema."""
         present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
+        if {"batch_job", "batch_target"} <= present:
+            self._check_columns()  # tables another program made are the first thing to name
         if missing := sorted(SCHEMA_NAMES - present):
             raise StoreUnavailable(
                 f"path: {self.path!r} lacks {', '.join(missing)}; "
