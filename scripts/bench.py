@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Benchmark of the batch store's hot paths (issue 4): flat in history, close to raw SQLite, short lock
-holds, bounded memory and disk.
+holds, bounded memory and disk; and on PostgreSQL (issue 9): flat in history, close to plain psycopg,
+writes from several processes, lock waits.
 
-    python scripts/bench.py                # full run, under 3 minutes on 2 cores
-    python scripts/bench.py --quick        # small sizes, under 20 s: keeps the script working in CI
+    python scripts/bench.py                # full run: SQLite, then PostgreSQL when the test server answers
+    python scripts/bench.py --quick        # small sizes: keeps the script working in CI
     python scripts/bench.py --json out.json
+    python scripts/bench.py --db sqlite --db postgresql://user@host:5432/db   # exactly these backends
 
 Every fixture is a real SQLite file in WAL mode, built in a temporary directory. Fixture building is
 not timed. Each timed case runs in batches of calls; a batch gives one figure, µs per call, and the
@@ -18,6 +20,9 @@ compares the file's size with its pages in use, timing db.lock the same way; it 
 of that store with the reader polling. Peak RSS is measured in a fresh subprocess (VmHWM). Goals are
 printed as PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a failed goal
 exit 1): the suite never asserts on time.
+
+On PostgreSQL each group builds its store in a fresh schema of its own (``sift_bench_<pid>_<random>_<group>``)
+and drops it when done; see the README's Performance section for what each ``pg/`` case runs.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import multiprocessing
 import os
 import platform
 import random
+import secrets
 import shutil
 import sqlite3
 import statistics
@@ -36,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,6 +102,13 @@ class Sizes:
     hooks_requests: int  # requests per thread in each batch
     hooks_rounds: int  # batches of each side
     disk_jobs: int  # finished jobs of the disk case, 90% of them evicted
+    writer_procs: int  # PostgreSQL: processes writing target results at once
+    writer_ops: int  # writes of each process in one round
+    writer_rounds: int  # rounds of each side (1 process, writer_procs processes)
+    claim_ops: int  # claim_batch_targets calls of each process in one round (issue 10)
+    claim_rounds: int  # rounds of each side (1, 2 and 4 processes)
+    sim_jobs: int  # PostgreSQL: submissions of each sift simulate --hosts run
+    sim_rounds: int  # runs of each side (--hosts 1, --hosts 4)
 
 
 FULL = Sizes(
@@ -130,6 +144,13 @@ FULL = Sizes(
     ops_opens=41,
     ops_checks=3,
     disk_jobs=10_000,
+    writer_procs=8,
+    writer_ops=500,
+    writer_rounds=5,
+    claim_ops=300,
+    claim_rounds=5,
+    sim_jobs=300,
+    sim_rounds=2,
 )
 
 QUICK = Sizes(
@@ -165,6 +186,13 @@ QUICK = Sizes(
     ops_opens=5,
     ops_checks=1,
     disk_jobs=200,
+    writer_procs=8,
+    writer_ops=40,
+    writer_rounds=2,
+    claim_ops=20,
+    claim_rounds=1,
+    sim_jobs=30,
+    sim_rounds=1,
 )
 
 FLAT_CASES = (
@@ -194,7 +222,30 @@ CASE_NAMES = (
     "disk/backup",
     "disk/evict_90",
     *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
+    "claims/claim_batch_targets",
 )
+#: The cases of the PostgreSQL part (issue 9).
+PG_CASE_NAMES = (
+    *(f"pg/flat/{c}" for c in FLAT_CASES),
+    "pg/raw/runner_step/package",
+    "pg/raw/runner_step/psycopg",
+    "pg/target_writes",
+    "pg/claims/claim_batch_targets",
+    "pg/simulate/hosts",
+)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a group runs: the prefix of its case names and of its goals."""
+
+    name: str
+    prefix: str
+    goal_prefix: str
+
+
+SQLITE = Backend("sqlite", "", "")
+POSTGRES = Backend("postgresql", "pg/", "PostgreSQL: ")
 
 
 @dataclass
@@ -355,8 +406,8 @@ def time_batch(op: Op, start: int, count: int) -> float:
 # -- (a) Flat in history --------------------------------------------------------------------------------
 
 
-def build_flat(path: Path, n: int, sizes: Sizes, runner_targets: int) -> None:
-    b = Builder(path)
+def build_flat(b: Builder | PgBuilder, n: int, sizes: Sizes, runner_targets: int) -> None:
+    """The flat cases' store, on either backend: ``n`` retained jobs, 10 live ones, and the runner's job."""
     b.jobs("job-", n, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0)
     for k in range(10):  # a few live jobs, so the live counts count something
         b.one_job(
@@ -406,20 +457,28 @@ def hot_paths(n: int) -> dict[str, Op]:
 
 
 def bench_flat(tmp: Path, sizes: Sizes, report: Report) -> None:
-    stores = (sizes.flat_small, sizes.flat_large)
-    runner_targets = sizes.flat_rounds * (sizes.warmup + sizes.flat_batches * sizes.flat_ops) + 10
-    paths = {n: tmp / f"flat-{n}.db" for n in stores}
-    for n in stores:
+    stores = {n: tmp / f"flat-{n}.db" for n in (sizes.flat_small, sizes.flat_large)}
+    for n, path in stores.items():
         t0 = time.perf_counter()
-        build_flat(paths[n], n, sizes, runner_targets)
+        build_flat(Builder(path), n, sizes, flat_runner_targets(sizes))
         log(f"flat: built {n} jobs x {sizes.targets_per_job} targets in {time.perf_counter() - t0:.1f} s")
+    run_flat({n: str(path) for n, path in stores.items()}, sizes, report, SQLITE)
+
+
+def flat_runner_targets(sizes: Sizes) -> int:
+    return sizes.flat_rounds * (sizes.warmup + sizes.flat_batches * sizes.flat_ops) + 10
+
+
+def run_flat(targets: dict[int, str], sizes: Sizes, report: Report, backend: Backend) -> None:
+    """Time the hot paths on the built stores (``targets``: N -> what open_db opens), interleaved."""
+    stores = (sizes.flat_small, sizes.flat_large)
     samples: dict[tuple[int, str], list[float]] = {(n, c): [] for n in stores for c in FLAT_CASES}
     step = dict.fromkeys(stores, 0)  # next runner target of each store
     for rnd in range(sizes.flat_rounds):
         for n in stores if rnd % 2 == 0 else stores[::-1]:
-            dcache.open_db(paths[n])
+            dcache.open_db(targets[n])
             ops = hot_paths(n)
-            for case in FLAT_CASES:  # warm the page cache after the open
+            for case in FLAT_CASES:  # warm the caches after the open
                 start = step[n] if case == "runner_step" else 0
                 time_batch(ops[case], start, sizes.warmup)
             step[n] += sizes.warmup
@@ -430,13 +489,14 @@ def bench_flat(tmp: Path, sizes: Sizes, report: Report) -> None:
                 step[n] += sizes.flat_ops
             dcache.close_db()
     for case in FLAT_CASES:
-        small = report.case(f"flat/{case}", sizes.flat_small, samples[sizes.flat_small, case])
-        large = report.case(f"flat/{case}", sizes.flat_large, samples[sizes.flat_large, case])
+        small = report.case(f"{backend.prefix}flat/{case}", sizes.flat_small, samples[sizes.flat_small, case])
+        large = report.case(f"{backend.prefix}flat/{case}", sizes.flat_large, samples[sizes.flat_large, case])
         small.ratio = 1.0
         large.ratio = large.median_us / small.median_us
         report.goals.append(
             Goal(
-                f"flat in history: {case} median(N={sizes.flat_large})/median(N={sizes.flat_small})",
+                f"{backend.goal_prefix}flat in history: {case} "
+                f"median(N={sizes.flat_large})/median(N={sizes.flat_small})",
                 large.ratio,
                 1.3,
                 "x",
@@ -1323,6 +1383,586 @@ def bench_tail(tmp: Path, sizes: Sizes, report: Report) -> None:
         )
 
 
+# -- PostgreSQL (issue 9) ------------------------------------------------------------------------------------
+
+#: The server a run without --db also measures, when one answers there: the test suite's.
+DEFAULT_POSTGRES = os.environ.get("SIFT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_missing(url: str) -> str | None:
+    """Why no PostgreSQL part can run at ``url`` (no psycopg, no server answering), or None."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        return f"psycopg is not installed (pip install 'sift[postgres]'): {exc}"
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"no PostgreSQL server answers at {url}: {' '.join(str(exc).split())}"
+    return None
+
+
+class PgServer:
+    """The PostgreSQL database the bench works in. Every store lives in a fresh schema of its own, named
+    after this run (``sift_bench_<pid>_<random>_<label>``), and is dropped when the group is done, or at the
+    end whatever happens; nothing else on the server is touched."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = url
+        self.tag = f"sift_bench_{os.getpid()}_{secrets.token_hex(3)}"
+        self.schemas: list[str] = []
+        self.admin = psycopg.connect(url, autocommit=True, connect_timeout=5)
+        self.version = str(self.admin.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+
+    def new_schema(self, label: str) -> str:
+        schema = f"{self.tag}_{label}"
+        self.schemas.append(schema)
+        return schema
+
+    def target(self, schema: str) -> str:
+        """What open_db opens: the schema's store; its connections carry the schema's name as their
+        application_name, so pg_stat_activity tells them apart from everyone else's."""
+        joiner = "&" if "?" in self.url else "?"
+        return f"{self.url}{joiner}application_name={schema}&schema={schema}"
+
+    def connect(self, schema: str) -> Any:
+        """A plain psycopg connection in autocommit mode, in the schema."""
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True, options=f"-c search_path={schema}")
+
+    def drop(self, schema: str) -> None:
+        self.admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        self.schemas.remove(schema)
+
+    def close(self) -> None:
+        for schema in list(self.schemas):
+            self.drop(schema)
+        self.admin.close()
+
+
+class PgBuilder:
+    """Bulk-inserts fixture rows with plain SQL (generate_series) into a store's schema, as
+    :class:`Builder` does on SQLite. The byte-total trigger is off while the rows go in (one slot row
+    updated 100,000 times in one transaction took 80 s), and the total is recomputed at the end; then
+    VACUUM ANALYZE, the state autovacuum brings a loaded table to."""
+
+    def __init__(self, server: PgServer, schema: str) -> None:
+        dcache.open_db(server.target(schema))  # the store's own schema
+        dcache.close_db()
+        self.conn = server.connect(schema)
+        self.conn.execute("ALTER TABLE batch_job DISABLE TRIGGER batch_totals_track")
+
+    def jobs(
+        self,
+        prefix: str,
+        count: int,
+        *,
+        targets: int,
+        result_bytes: int | None,
+        lease0: int,
+        statuses: tuple[str, ...] = FINISHED,
+        callers: int = 100,
+    ) -> None:
+        """The same jobs as :meth:`Builder.jobs`."""
+        done = 0 if result_bytes is None else targets
+        nbytes = 0 if result_bytes is None else targets * result_bytes
+        self.conn.execute(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) "
+            "SELECT %s || lpad(i::text, 7, '0'), 'caller-' || (i %% %s), 'fleet', %s || 'idem-' || i, "
+            "(%s::text[])[i %% %s + 1], '', %s, %s, %s + i, %s + i, %s "
+            "FROM generate_series(0, %s - 1) AS i",
+            (
+                prefix,
+                callers,
+                prefix,
+                list(statuses),
+                len(statuses),
+                targets,
+                done,
+                lease0,
+                lease0,
+                nbytes,
+                count,
+            ),
+        )
+        if targets:
+            self.targets_of("b.id LIKE %s", prefix + "%", targets, result_bytes)
+
+    def one_job(
+        self, job_id: str, *, caller: str, status: str, targets: int, result_bytes: int | None, lease: int
+    ) -> None:
+        done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
+        self.conn.execute(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) "
+            "VALUES (%s, %s, 'fleet', '', %s, '', %s, %s, %s, %s, %s)",
+            (job_id, caller, status, targets, done, lease, lease, nbytes),
+        )
+        if targets:
+            self.targets_of("b.id = %s", job_id, targets, result_bytes)
+
+    def targets_of(self, where: str, param: str, targets: int, result_bytes: int | None) -> None:
+        status, result = ("'pending'", "NULL") if result_bytes is None else ("'done'", "repeat('r', %s)")
+        params = ([] if result_bytes is None else [result_bytes]) + [targets, param]
+        self.conn.execute(
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result) "
+            f"SELECT b.id, n.j, 'https://example.com/' || b.id || '/' || n.j, '{OPTIONS}', {status}, "
+            f"{result} FROM batch_job AS b, generate_series(0, %s - 1) AS n(j) "
+            f"WHERE {where} ORDER BY b.id, n.j",
+            params,
+        )
+
+    def close(self) -> None:
+        self.conn.execute("ALTER TABLE batch_job ENABLE TRIGGER batch_totals_track")
+        self.conn.execute(
+            "UPDATE batch_totals SET nbytes = CASE WHEN slot = 0 "
+            "THEN (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job) ELSE 0 END"
+        )
+        self.conn.execute("VACUUM ANALYZE batch_job, batch_target, batch_totals")
+        self.conn.close()
+
+
+def pg_flat(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The flat cases, on PostgreSQL: the same stores and hot paths as on SQLite."""
+    schemas = {n: server.new_schema(f"flat{n}") for n in (sizes.flat_small, sizes.flat_large)}
+    for n, schema in schemas.items():
+        t0 = time.perf_counter()
+        build_flat(PgBuilder(server, schema), n, sizes, flat_runner_targets(sizes))
+        log(f"pg flat: built {n} jobs x {sizes.targets_per_job} targets in {time.perf_counter() - t0:.1f} s")
+    run_flat({n: server.target(schema) for n, schema in schemas.items()}, sizes, report, POSTGRES)
+    for schema in schemas.values():
+        server.drop(schema)
+
+
+class PgBaseline:
+    """The runner step with plain psycopg, as plainly as a competent engineer writes it: the store's own
+    statements (the job-then-target row lock, the counting update, the target update, the total's read)
+    on one connection in autocommit mode, with ``conn.transaction()`` (BEGIN ... COMMIT) where the
+    package opens its write transaction."""
+
+    def __init__(self, conn: Any) -> None:
+        from sift.dcache import postgres
+
+        self.conn = conn
+        self.lock_target_sql = postgres._LOCK_TARGET
+        self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
+        self.set_target_sql = manager._SET_TARGET.sql
+        self.total_sql = postgres.PostgresStore.total_nbytes_sql
+        #: What one runner step sends, besides BEGIN and COMMIT.
+        self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
+
+    def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(self.lock_target_sql, (job_id, idx))
+            cur = conn.execute(
+                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+            )
+            if cur.rowcount != 1:
+                raise LookupError(f"no target {job_id}/{idx}")
+            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+
+    def evict_noop(self, max_bytes: int) -> None:
+        row = self.conn.execute(self.total_sql).fetchone()
+        if row[0] > max_bytes:
+            raise AssertionError("the baseline does not evict")
+
+
+def statements_of(call: Callable[[], None]) -> list[str]:
+    """The SQL texts the open PostgreSQL store runs during ``call`` (its transactions' BEGIN and COMMIT go
+    through Peewee, not run_sql, and are not listed)."""
+    backend = dcache.db.backend
+    inner = backend.run_sql
+    sent: list[str] = []
+
+    def recording(sql: str, params: Any) -> Any:
+        sent.append(sql)
+        return inner(sql, params)
+
+    setattr(backend, "run_sql", recording)  # noqa: B010 (an instance attribute shadows the method)
+    try:
+        call()
+    finally:
+        delattr(backend, "run_sql")
+    return sent
+
+
+def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The runner step (update_batch_target to done with 1 KB, then a no-op eviction) against plain
+    psycopg running the same statements, on two running jobs of one store, interleaved."""
+    schema = server.new_schema("raw")
+    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
+    b = PgBuilder(server, schema)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    for job_id in ("runner", "runner-base"):
+        b.one_job(job_id, caller="caller-0", status="running", targets=steps, result_bytes=None, lease=T0 + 1)
+    b.close()
+    dcache.open_db(server.target(schema))
+    check_layouts()  # PostgreSQL's compilation of the statements the baseline binds by hand
+    base = PgBaseline(server.connect(schema))
+    now = T0 + 10
+
+    def pkg_step(i: int) -> None:
+        dcache.update_batch_target("runner", i, "done", result=RESULT_1K, now=now)
+        dcache.evict_batch_oldest(BUDGET)
+
+    def base_step(i: int) -> None:
+        base.update_target_done("runner-base", i, RESULT_1K, now)
+        base.evict_noop(BUDGET)
+
+    sent = statements_of(lambda: pkg_step(0))
+    if sent != base.statements:
+        raise SystemExit(f"bench.py: the runner step now sends {sent}; the baseline sends {base.statements}")
+    time_batch(pkg_step, 1, sizes.warmup - 1)
+    time_batch(base_step, 0, sizes.warmup)
+    pkg, raw = interleave(
+        sizes.raw_rounds, pkg_step, base_step, lambda r: sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
+    )
+    p = report.case("pg/raw/runner_step/package", 1, pkg)
+    q = report.case("pg/raw/runner_step/psycopg", 1, raw)
+    p.ratio, q.ratio = p.median_us / q.median_us, 1.0
+    report.goals.append(Goal("PostgreSQL: close to raw: runner step package/psycopg", p.ratio, 1.5, "x"))
+    base.conn.close()
+    dcache.close_db()
+    server.drop(schema)
+
+
+#: Targets each claim_batch_targets call asks for in the claims group.
+CLAIM_LIMIT = 10
+#: Pending targets of each queued job the claims group claims from. Nothing here writes the claimed
+#: targets, so a claimed-out job stays running in front of the claim order, and every later claim passes
+#: it: with jobs of 100 targets, hundreds piled up and each round's claims got slower (on PostgreSQL 1.3 ms,
+#: then 1.9 ms per claim). Jobs this big keep that pile as small as a runner's jobs in flight.
+CLAIM_JOB_TARGETS = 2000
+#: The claims group's sides: how many processes claim at once.
+CLAIM_SIDES = (1, 2, 4)
+
+
+def worker_child(target: str, task: str, job_id: str, warmup: int, pipe: Any) -> None:
+    """A process of a multi-process case. It opens the store, runs ``warmup`` operations, then on each
+    ``(count, start_at)`` from the pipe waits until ``start_at`` (time.monotonic: one clock for every process
+    of the machine), runs ``count`` operations and answers the time it finished; on None it answers how many
+    targets it moved in all. An operation is, for task ``write``, update_batch_target to done with 1 KB on
+    the next pending target of ``job_id``; for task ``claim``, claim_batch_targets(CLAIM_LIMIT)."""
+    dcache.open_db(target)
+    idx = moved = 0
+
+    def run(count: int) -> None:
+        nonlocal idx, moved
+        if task == "write":
+            for i in range(idx, idx + count):
+                dcache.update_batch_target(job_id, i, "done", result=RESULT_1K, now=T0 + 10)
+            idx += count
+            moved += count
+            return
+        for _ in range(count):
+            got = len(dcache.claim_batch_targets(CLAIM_LIMIT, now=T0 + 10))
+            if not got:
+                raise AssertionError("claims: no pending target left; the fixture is too small")
+            moved += got
+
+    run(warmup)
+    pipe.send(os.getpid())
+    while (command := pipe.recv()) is not None:
+        count, start_at = command
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        run(count)
+        pipe.send(time.monotonic())
+    dcache.close_db()
+    pipe.send(moved)
+
+
+class Workers:
+    """Processes spawned (not forked) and warmed up before any timing, each running ``worker_child`` with
+    its own (task, job_id); a round starts ``active`` of them at one moment."""
+
+    def __init__(self, target: str, tasks: list[tuple[str, str]], warmup: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes: list[Any] = []
+        self.children: list[Any] = []
+        for task, job_id in tasks:
+            mine, theirs = ctx.Pipe()
+            child = ctx.Process(target=worker_child, args=(target, task, job_id, warmup, theirs), daemon=True)
+            child.start()
+            self.pipes.append(mine)
+            self.children.append(child)
+        for pipe in self.pipes:
+            pipe.recv()  # warmed up
+        self.moved: list[int] = []
+
+    def round(self, active: int, ops: int) -> float:
+        """µs per operation over a round of ``ops`` operations by each of ``active`` processes, from the
+        common start to the last process's end."""
+        start_at = time.monotonic() + 0.1
+        for pipe in self.pipes[:active]:
+            pipe.send((ops, start_at))
+        ends: list[float] = [pipe.recv() for pipe in self.pipes[:active]]
+        return (max(ends) - start_at) * 1e6 / (active * ops)
+
+    def rounds(self, rounds: int, sides: tuple[int, ...], ops: int) -> dict[int, list[float]]:
+        """``rounds`` rounds of each side (a number of processes), the order rotating each round."""
+        samples: dict[int, list[float]] = {side: [] for side in sides}
+        for rnd in range(rounds):
+            shift = rnd % len(sides)
+            for active in sides[shift:] + sides[:shift]:
+                samples[active].append(self.round(active, ops))
+        return samples
+
+    def close(self) -> list[int]:
+        """Stop the processes; how many targets each moved (written, or claimed)."""
+        for pipe in self.pipes:
+            pipe.send(None)
+        self.moved = [pipe.recv() for pipe in self.pipes]
+        for child in self.children:
+            child.join(timeout=30)
+        return self.moved
+
+
+#: One sample of what each writer's backend is doing: its state and what it waits on, if anything.
+WAIT_SAMPLE = (
+    "SELECT state, COALESCE(wait_event_type, ''), COALESCE(wait_event, '') FROM pg_stat_activity "
+    "WHERE application_name = %s AND backend_type = 'client backend'"
+)
+
+
+class WaitSampler(threading.Thread):
+    """Samples pg_stat_activity every ``interval`` seconds on a connection of its own, counting what the
+    writers' backends are doing. A backend waiting for a row lock, a transaction to end (the holder of a
+    row it wants) or an advisory lock shows wait_event_type 'Lock'."""
+
+    def __init__(self, server: PgServer, schema: str, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.conn = server.connect(schema)
+        self.app = schema
+        self.interval = interval
+        self.stop = threading.Event()
+        self.samples = 0
+        self.seen: dict[tuple[str, str, str], int] = {}
+        self.max_lock_waiters = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            rows = self.conn.execute(WAIT_SAMPLE, (self.app,)).fetchall()
+            self.samples += 1
+            waiting = 0
+            for state, kind, event in rows:
+                key = (state or "", kind, event)
+                self.seen[key] = self.seen.get(key, 0) + 1
+                waiting += kind == "Lock"
+            self.max_lock_waiters = max(self.max_lock_waiters, waiting)
+            time.sleep(self.interval)
+        self.conn.close()
+
+    def shares(self) -> dict[str, float]:
+        """Percent of the writers' sampled backend time in each kind of wait, in Lock waits by event."""
+        total = sum(self.seen.values()) or 1
+        out: dict[str, float] = {"samples": float(self.samples), "backend_samples": float(total)}
+
+        sums: dict[str, int] = {}
+        for (state, kind, event), count in self.seen.items():
+            if kind == "Lock":
+                names = ["lock_wait", f"lock_wait_{event}"]
+            elif kind in ("IO", "LWLock"):
+                names = ["io_or_lwlock_wait"]
+            elif kind == "Client" or state.startswith("idle"):
+                names = ["in_client"]  # the backend waits for the next statement: the client's time
+            else:
+                names = ["running" if state == "active" and not kind else f"other_{kind}"]
+            for name in names:
+                sums[name] = sums.get(name, 0) + count
+        out["lock_wait_pct"] = 0.0
+        for name, count in sorted(sums.items()):
+            out[f"{name}_pct"] = 100 * count / total
+        out["max_lock_waiters"] = float(self.max_lock_waiters)
+        return out
+
+
+def pg_writers(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """Target-result writes (update_batch_target to done with 1 KB) from 1 process and from
+    ``writer_procs`` processes at once, each process writing the pending targets of a job of its own, as
+    runners on several hosts do; rounds alternate which side goes first. Throughput is the writes of a
+    round over the time from the common start to the last process's end. One more round of all processes,
+    not timed, samples pg_stat_activity for the lock waits."""
+    procs, ops, rounds = sizes.writer_procs, sizes.writer_ops, sizes.writer_rounds
+    schema = server.new_schema("writers")
+    warmup = sizes.warmup
+    need = [warmup + ops * (rounds * (2 if w == 0 else 1) + 1) for w in range(procs)]
+    b = PgBuilder(server, schema)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    for w in range(procs):
+        job_id, caller = f"writer-{w}", f"caller-{w}"
+        b.one_job(job_id, caller=caller, status="running", targets=need[w], result_bytes=None, lease=T0)
+    b.close()
+    workers = Workers(server.target(schema), [("write", f"writer-{w}") for w in range(procs)], warmup)
+    try:
+        samples = workers.rounds(rounds, (1, procs), ops)
+        sampler = WaitSampler(server, schema)
+        sampler.start()
+        workers.round(procs, ops)
+        sampler.stop.set()
+        sampler.join()
+    finally:
+        written = workers.close()
+    check = server.connect(schema)
+    counts = dict(check.execute("SELECT id, targets_done FROM batch_job WHERE id LIKE %s", ("writer-%",)))
+    check.close()
+    if [counts[f"writer-{w}"] for w in range(procs)] != written:
+        raise AssertionError(f"writers: targets_done {counts} after {written} first writes")
+    one = report.case("pg/target_writes", 1, samples[1], writes_per_s=1e6 / statistics.median(samples[1]))
+    many = report.case(
+        "pg/target_writes", procs, samples[procs], writes_per_s=1e6 / statistics.median(samples[procs])
+    )
+    many.extra.update(sampler.shares())
+    one.ratio, many.ratio = 1.0, many.median_us / one.median_us
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: target writes from {procs} processes, time per write / 1 process "
+            f"({many.extra['writes_per_s'] / one.extra['writes_per_s']:.2f} x the throughput; "
+            "0.5 x = 2 x the throughput)",
+            many.ratio,
+            0.5,
+            "x",
+        )
+    )
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: lock waits, {procs} processes writing: share of the writers' backend time "
+            "waiting on a lock (pg_stat_activity sampled every 5 ms)",
+            many.extra["lock_wait_pct"],
+            None,
+            "%",
+        )
+    )
+    server.drop(schema)
+
+
+# -- Claims from several processes (issue 10) ----------------------------------------------------------------
+
+
+def build_claims(b: Builder | PgBuilder, sizes: Sizes) -> None:
+    """Retained history, and queued jobs of CLAIM_JOB_TARGETS pending targets each, enough for every claim of
+    the group (with a quarter to spare): a claim never finds the store empty."""
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    calls = sizes.claim_ops * sizes.claim_rounds * sum(CLAIM_SIDES) + sizes.warmup * max(CLAIM_SIDES)
+    # and always several jobs per claimer: on PostgreSQL claimers skip the jobs others hold
+    jobs = max(calls * CLAIM_LIMIT * 5 // 4 // CLAIM_JOB_TARGETS + 1, 4 * max(CLAIM_SIDES))
+    lease = T0 + 10**6
+    b.jobs("claim-", jobs, targets=CLAIM_JOB_TARGETS, result_bytes=None, lease0=lease, statuses=("queued",))
+
+
+def run_claims(target: str, sizes: Sizes, report: Report, backend: Backend) -> None:
+    """claim_batch_targets(10) from 1, 2 and 4 processes at once, in rounds (the order rotating); each process
+    makes claim_ops claims a round. Afterwards the running targets must be exactly the targets claimed."""
+    workers = Workers(target, [("claim", "")] * max(CLAIM_SIDES), sizes.warmup)
+    try:
+        samples = workers.rounds(sizes.claim_rounds, CLAIM_SIDES, sizes.claim_ops)
+    finally:
+        claimed = workers.close()
+    dcache.open_db(target)
+    count = "SELECT COUNT(*) FROM batch_target WHERE status = 'running'"
+    running = dcache.db.execute_sql(count).fetchone()[0]
+    dcache.close_db()
+    if running != sum(claimed):
+        raise AssertionError(f"claims: {running} targets running after {sum(claimed)} claimed")
+    cases = {
+        n: report.case(f"{backend.prefix}claims/claim_batch_targets", n, samples[n], claims_per_s=0.0)
+        for n in CLAIM_SIDES
+    }
+    for case in cases.values():
+        case.extra["claims_per_s"] = 1e6 / case.median_us
+        case.ratio = case.median_us / cases[1].median_us
+    most = max(CLAIM_SIDES)
+    ratio = cases[most].median_us / cases[1].median_us
+    name = (
+        f"{backend.goal_prefix}claims from {most} processes, time per claim / 1 process "
+        f"({1 / ratio:.2f} x the throughput)"
+    )
+    if backend is SQLITE:  # writers serialize on SQLite: the goal is no collapse
+        report.goals.append(Goal(name + ": no slower", ratio, 1.0, "x"))
+    else:
+        report.goals.append(Goal(name, ratio, None, "x"))
+
+
+def bench_claims(tmp: Path, sizes: Sizes, report: Report) -> None:
+    path = tmp / "claims.db"
+    b = Builder(path)
+    build_claims(b, sizes)
+    b.close()
+    run_claims(str(path), sizes, report, SQLITE)
+
+
+def pg_claims(server: PgServer, sizes: Sizes, report: Report) -> None:
+    schema = server.new_schema("claims")
+    build_claims(PgBuilder(server, schema), sizes)
+    run_claims(server.target(schema), sizes, report, POSTGRES)
+    server.drop(schema)
+
+
+#: The sides of the simulate group: sift simulate --hosts N.
+SIM_HOSTS = (1, 4)
+
+
+def pg_simulate(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """End to end: ``sift simulate --hosts 1`` and ``--hosts 4`` (``--no-kill``: no host is SIGKILLed, so
+    both sides do the same work; ``--stale-after 10m``: nor is a job rescued because a busy machine delayed
+    it), each run on a new schema of its own, the sides alternating. The figure is
+    the run's own total targets/s (targets written by the runners over the run's time, from its JSON); a run
+    whose end check fails stops the bench."""
+    runs: dict[int, list[dict[str, Any]]] = {hosts: [] for hosts in SIM_HOSTS}
+    for rnd in range(sizes.sim_rounds):
+        for hosts in SIM_HOSTS if rnd % 2 == 0 else SIM_HOSTS[::-1]:
+            schema = server.new_schema(f"sim{hosts}_{rnd}")
+            command = [sys.executable, "-m", "sift", "simulate", "--hosts", str(hosts), "--no-kill", "--json"]
+            command += ["--stale-after", "10m"]  # no host dies: a slow machine must not make a rescue
+            command += ["--db", server.target(schema), "--jobs", str(sizes.sim_jobs), "--seed", str(rnd + 1)]
+            out = subprocess.run(command, capture_output=True, text=True, check=False)
+            server.drop(schema)
+            summary = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
+            if summary.get("journals"):
+                shutil.rmtree(summary["journals"], ignore_errors=True)
+            if out.returncode != 0 or not summary.get("ok"):
+                why = out.stderr[-2000:]
+                raise AssertionError(f"simulate --hosts {hosts} failed ({out.returncode}): {why}")
+            runs[hosts].append(summary["total"])
+            log(f"pg simulate: --hosts {hosts}: {summary['total']['targets_per_s']} targets/s")
+    cases = {}
+    for hosts, totals in runs.items():
+        us = [1e6 / t["targets_per_s"] for t in totals]
+        cases[hosts] = report.case(
+            "pg/simulate/hosts",
+            hosts,
+            us,
+            targets_per_s=statistics.median(t["targets_per_s"] for t in totals),
+            claims_per_s=statistics.median(t["claims_per_s"] for t in totals),
+            claim_p99_ms=statistics.median(t["claim_p99_ms"] for t in totals),
+            seconds=statistics.median(t["seconds"] for t in totals),
+        )
+    one, most = cases[1], cases[max(SIM_HOSTS)]
+    one.ratio, most.ratio = 1.0, most.median_us / one.median_us
+    report.goals.append(
+        Goal(
+            f"PostgreSQL: end to end, sift simulate --hosts {max(SIM_HOSTS)}, time per target / --hosts 1 "
+            f"({1 / most.ratio:.2f} x the targets/s; 0.5 x = 2 x)",
+            most.ratio,
+            0.5,
+            "x",
+        )
+    )
+
+
 # -- Output ------------------------------------------------------------------------------------------------
 
 
@@ -1348,9 +1988,10 @@ def machine() -> dict[str, Any]:
 
 
 def print_report(report: Report, info: dict[str, Any]) -> None:
+    server = f", PostgreSQL {info['postgresql']}" if "postgresql" in info else ""
     print(
         f"machine: {info['nproc']} CPUs, {info['cpu']}; Python {info['python']}, "
-        f"SQLite {info['sqlite']}, peewee {info['peewee']}"
+        f"SQLite {info['sqlite']}{server}, peewee {info['peewee']}"
     )
     print()
     print(f"{'case':<34} {'N':>9} {'median µs/op':>13} {'ratio':>7}")
@@ -1369,14 +2010,76 @@ def print_report(report: Report, info: dict[str, Any]) -> None:
         print(f"{g.verdict}  {g.name}: {g.value:.2f} {g.unit}{limit}")
 
 
+#: The groups of each backend, in the order they run.
+SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
+    "flat": bench_flat,
+    "raw": bench_raw,
+    "locks": bench_locks,
+    "memory": bench_memory,
+    "testing": bench_testing,
+    "hooks": bench_hooks,
+    "ops": bench_ops,
+    "disk": bench_disk,
+    "claims": bench_claims,
+    "tail": bench_tail,
+}
+PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
+    "flat": pg_flat,
+    "raw": pg_raw,
+    "writers": pg_writers,
+    "claims": pg_claims,
+    "simulate": pg_simulate,
+}
+
+
+def choose_backends(
+    parser: argparse.ArgumentParser, dbs: list[str] | None, wants_pg: bool
+) -> tuple[bool, str | None]:
+    """Whether to run the SQLite part, and the PostgreSQL URL to run the other part on (or None; always
+    None unless ``wants_pg``: a PostgreSQL group is among those to run).
+
+    With --db, exactly what it names. Without, SQLite, and PostgreSQL at $SIFT_TEST_POSTGRES (the test
+    server by default) when a server answers there; one line says so when none does, except under CI
+    (CI=true), where that is an error, as in the test suite."""
+    if dbs:
+        urls = [d for d in dbs if d.startswith(("postgresql://", "postgres://"))]
+        if unknown := [d for d in dbs if d != "sqlite" and d not in urls]:
+            parser.error(f"--db {unknown[0]}: give sqlite or a postgresql:// URL")
+        if len(set(urls)) > 1:
+            parser.error("--db: one PostgreSQL URL at a time")
+        query = urllib.parse.parse_qsl(urllib.parse.urlsplit(urls[0]).query) if urls else []
+        if any(key == "schema" for key, _ in query):
+            parser.error(f"--db {urls[0]}: drop ?schema=, the bench makes schemas of its own")
+        if urls and (why := postgres_missing(urls[0])):
+            parser.error(f"--db {urls[0]}: {why}")
+        return "sqlite" in dbs, urls[0] if urls and wants_pg else None
+    if not wants_pg:
+        return True, None
+    why = postgres_missing(DEFAULT_POSTGRES)
+    if why is None:
+        return True, DEFAULT_POSTGRES
+    if os.environ.get("CI") == "true":
+        parser.error(f"CI=true and {why} (set SIFT_TEST_POSTGRES, or --db sqlite for SQLite alone)")
+    log(f"PostgreSQL part skipped: {why} (set SIFT_TEST_POSTGRES or --db)")
+    return True, None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI smoke run)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the figures to FILE")
     parser.add_argument("--check", action="store_true", help="exit 1 if a goal fails")
     parser.add_argument(
+        "--db",
+        action="append",
+        metavar="TARGET",
+        help="sqlite, or a postgresql:// URL (fresh schemas there, dropped at the end); repeatable. "
+        "Default: sqlite, and $SIFT_TEST_POSTGRES (or postgresql://postgres@127.0.0.1:5432/test) "
+        "when a server answers there",
+    )
+    parser.add_argument(
         "--only",
-        choices=("flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops", "tail"),
+        choices=list(dict.fromkeys([*SQLITE_GROUPS, *PG_GROUPS])),
         action="append",
         help="run only these groups (repeatable)",
     )
@@ -1387,33 +2090,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sizes = QUICK if args.quick else FULL
-    groups = args.only or ["flat", "raw", "locks", "memory", "disk", "testing", "hooks", "ops", "tail"]
+    groups = args.only or [*SQLITE_GROUPS, *PG_GROUPS]
+    run_sqlite, pg_url = choose_backends(parser, args.db, any(group in PG_GROUPS for group in groups))
+    run_sqlite = run_sqlite and any(group in SQLITE_GROUPS for group in groups)
     report = Report()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        for group, run in (
-            ("flat", bench_flat),
-            ("raw", bench_raw),
-            ("locks", bench_locks),
-            ("memory", bench_memory),
-            ("testing", bench_testing),
-            ("hooks", bench_hooks),
-            ("ops", bench_ops),
-            ("disk", bench_disk),
-            ("tail", bench_tail),
-        ):
-            if group in groups:
-                t0 = time.perf_counter()
-                run(tmp, sizes, report)
-                log(f"{group}: {time.perf_counter() - t0:.1f} s")
-                for suffix in ("", "-wal", "-shm"):  # free the disk between groups
-                    for p in tmp.glob(f"*.db{suffix}"):
-                        p.unlink()
-    elapsed = time.perf_counter() - started
     info = machine()
+    started = time.perf_counter()
+    if run_sqlite:
+        with tempfile.TemporaryDirectory(prefix="sift-bench-") as tmp_name:
+            tmp = Path(tmp_name)
+            for group, run in SQLITE_GROUPS.items():
+                if group in groups:
+                    t0 = time.perf_counter()
+                    run(tmp, sizes, report)
+                    log(f"{group}: {time.perf_counter() - t0:.1f} s")
+                    for suffix in ("", "-wal", "-shm", "-lock"):  # free the disk between groups
+                        for p in tmp.glob(f"*.db{suffix}"):
+                            p.unlink()
+    if pg_url is not None:
+        server = PgServer(pg_url)
+        info["postgresql"] = server.version
+        info["postgresql_schemas"] = f"{server.tag}_*"  # all dropped at the end
+        try:
+            for group, pg_run in PG_GROUPS.items():
+                if group in groups:
+                    t0 = time.perf_counter()
+                    pg_run(server, sizes, report)
+                    log(f"pg {group}: {time.perf_counter() - t0:.1f} s")
+        finally:
+            dcache.close_db()
+            server.close()
+    elapsed = time.perf_counter() - started
     print_report(report, info)
-    command = "python scripts/bench.py" + (" --quick" if args.quick else "")
+    command = " ".join(["python scripts/bench.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"\n{command}: {elapsed:.0f} s")
     if args.json:
         args.json.write_text(
@@ -1423,6 +2132,7 @@ def main(argv: list[str] | None = None) -> int:
                     "quick": args.quick,
                     "elapsed_s": elapsed,
                     "machine": info,
+                    "backends": ["sqlite"] * run_sqlite + ["postgresql"] * (pg_url is not None),
                     "sizes": asdict(sizes),
                     "cases": [asdict(c) for c in report.cases],
                     "goals": [dict(asdict(g), verdict=g.verdict) for g in report.goals],

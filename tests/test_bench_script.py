@@ -1,4 +1,5 @@
-"""scripts/bench.py keeps working: its quick mode runs and reports every case (issue 4).
+"""scripts/bench.py keeps working: its quick mode runs and reports every case (issues 4 and 9), on SQLite and,
+when the test server answers (always under CI), on PostgreSQL too.
 
 No timing is asserted: the figures are only checked to be there. The goals are judged by a full run.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import POSTGRES_URL, postgres_missing
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
@@ -44,6 +46,16 @@ CASES = {
     "disk/evict_90",
     # 4 processes writing one file: SQLite's busy handler alone, and the writers' queue (issue 10)
     *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
+    "claims/claim_batch_targets",
+}
+#: The PostgreSQL part's cases (issue 9).
+PG_CASES = {
+    *(f"pg/flat/{case}" for case in FLAT),
+    "pg/raw/runner_step/package",
+    "pg/raw/runner_step/psycopg",
+    "pg/target_writes",
+    "pg/claims/claim_batch_targets",
+    "pg/simulate/hosts",
 }
 
 
@@ -51,7 +63,8 @@ CASES = {
 def quick(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """One quick run of the script, shared by the tests: its output and its JSON."""
+    """One quick run of the script as CI runs it (no --db: SQLite, and PostgreSQL at SIFT_TEST_POSTGRES when
+    a server answers), shared by the tests: its output and its JSON."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--json", str(out)],
@@ -64,13 +77,20 @@ def quick(
     return proc, json.loads(out.read_text())
 
 
+def with_postgres() -> bool:
+    """Whether the quick run includes the PostgreSQL part: always under CI, else when the server answers."""
+    return postgres_missing() is None
+
+
 def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     names = {case["name"] for case in report["cases"]}
-    assert names == CASES
-    flat = [c for c in report["cases"] if c["name"].startswith("flat/")]
-    assert len(flat) == 2 * len(FLAT)  # each hot path at the small and the large history
-    assert len({c["n"] for c in flat}) == 2
+    assert names == CASES | (PG_CASES if with_postgres() else set())
+    assert report["backends"] == (["sqlite", "postgresql"] if with_postgres() else ["sqlite"])
+    for prefix in ("flat/", "pg/flat/") if with_postgres() else ("flat/",):
+        flat = [c for c in report["cases"] if c["name"].startswith(prefix)]
+        assert len(flat) == 2 * len(FLAT)  # each hot path at the small and the large history
+        assert len({c["n"] for c in flat}) == 2
     for case in report["cases"]:
         assert math.isfinite(case["median_us"]) and case["median_us"] > 0, case
         assert case["name"] in proc.stdout  # the printed table has the same rows
@@ -86,6 +106,10 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
     for case in report["cases"]:
         if case["name"].startswith("tail/"):
             assert {"p50_ms", "p99_ms", "max_ms", "calls_per_s", "calls"} <= set(case["extra"]), case
+    for prefix in ("", "pg/") if with_postgres() else ("",):
+        claims = {c["n"]: c for c in report["cases"] if c["name"] == f"{prefix}claims/claim_batch_targets"}
+        assert set(claims) == {1, 2, 4}  # processes claiming at once
+        assert all(c["extra"]["claims_per_s"] > 0 for c in claims.values())
 
 
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
@@ -93,10 +117,56 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     goals = report["goals"]
     # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
     # 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use,
-    # hold), 2 tail workloads x (queue p99, queue worst call, throughput against the busy handler).
-    assert len(goals) == 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 6
+    # hold), claims from 4 processes no slower than from 1, 2 tail workloads x (queue p99, queue worst
+    # call, throughput against the busy handler).
+    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6
+    # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
+    # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
+    # simulate --hosts 4 against --hosts 1.
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 1
+    assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == 1
+    assert [g["verdict"] for g in goals].count("INFO") == (3 if with_postgres() else 1)
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
+
+
+def test_quick_run_on_postgres_measures_lock_waits_and_leaves_no_schema(
+    quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    if not with_postgres():
+        pytest.skip(f"no PostgreSQL server answers at {POSTGRES_URL} (set SIFT_TEST_POSTGRES)")
+    import psycopg
+
+    _, report = quick
+    writers = {c["n"]: c for c in report["cases"] if c["name"] == "pg/target_writes"}
+    assert set(writers) == {1, 8}
+    assert writers[1]["extra"]["writes_per_s"] > 0 and writers[8]["extra"]["writes_per_s"] > 0
+    waits = writers[8]["extra"]
+    assert waits["samples"] > 0 and waits["backend_samples"] >= waits["samples"]  # it saw the writers
+    assert 0 <= waits["lock_wait_pct"] <= 100
+    simulate = {c["n"]: c for c in report["cases"] if c["name"] == "pg/simulate/hosts"}
+    assert set(simulate) == {1, 4}  # sift simulate --hosts 1 and --hosts 4
+    assert all(c["extra"]["targets_per_s"] > 0 for c in simulate.values())
+    assert report["machine"]["postgresql"]
+    pattern = report["machine"]["postgresql_schemas"].replace("_", r"\_").replace("*", "%")
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (pattern,)).fetchall()
+    assert left == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--db", "mysql://localhost/x"], "give sqlite or a postgresql:// URL"),
+        (["--db", f"{POSTGRES_URL}?schema=mine"], "the bench makes schemas of its own"),
+        (["--db", "postgresql://postgres@127.0.0.1:1/none"], "no PostgreSQL server answers"),
+    ],
+)
+def test_bad_db_is_refused_before_any_work(argv: list[str], message: str) -> None:
+    command = [sys.executable, str(BENCH), "--quick", *argv]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "flat:" not in proc.stderr  # no group ran
