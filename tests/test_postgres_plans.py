@@ -1,0 +1,82 @@
+"""PostgreSQL's plans for the hot reads: through an index, never a scan of batch_job or batch_target, under
+custom plans and under the generic plan psycopg's prepared statements get after 5 runs (where the planner
+guesses a third of the rows match an inequality). SQLite's plans are pinned in test_query_plans.py; the
+claim's and the rescue's PostgreSQL plans in test_claim.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from conftest import open_empty_postgres
+from helpers import make_job, make_targets
+
+from sift import dcache
+from sift.dcache import db, manager
+
+pytestmark = pytest.mark.postgres
+
+#: Each statement, the values of its slots, and the indexes its plan may read (it must read one at least).
+HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
+    "_ANY_EXPIRED": ({"cutoff": 10}, {"batch_job_lease"}),  # the runner's no-op sweep
+    "_EXPIRED": ({"cutoff": 10}, {"batch_job_lease"}),
+    "_EVICTABLE": ({}, {"batch_job_evictable"}),
+    "_IDEM": ({"caller": "caller-7", "idem_key": "key-7", "cutoff": 10}, {"batch_job_idem"}),
+    "_LIVE": ({"caller": "caller-7"}, {"batch_job_live"}),
+    "_LIVE_TOTAL": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim"}),  # all live jobs
+    "_SELECT_JOB": ({"job_id": "old-7"}, {"batch_job_pkey"}),
+    "_SELECT_TARGETS": ({"job_id": "job-3"}, {"batch_job_pkey", "batch_target_pkey"}),
+    "_TOUCH": ({"job_id": "job-3", "now": 5}, {"batch_job_pkey"}),
+}
+
+
+@pytest.fixture(scope="module")
+def history(postgres_schema: str) -> None:
+    """100,000 finished jobs of 100 callers holding bytes (the first 5,000 with 10 targets each), and 20 live
+    jobs of 10 targets each, analyzed."""
+    open_empty_postgres(postgres_schema)
+    with db.atomic():  # the byte total's trigger fires per row: 10 bytes a job
+        db.execute_sql(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) SELECT 'old-' || g, 'caller-' || mod(g, 100), 'fleet', "
+            "'key-' || g, 'done', '', 10, 10, 1000 + g, 1000 + g, 10 FROM generate_series(0, 99999) g"
+        )
+        db.execute_sql(
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result) "
+            "SELECT 'old-' || g, i, 'u', '{}', 'done', 'r' FROM generate_series(0, 4999) g, "
+            "generate_series(0, 9) i"
+        )
+    for j in range(20):
+        dcache.create_batch_job(make_job(f"job-{j}", targets_total=10, lease=10**6), make_targets(10))
+    db.execute_sql("ANALYZE batch_job")
+    db.execute_sql("ANALYZE batch_target")
+
+
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", list(HOT_READS))
+def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> None:
+    values, indexes = HOT_READS[name]
+    sql, params = getattr(manager, name).bind(dict(values))
+    db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
+    try:
+        with db.atomic() as transaction:  # EXPLAIN of an UPDATE plans it only; rolled back all the same
+            db.execute_sql(f"PREPARE hot AS {sql.replace('%s', '${}').format(*range(1, len(params) + 1))}")
+            try:
+                lines = [row[0] for row in db.execute_sql(f"EXPLAIN EXECUTE hot{args(params)}").fetchall()]
+            finally:
+                db.execute_sql("DEALLOCATE hot")
+            transaction.rollback()
+    finally:
+        db.execute_sql("SET plan_cache_mode = auto")
+    plan = "\n".join(lines)
+    assert not re.search(r"Seq Scan on batch_(job|target)\b", plan), plan
+    used = set(re.findall(r"(?:Index (?:Only )?Scan(?: Backward)? using|Bitmap Index Scan on) (\w+)", plan))
+    assert used and used <= indexes, plan
+
+
+def args(params: tuple[Any, ...]) -> str:
+    """``(v1, v2, …)`` as SQL literals for EXECUTE (the values are the test's own ints and plain strings)."""
+    if not params:
+        return ""
+    return "(" + ", ".join(str(p) if isinstance(p, int) else f"'{p}'" for p in params) + ")"
