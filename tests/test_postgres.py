@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,30 @@ def test_no_such_database_is_store_unavailable() -> None:
         dcache.open_db(POSTGRES_URL.rsplit("/", 1)[0] + "/no_such_database_for_sift")
 
 
-def test_password_is_not_shown(postgres_schema: str) -> None:
-    url = POSTGRES_URL.replace("postgresql://postgres@", "postgresql://postgres:secret@", 1)
-    dcache.open_db(f"{url}?schema={postgres_schema}")
-    assert "secret" not in repr(db)
+@pytest.mark.parametrize("where", ["user-part", "query", "sslpassword"])
+def test_password_is_not_shown(postgres_schema: str, where: str) -> None:
+    if where == "user-part":
+        url = POSTGRES_URL.replace("postgresql://postgres@", "postgresql://postgres:secret@", 1) + "?"
+    else:  # the trust-auth test server ignores both
+        url = f"{POSTGRES_URL}?{'password' if where == 'query' else 'sslpassword'}=secret&"
+    dcache.open_db(f"{url}schema={postgres_schema}")
+    assert "secret" not in repr(db) and "secret" not in str(db.path)
     dcache.close_db()
+
+
+@pytest.mark.parametrize(
+    "netloc",
+    [
+        "postgres:s3cr%ZZet@127.0.0.1:5432",  # libpq quotes the malformed token, password and all
+        "postgres:s3cret@[::1:5432",  # not a URL at all (urllib's ValueError)
+    ],
+)
+def test_a_malformed_url_is_store_unavailable_without_its_password(netloc: str) -> None:
+    with pytest.raises(dcache.StoreUnavailable) as info:
+        dcache.open_db(f"postgresql://{netloc}/test?schema=never_made")
+    shown = "".join(traceback.format_exception(info.value))  # what a log of the error prints
+    assert "s3cr" not in shown, shown
+    assert dcache.db.deferred
 
 
 # -- Schema ---------------------------------------------------------------------------------------------

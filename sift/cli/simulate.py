@@ -644,10 +644,9 @@ def shown_store(target: str) -> str:
     """The store as the summary names it: a PostgreSQL URL without its password."""
     if not is_postgres(target):
         return target
-    parts = urllib.parse.urlsplit(target)
-    user, at, host = parts.netloc.rpartition("@")
-    netloc = f"{user.partition(':')[0]}{at}{host}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    from sift.dcache.postgres import shown_url
+
+    return shown_url(target)
 
 
 def _jobs_by_status() -> dict[str, int]:

@@ -192,17 +192,23 @@ def failing_idx(exc: BaseException, job_id: str) -> int | None:
 
 
 def store_error(
-    exc: BaseException, *, path: str, timeout: float, constraints: bool = True, connecting: bool = False
+    exc: BaseException,
+    *,
+    path: str,
+    timeout: float,
+    constraints: bool = True,
+    connecting: bool = False,
+    hidden: tuple[str, ...] = (),
 ) -> StoreUnavailable | None:
     """The package error for a driver exception, with the ``sqlite3.Error`` as its ``__cause__``; None
     when ``exc`` is no driver exception (or is a constraint violation and ``constraints`` is false: the
     rule that ran the statement names the field at fault). ``connecting``: ``exc`` came from opening a
     PostgreSQL connection, not from using one (a driver error without SQLSTATE then means it could not
-    connect, rather than that a connection was lost)."""
+    connect, rather than that a connection was lost). ``hidden``: secrets (passwords) never to show."""
     pg = postgres_error(exc)
     if pg is not None:
         return _postgres_store_error(
-            pg, path=path, timeout=timeout, constraints=constraints, connecting=connecting
+            pg, path=path, timeout=timeout, constraints=constraints, connecting=connecting, hidden=hidden
         )
     error = sqlite_error(exc)
     if error is None or (not constraints and violated(error) is not None):
@@ -219,7 +225,13 @@ def store_error(
 
 
 def _postgres_store_error(
-    error: Exception, *, path: str, timeout: float, constraints: bool, connecting: bool
+    error: Exception,
+    *,
+    path: str,
+    timeout: float,
+    constraints: bool,
+    connecting: bool,
+    hidden: tuple[str, ...],
 ) -> StoreUnavailable | None:
     if not constraints and _pg_violated(error) is not None:
         return None
@@ -232,8 +244,14 @@ def _postgres_store_error(
     else:
         cls, message = _OTHER_POSTGRES
     pg = " ".join(str(error).split()) or type(error).__name__
+    shows_secret = any(secret in pg for secret in hidden)  # libpq quotes a malformed URL's token
+    for secret in hidden:
+        pg = pg.replace(secret, "***")
     if state and state not in pg:
         pg = f"{state}: {pg}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, pg=pg))
-    store.__cause__ = error
+    if shows_secret:  # the driver's error is left out of the chain a traceback prints
+        store.__suppress_context__ = True
+    else:
+        store.__cause__ = error
     return store

@@ -125,11 +125,18 @@ _LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s |
 _LOCK_REMOVALS = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
+#: Query parameters of a libpq URL that hold a secret: never shown.
+SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
 def parse_target(target: str) -> tuple[str, str]:
     """The connection URL (``postgresql://``, without sift's own ``schema`` parameter) and the schema
     named by ``?schema=NAME`` (``public`` when absent) of a ``postgresql://`` or ``postgres://`` target."""
-    parts = urllib.parse.urlsplit(target)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    try:
+        parts = urllib.parse.urlsplit(target)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host; the text may hold a password
+        raise StoreUnavailable(f"path: not a valid postgresql:// URL ({exc})") from None
     schemas = [value for key, value in query if key == "schema"]
     schema = schemas[-1] if schemas else "public"
     if not _SCHEMA_NAME.fullmatch(schema):
@@ -142,15 +149,35 @@ def parse_target(target: str) -> tuple[str, str]:
     return url, schema
 
 
-def _shown(url: str, schema: str) -> str:
-    """The target as shown in messages: without a password."""
+def shown_url(url: str) -> str:
+    """``url`` as shown in messages: without the password of its user part or of its query."""
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
         user, _, host = netloc.rpartition("@")
         netloc = f"{user.partition(':')[0]}@{host}"
-    shown = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-    return f"{shown}{'&' if parts.query else '?'}schema={schema}"
+    query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
+    shown = [(k, "***" if k in SECRET_PARAMETERS else v) for k, v in query]
+    return urllib.parse.urlunsplit(
+        (parts.scheme, netloc, parts.path, urllib.parse.urlencode(shown, safe="*"), "")
+    )
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The passwords ``url`` holds, as written and decoded: a driver's message may quote either."""
+    parts = urllib.parse.urlsplit(url)
+    found = [parts.netloc.rpartition("@")[0].partition(":")[2]] if "@" in parts.netloc else []
+    found += [
+        v for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k in SECRET_PARAMETERS
+    ]
+    decoded = [urllib.parse.unquote(secret) for secret in found]
+    return tuple(sorted({secret for secret in found + decoded if secret}, key=len, reverse=True))
+
+
+def _shown(url: str, schema: str) -> str:
+    """The target as shown in messages: without a password."""
+    shown = shown_url(url)
+    return f"{shown}{'&' if '?' in shown else '?'}schema={schema}"
 
 
 class _Write:
@@ -196,6 +223,7 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
     def __init__(self, target: str, *, timeout: float, readonly: bool, max_connections: int) -> None:
         url, self.schema = parse_target(target)
         self.path: str | None = _shown(url, self.schema)
+        self._secrets = url_secrets(url)
         self.readonly = readonly
         self.timeout = timeout
         self._pid = os.getpid()
@@ -441,7 +469,12 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
     ) -> None:
         """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`)."""
         error = store_error(
-            exc, path=self.path or "", timeout=self.timeout, constraints=constraints, connecting=connecting
+            exc,
+            path=self.path or "",
+            timeout=self.timeout,
+            constraints=constraints,
+            connecting=connecting,
+            hidden=self._secrets,
         )
         if error is not None:
             raise error
