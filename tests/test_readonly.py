@@ -93,6 +93,21 @@ def test_reads_work(populated: Path) -> None:
     assert populated.read_bytes() == before
 
 
+def test_a_store_made_before_the_claim_indexes_opens_read_only_as_it_is(populated: Path) -> None:
+    with closing(sqlite3.connect(populated)) as conn:
+        for index in ("batch_job_claim", "batch_target_pending", "batch_job_live_lease"):
+            conn.execute(f"DROP INDEX {index}")
+    before = populated.read_bytes()
+    dcache.open_db(populated, readonly=True)
+    job = dcache.batch_job("a")
+    assert job is not None and job.targets_done == 1
+    assert dcache.live_batch_jobs_total() == 1
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.claim_batch_targets(1)
+    dcache.close_db()
+    assert populated.read_bytes() == before
+
+
 def test_a_read_only_store_sees_another_writer(populated: Path) -> None:
     dcache.open_db(populated, readonly=True)
     with closing(sqlite3.connect(populated)) as writer:
@@ -119,7 +134,7 @@ def test_a_file_without_the_whole_schema_is_refused(tmp_path: Path) -> None:
         conn.commit()
     before = path.read_bytes()
     with pytest.raises(
-        dcache.StoreUnavailable, match=r"lacks batch_job_claim, batch_job_evictable, .*without readonly=True"
+        dcache.StoreUnavailable, match=r"lacks batch_job_evictable, batch_job_live, .*without readonly=True"
     ):
         dcache.open_db(path, readonly=True)
     assert path.read_bytes() == before

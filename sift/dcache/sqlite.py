@@ -127,6 +127,9 @@ SCHEMA_NAMES = frozenset(
     | {"batch_job_evictable", "batch_totals", "batch_totals_insert", "batch_totals_delete"}
     | {"batch_totals_update", "batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
 )
+#: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
+#: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
+READ_SCHEMA_NAMES = SCHEMA_NAMES - {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
 
 # Connections a forked child inherited. They are kept referenced, never used and never closed:
 # closing SQLite's handle in the child could release or break the parent's locks on the file.
@@ -736,7 +739,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
         if {"batch_job", "batch_target"} <= present:
             self._check_columns()  # tables another program made are the first thing to name
-        if missing := sorted(SCHEMA_NAMES - present):
+        if missing := sorted(READ_SCHEMA_NAMES - present):
             raise StoreUnavailable(
                 f"path: {self.path!r} lacks {', '.join(missing)}; "
                 "open it once without readonly=True to add them"
