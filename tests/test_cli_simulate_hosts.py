@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,18 @@ HOSTS = [
     "--budget",
     "96KiB",
     "--stale-after",
-    "3s",
+    "6s",
     "--seed",
     "4",
 ]
 SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=96 * 1024, seed=4)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(autouse=True)
+def journals_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command keeps its journals in a new directory under $TMPDIR: this test's, not /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def drop_schema(schema: str) -> None:
@@ -133,7 +140,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
     journals.mkdir()
     dcache.open_db(path)
     try:
-        result = run_hosts(SETTINGS, str(path), 3, 3, True, journals)
+        result = run_hosts(SETTINGS, str(path), 3, 6, True, journals)
     finally:
         dcache.close_db()
     yield path, result
