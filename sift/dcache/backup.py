@@ -25,13 +25,13 @@ import secrets
 import sqlite3
 import stat
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import peewee
 
-from . import files
+from . import checks, files
 from .database import db
 from .driver_errors import store_error
 from .errors import (
@@ -301,7 +301,9 @@ def restore_store(
     their winner), ``options`` as stored, all in one transaction. ``progress(done, total)`` counts rows.
 
     Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
-    store itself, or a row the open store cannot hold (a NUL in text, JSON PostgreSQL rejects): the open
+    store itself, or a row the store's functions would not write, on either backend (a NUL in any text, an
+    unknown status or caller_class, options not JSON, a value of the wrong type; the message names the
+    table, the row and the column) or one the open store cannot hold (JSON PostgreSQL rejects): the open
     store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
     """
     if db.deferred:
@@ -335,27 +337,27 @@ def restore_store(
                     f"database: {db.path!r} already holds {held[0]} rows; restore_store copies into an empty "
                     "store only"
                 )
-            for table, columns, order in (
-                ("batch_job", JOB_COLUMNS, "_rowid_"),
-                ("batch_target", TARGET_COLUMNS, "job_id, idx"),
+            for table, columns, order, rules in (
+                ("batch_job", JOB_COLUMNS, "_rowid_", _JOB_RULES),
+                ("batch_target", TARGET_COLUMNS, "job_id, idx", _TARGET_RULES),
             ):
                 marks = ", ".join([mark] * (columns.count(",") + 1))
                 insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
-                try:
-                    cursor = src.execute(f"SELECT {columns} FROM {table} ORDER BY {order}")
-                    while rows := cursor.fetchmany(ROWS_PER_STEP):
-                        db.executemany(insert, rows)
-                        done += len(rows)
-                        if progress is not None:
-                            progress(done, jobs + targets)
-                except sqlite3.Error as exc:
-                    raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
-                except (BatchError, peewee.DatabaseError) as exc:
-                    if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
-                        raise
-                    raise InvalidBatchInput(
-                        "source", f"a row of {table} in {path!r} cannot be stored here: {exc}"
-                    ) from exc
+                # json_valid, last, is SQLite's verdict on options: the rule that lets a row move back.
+                extra = ", json_valid(options)" if table == "batch_target" else ""
+                for rows in _batches(src, f"SELECT {columns}{extra} FROM {table} ORDER BY {order}", path):
+                    _check_rows(table, rules, rows, path)
+                    try:
+                        db.executemany(insert, [row[:-1] for row in rows] if extra else rows)
+                    except (BatchError, peewee.DatabaseError) as exc:
+                        if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
+                            raise
+                        raise InvalidBatchInput(
+                            "source", f"a row of {table} in {path!r} cannot be stored here: {exc}"
+                        ) from exc
+                    done += len(rows)
+                    if progress is not None:
+                        progress(done, jobs + targets)
     finally:
         src.close()
     return RestoreReport(source=path, jobs=jobs, targets=targets)
@@ -375,3 +377,83 @@ def _source_file(source: str | os.PathLike[str]) -> str:
     if on_file and os.path.samefile(path, str(db.path)):
         raise InvalidBatchInput("source", f"{shown!r} is the open store itself")
     return path
+
+
+def _batches(src: sqlite3.Connection, sql: str, path: str) -> Iterator[list[Any]]:
+    """The rows of ``sql`` on the source, :data:`ROWS_PER_STEP` at a time."""
+    try:
+        cursor = src.execute(sql)
+        while rows := cursor.fetchmany(ROWS_PER_STEP):
+            yield rows
+    except sqlite3.Error as exc:
+        raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
+
+
+def _integer(field: str, value: Any) -> None:
+    if type(value) is not int:
+        checks.invalid(field, f"must be an integer, got {type(value).__name__}")
+
+
+def _json(field: str, value: str, valid: Any) -> None:
+    """``value``, text already checked, is JSON SQLite's json_valid takes (``valid``), not nested too deep."""
+    if valid != 1:
+        checks.invalid(field, "is not valid JSON text")
+    if checks.json_too_deep(value):
+        checks.invalid(field, f"is nested deeper than {checks.MAX_JSON_DEPTH} levels")
+
+
+def _nonempty(field: str, value: Any) -> None:
+    checks.text(field, value, allow_empty=False)
+
+
+def _job_status(field: str, value: Any) -> None:
+    checks.choice(field, value, checks.JOB_STATUS_VALUES)
+
+
+def _target_status(field: str, value: Any) -> None:
+    checks.choice(field, value, checks.TARGET_STATUS_VALUES)
+
+
+def _caller_class(field: str, value: Any) -> None:
+    checks.choice(field, value, checks.CALLER_CLASS_VALUES)
+
+
+#: What each column of a restored row must hold, by the rules the store's functions write by (so the row
+#: is the same on either backend and can move back): text without a NUL, NULL only where the column
+#: allows it, known status and caller_class values, integers, and options JSON SQLite's json_valid takes.
+_JOB_RULES: tuple[Callable[[str, Any], object], ...] = (
+    _nonempty,  # id
+    _nonempty,  # caller
+    _caller_class,
+    checks.text,  # idem_key
+    _job_status,
+    checks.text,  # error
+    *(_integer,) * 5,  # targets_total, targets_done, created_at, lease, nbytes
+)
+_TARGET_RULES: tuple[Callable[[str, Any], object], ...] = (
+    _nonempty,  # job_id
+    _integer,  # idx
+    _nonempty,  # url
+    checks.text,  # options, then _json
+    _target_status,
+    *(checks.optional_text,) * 3,  # result, error, hint
+)
+
+
+def _check_rows(
+    table: str, rules: tuple[Callable[[str, Any], object], ...], rows: list[Any], path: str
+) -> None:
+    """Refuse the first row a rule refuses: ``InvalidBatchInput`` (field ``source``) naming the table, the
+    row and the column."""
+    names = (JOB_COLUMNS if table == "batch_job" else TARGET_COLUMNS).split(", ")
+    for row in rows:
+        try:
+            for name, rule, value in zip(names, rules, row, strict=False):  # targets: json_valid last
+                rule(name, value)
+            if table == "batch_target":
+                _json("options", row[3], row[-1])
+        except InvalidBatchInput as exc:
+            where = f"job {row[0]!r}" + (f" idx {row[1]!r}" if table == "batch_target" else "")
+            raise InvalidBatchInput(
+                "source", f"a row of {table} in {path!r} cannot be stored here: {where}: {exc}"
+            ) from None

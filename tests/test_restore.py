@@ -1,0 +1,121 @@
+"""restore_store holds every copied row to the rules the store's functions write by, on either destination:
+a row with a NUL in any text, an unknown status or caller_class, options that are not JSON, or a value of
+the wrong type is InvalidBatchInput (field ``source``) naming the table, the row and the column, and the
+destination is left exactly as it was, even after earlier batches of rows were written."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from helpers import make_job, make_targets, snapshot
+
+from sift import dcache
+from sift.dcache import backup
+
+
+@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def dest(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty destination store: a new SQLite file, or a new PostgreSQL schema (not open yet)."""
+    if request.param == "postgres":
+        yield request.getfixturevalue("pg_target")
+    else:
+        yield str(tmp_path / "dest.db")
+    dcache.close_db()
+
+
+def source_store(path: Path, *statements: str) -> Path:
+    """Three jobs of three targets (job-2's finished: a result, an error and a hint), then ``statements``
+    run on the file as another program would."""
+    dcache.open_db(path)
+    for n in (1, 2, 3):
+        dcache.create_batch_job(make_job(f"job-{n}", created_at=n, lease=n), make_targets(3))
+    dcache.update_batch_target("job-2", 1, "done", result="fine", now=5)
+    dcache.update_batch_target("job-2", 2, "failed", error="boom", hint="retry", now=5)
+    dcache.close_db()
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    return path
+
+
+NUL = "char(0)"
+JOB_2 = "WHERE id = 'job-2'"
+TARGET = "WHERE job_id = 'job-2' AND idx = 2"
+
+BAD_ROWS = [
+    ("job-id", f"UPDATE batch_job SET id = id || {NUL} {JOB_2}", "batch_job", "id"),
+    ("job-caller", f"UPDATE batch_job SET caller = 'a' || {NUL} {JOB_2}", "batch_job", "caller"),
+    ("job-caller-empty", f"UPDATE batch_job SET caller = '' {JOB_2}", "batch_job", "caller"),
+    ("job-caller-class", f"UPDATE batch_job SET caller_class = 'vip' {JOB_2}", "batch_job", "caller_class"),
+    ("job-idem-key", f"UPDATE batch_job SET idem_key = 'k' || {NUL} {JOB_2}", "batch_job", "idem_key"),
+    ("job-status", f"UPDATE batch_job SET status = 'paused' {JOB_2}", "batch_job", "status"),
+    ("job-error", f"UPDATE batch_job SET error = 'e' || {NUL} {JOB_2}", "batch_job", "error"),
+    ("job-created-at-real", f"UPDATE batch_job SET created_at = 1.5 {JOB_2}", "batch_job", "created_at"),
+    ("job-lease-text", f"UPDATE batch_job SET lease = 'soon' {JOB_2}", "batch_job", "lease"),
+    ("target-job-id", f"UPDATE batch_target SET job_id = job_id || {NUL} {TARGET}", "batch_target", "job_id"),
+    ("target-idx-text", f"UPDATE batch_target SET idx = 'two' {TARGET}", "batch_target", "idx"),
+    ("target-url", f"UPDATE batch_target SET url = 'a' || {NUL} || 'b' {TARGET}", "batch_target", "url"),
+    ("target-url-blob", f"UPDATE batch_target SET url = x'68747470' {TARGET}", "batch_target", "url"),
+    ("target-url-empty", f"UPDATE batch_target SET url = '' {TARGET}", "batch_target", "url"),
+    ("target-options", f"UPDATE batch_target SET options = '{{oops' {TARGET}", "batch_target", "options"),
+    (
+        "target-options-nul",
+        f"UPDATE batch_target SET options = '{{}}' || {NUL} {TARGET}",
+        "batch_target",
+        "options",
+    ),
+    (
+        "target-options-deep",
+        f"UPDATE batch_target SET options = '{'[' * 2001}{']' * 2001}' {TARGET}",
+        "batch_target",
+        "options",
+    ),
+    ("target-status", f"UPDATE batch_target SET status = 'lost' {TARGET}", "batch_target", "status"),
+    ("target-result", f"UPDATE batch_target SET result = 'r' || {NUL} {TARGET}", "batch_target", "result"),
+    ("target-error", f"UPDATE batch_target SET error = 'e' || {NUL} {TARGET}", "batch_target", "error"),
+    ("target-hint", f"UPDATE batch_target SET hint = 'h' || {NUL} {TARGET}", "batch_target", "hint"),
+]
+
+
+@pytest.mark.parametrize(
+    ("statement", "table", "column"), [case[1:] for case in BAD_ROWS], ids=[case[0] for case in BAD_ROWS]
+)
+def test_a_row_the_rules_refuse_is_named_and_the_destination_left_as_it_was(
+    dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statement: str, table: str, column: str
+) -> None:
+    source = source_store(tmp_path / "source.db", statement)
+    monkeypatch.setattr(backup, "ROWS_PER_STEP", 1)  # rows before the bad one are written first
+    dcache.open_db(dest)
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        dcache.restore_store(source)
+    assert info.value.field == "source"
+    row = "job 'job-2" + ("' idx 2" if table == "batch_target" and column not in ("job_id", "idx") else "")
+    assert f"a row of {table} in {str(source)!r} cannot be stored here: {row}" in info.value.problem
+    assert f": {column}: " in info.value.problem
+    assert snapshot() == before
+    assert not dcache.db.in_transaction()
+
+
+def test_what_the_rules_allow_is_restored_on_either_destination(dest: str, tmp_path: Path) -> None:
+    """A NUL escaped inside a JSON string (six characters), non-ASCII text, empty idem_key and error."""
+    source = source_store(
+        tmp_path / "source.db",
+        "UPDATE batch_target SET options = '{\"a\":\"\\u0000\"}', url = 'https://例え.jp/ü' WHERE idx = 0",
+    )
+    with closing(sqlite3.connect(source)) as conn:
+        expected = conn.execute(
+            f"SELECT {backup.TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+        ).fetchall()
+    dcache.open_db(dest)
+    report = dcache.restore_store(source)
+    assert (report.jobs, report.targets) == (3, 9)
+    query = f"SELECT {backup.TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+    assert dcache.db.execute_sql(query).fetchall() == expected
+    assert expected[0][3] == '{"a":"\\u0000"}'
+    assert dcache.check_store().ok
