@@ -280,6 +280,95 @@ def test_a_write_queued_past_the_timeout_fails_and_changes_nothing(tmp_path: Pat
     )
 
 
+def _hold_lock_until(path: str, held: Event, release: Event) -> None:
+    """Another process holding the queue (as ``flock(1)`` would), until told to let go."""
+    with hold_lock(Path(path)):
+        held.set()
+        release.wait(WAIT_S)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted  # as a KeyboardInterrupt, or a time limit's signal handler, would
+
+
+def test_a_writer_interrupted_while_queued_leaves_no_lock_and_no_turn_behind(file_store: Path) -> None:
+    """An exception while a writer waits for its turn (a signal handler's, a KeyboardInterrupt) leaves the
+    queue: when the turn comes the lock is dropped, not kept by the idle process, and no turn is kept for
+    a later writer."""
+    dcache.close_db()
+    dcache.open_db(file_store, timeout=WAIT_S)  # queued for long: only the signal ends the wait
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    main = threading.main_thread().ident
+    assert threading.get_ident() == main and main is not None  # Python runs signal handlers here
+    me = os.getpid()
+
+    def holding() -> tuple[Any, Event]:
+        held, release = ctx.Event(), ctx.Event()
+        holder = ctx.Process(target=_hold_lock_until, args=(str(file_store), held, release))
+        holder.start()
+        assert held.wait(WAIT_S)
+        return holder, release
+
+    def interrupt_once_queued() -> None:
+        wait_for(lambda: (True, me) in flock_entries(file_store), "this process blocked on the lock")
+        signal.pthread_kill(main, signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, _interrupted)
+    holder, release = holding()
+    interrupter = threading.Thread(target=interrupt_once_queued)
+    try:
+        interrupter.start()
+        with pytest.raises(Interrupted):
+            dcache.touch_batch_job("job-1", now=5_000)
+        interrupter.join(WAIT_S)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+        holder.join(WAIT_S)
+    assert holder.exitcode == 0
+    # The helper gets the lock once the holder is gone, and drops it: this idle process holds nothing.
+    wait_for(lambda: lock_is_free(file_store) and flock_entries(file_store) == [], "the lock dropped")
+    assert not db.obj.writers.held
+    writer = ctx.Process(target=_write_once, args=(str(file_store), 6_000))
+    writer.start()
+    writer.join(WAIT_S)
+    assert writer.exitcode == 0  # another process writes
+    # This process's next write waits its turn behind another holder (no turn left over), then holds it.
+    holder, release = holding()
+    seen: list[list[tuple[bool, int]]] = []
+
+    def write() -> None:
+        with db.write():
+            dcache.touch_batch_job("job-1", now=7_000)
+            seen.append(flock_entries(file_store))
+
+    queued = threading.Thread(target=write)
+    try:
+        queued.start()
+        wait_for(lambda: (True, me) in flock_entries(file_store), "this process queued behind the holder")
+        assert seen == []
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+        queued.join(WAIT_S)
+    assert seen == [[(False, me)]]
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.lease == 7_000
+    assert lock_is_free(file_store)
+
+
+def _write_once(path: str, now: int) -> None:
+    dcache.open_db(path)
+    dcache.touch_batch_job("job-1", now=now)
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.lease == now
+    dcache.close_db()
+
+
 def test_reads_never_take_the_lock(file_store: Path) -> None:
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
     with hold_lock(file_store):  # another process writes: reads go on, on WAL snapshots
@@ -465,3 +554,37 @@ def test_without_a_usable_lock_file_the_store_writes_as_before(file_store: Path,
         dcache.create_batch_job(make_job("job-1"), make_targets(3))
         assert not db.obj.writers.held
     assert dcache.batch_job("job-1") is not None
+
+
+def _create_job(path: str) -> None:
+    dcache.open_db(path, timeout=1)
+    with db.write():
+        dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        assert not db.obj.writers.held
+    dcache.close_db()
+
+
+def test_a_fifo_in_place_of_the_lock_file_leaves_the_store_on_the_busy_handler(tmp_path: Path) -> None:
+    """Opening a FIFO would block until a writer opens it: the lock file is opened without blocking, and
+    a FIFO there is left alone like any other non-file. The write runs in a child so that a regression
+    fails here instead of hanging the run."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    os.unlink(lock_path(path))
+    os.mkfifo(lock_path(path), 0o644)
+    mode = os.stat(lock_path(path)).st_mode
+    child = ctx.Process(target=_create_job, args=(str(path),))
+    child.start()
+    child.join(WAIT_S)
+    if child.exitcode is None:
+        child.kill()
+        child.join(WAIT_S)
+        pytest.fail("the write hung opening the FIFO")
+    assert child.exitcode == 0
+    assert os.stat(lock_path(path)).st_mode == mode  # still a FIFO, its mode untouched
+    dcache.open_db(path)
+    try:
+        assert dcache.batch_job("job-1") is not None
+    finally:
+        dcache.close_db()

@@ -21,16 +21,18 @@ The decisions, and why:
 - **Bounded wait**: ``flock`` cannot time out, so after a first non-blocking try a helper thread of the
   process blocks in it while the writer waits up to the store's ``timeout``; past it the writer raises
   StoreUnavailable ("locked by another process"), as SQLite's busy timeout does, and the helper drops the
-  lock if it gets it later. A writer thus waits at most ``timeout`` for the queue, then at most
-  ``timeout`` for SQLite's lock, which only a writer outside the queue holds.
+  lock if it gets it later; so it does when the wait ends in an exception (a KeyboardInterrupt, a signal
+  handler's), leaving no lock and no turn behind. A writer thus waits at most ``timeout`` for the queue,
+  then at most ``timeout`` for SQLite's lock, which only a writer outside the queue holds.
 - **Only write transactions**: a read-only store, an in-memory store, reads and deferred ``BEGIN`` never
   take it. Inside one process the store's RLock already serializes threads, so one thread at a time waits
   here.
 - **Files**: created on the first write with the store file's mode (0600 for a store sift made), owned
   by the store file's owner when root creates it, as SQLite does for ``-wal``; after a ``chmod`` of the
   store, its owner's next ``open_db`` and write give the lock file the same mode. It is opened read-only
-  (``flock`` needs no more). If it cannot be opened (a directory this user may not write, say), the store
-  works as before: on SQLite's busy handler alone.
+  (``flock`` needs no more), without blocking (a FIFO's open would wait for a writer). If it cannot be
+  opened (a directory this user may not write, say), or is not a regular file, the store works as before:
+  on SQLite's busy handler alone.
 - **No hand-over**: a writer that releases the lock may take it again at once (its next call tries
   without blocking first), as under the busy handler. Yielding the CPU after each release, so that the
   woken writer runs first, shortened the tail further in a one-off comparison but cost about a quarter
@@ -82,32 +84,46 @@ class WriterQueue:
         fd = self._open()
         if fd is None:
             return
-        with self._mutex:
-            if not self._helper_waits:  # else the helper's pending flock is this writer's turn
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    pass
-                else:
-                    self.held = True
-                    return
-                self._helper_waits = True
-                self._start_helper()
-                self._wake.release()
-            self._want = True
-        if self._granted.acquire(timeout=self.timeout):
-            self.held = True
-            return
-        with self._mutex:
-            if not self._want:  # granted between the timeout and here
-                self._granted.acquire()
+        try:
+            with self._mutex:
+                if not self._helper_waits:  # else the helper's pending flock is this writer's turn
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        pass
+                    else:
+                        self.held = True
+                        return
+                    self._helper_waits = True
+                    self._start_helper()
+                    self._wake.release()
+                self._want = True
+            if self._granted.acquire(timeout=self.timeout):
                 self.held = True
                 return
-            self._want = False
+            with self._mutex:
+                if not self._want:  # granted between the timeout and here
+                    self._granted.acquire()
+                    self.held = True
+                    return
+                self._want = False
+        except BaseException:  # interrupted: a KeyboardInterrupt, an exception from a signal handler
+            self._give_up(fd)
+            raise
         raise StoreUnavailable(
             f"database: locked by another process for over {self.timeout:g} s "
             f"(queued for {self.path!r} behind another writer)"
         )
+
+    def _give_up(self, fd: int) -> None:
+        """Leave the queue after an exception in ``acquire``, wherever it struck: this process keeps no
+        lock, no pending wish for one, and no grant a later writer could take without the lock."""
+        with self._mutex:
+            self._want = False  # the helper, still blocked in flock, drops the lock when it gets it
+            self._granted.acquire(blocking=False)  # a grant given, and not yet taken
+            self.held = False
+            if self._fd == fd:  # the lock, if it was taken or granted; else this unlocks nothing
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def release(self) -> None:
         """Release the lock, if this process holds it."""
@@ -150,9 +166,15 @@ class WriterQueue:
             info = os.stat(self.store_path)
             mode = stat.S_IMODE(info.st_mode) & 0o666
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK
+                fd = os.open(self.path, flags, mode)
             except FileExistsError:
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # flock needs no write access
+                # flock needs no write access; O_NONBLOCK: opening a FIFO would wait for its writer.
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, a FIFO, …: not ours to chmod
+                    os.close(fd)
+                    self._unusable = True
+                    return None
                 # The store's mode was changed (chmod 0660 to share it): its owner makes the lock follow.
                 if os.fstat(fd).st_uid == os.geteuid() and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
                     os.fchmod(fd, mode)
@@ -161,10 +183,6 @@ class WriterQueue:
                 if os.geteuid() == 0:
                     os.fchown(fd, info.st_uid, info.st_gid)
         except OSError:
-            self._unusable = True
-            return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, a FIFO, …: not a lock file of ours
-            os.close(fd)
             self._unusable = True
             return None
         self._fd = fd
