@@ -70,6 +70,7 @@ from .simulate import (
     plan,
     settings_of,
     shown_store,
+    submission,
 )
 from .store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
@@ -254,19 +255,7 @@ class Host:
 
     def submit(self, spec: JobSpec) -> tuple[str, bool]:
         now = unix_now()
-        urls = [f"https://{spec.caller}.example/page/{spec.number}/{idx}" for idx in range(spec.targets)]
-        options = json.dumps({"render": spec.number % 3 == 0, "timeout_s": 10})
-        job = BatchJob(
-            id=job_id_of(self.config.prefix, spec.number),
-            caller=spec.caller,
-            caller_class=spec.caller_class,
-            idem_key=spec.idem_key,
-            status=JobStatus.QUEUED,
-            targets_total=spec.targets,
-            created_at=now,
-            lease=now,
-        )
-        targets = (BatchTarget(idx=i, url=u, options=options) for i, u in enumerate(urls))
+        job, targets = submission(spec, job_id_of(self.config.prefix, spec.number), now)
         return dcache.submit_batch_job(job, targets, self.config.settings.ttl, now=now)
 
     def poll(self, outstanding: collections.deque[str]) -> None:

@@ -333,20 +333,7 @@ class Simulation:
         """``submit_batch_job``: None when the job was created (its targets then go to the runner's
         queue), else the id of the job the store answered the repeat with."""
         now = self.clock.now()
-        host = f"{spec.caller}.example"
-        urls = [f"https://{host}/page/{spec.number}/{idx}" for idx in range(spec.targets)]
-        options = json.dumps({"render": spec.number % 3 == 0, "timeout_s": 10})
-        job = BatchJob(
-            id=job_id,
-            caller=spec.caller,
-            caller_class=spec.caller_class,
-            idem_key=spec.idem_key,
-            status=JobStatus.QUEUED,
-            targets_total=spec.targets,
-            created_at=now,
-            lease=now,
-        )
-        targets = (BatchTarget(idx=i, url=u, options=options) for i, u in enumerate(urls))
+        job, targets = submission(spec, job_id, now)
         found, created = dcache.submit_batch_job(job, targets, self.settings.ttl, now=now)
         if not created:
             return found
@@ -355,12 +342,12 @@ class Simulation:
             self.created.setdefault((spec.caller, spec.idem_key), set()).add(job_id)
             self.tally.jobs_created += 1
         run = self.runs[job_id]
-        for idx, url in enumerate(urls):
+        for idx, url in enumerate(target_urls(spec)):
             while True:
                 if self.abort.is_set():
                     return None
                 if self.crashing.is_set():  # the runner died: what it had not queued yet is lost too
-                    for _ in range(idx, len(urls)):
+                    for _ in range(idx, spec.targets):
                         self.add(restart_dropped_targets=1)
                         self.item_done(run)
                     return None
@@ -638,6 +625,27 @@ def _refuse_postgres_schema(conn: Any, schema: str, source: str) -> None:
             f"{source}: schema {schema} holds other tables ({', '.join(foreign)}), not an empty store; "
             "simulate never writes into it (without ?schema= it makes a new schema of its own)"
         )
+
+
+def target_urls(spec: JobSpec) -> list[str]:
+    """The URLs of the job ``spec`` submits."""
+    return [f"https://{spec.caller}.example/page/{spec.number}/{idx}" for idx in range(spec.targets)]
+
+
+def submission(spec: JobSpec, job_id: str, now: int) -> tuple[BatchJob, Iterator[BatchTarget]]:
+    """The queued job and the targets a caller submits for ``spec``."""
+    options = json.dumps({"render": spec.number % 3 == 0, "timeout_s": 10})
+    job = BatchJob(
+        id=job_id,
+        caller=spec.caller,
+        caller_class=spec.caller_class,
+        idem_key=spec.idem_key,
+        status=JobStatus.QUEUED,
+        targets_total=spec.targets,
+        created_at=now,
+        lease=now,
+    )
+    return job, (BatchTarget(idx=i, url=u, options=options) for i, u in enumerate(target_urls(spec)))
 
 
 def shown_store(target: str) -> str:
