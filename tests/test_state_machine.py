@@ -3,7 +3,8 @@
 After every step the store must agree with the model: each job's row and targets, the rule 4 invariants
 (computed again from the stored targets), lease values, idempotency answers, live counts and the byte
 total. Sweep and evict must return what the model returns, remove exactly the model's jobs, and never
-evict a queued or running job. Small id, caller and key alphabets make collisions common.
+evict a queued or running job; a claim must hand out exactly the model's targets, in its order, and a
+rescue fail exactly its stale live jobs. Small id, caller and key alphabets make collisions common.
 
 HYPOTHESIS_PROFILE=deep runs 2000 examples of each machine.
 """
@@ -347,6 +348,41 @@ class StoreMachine(RuleBasedStateMachine):
         live = [job for job in self.jobs.values() if job.status in LIVE]
         assert dcache.mark_in_flight_failed(reason, now=now) == len(live)
         for job in live:
+            job.status, job.error, job.lease = "failed", reason, now
+
+    @rule(  # the first choices come first: claims that span jobs, and caps a job reaches
+        limit=st.sampled_from([2 * MAX_TOTAL, 3, 1, 2]),
+        per_job=st.sampled_from([1, None, 2, 3]),
+        now=times,
+    )
+    def claim(self, limit: int, per_job: int | None, now: int) -> None:
+        expected: list[tuple[str, int]] = []
+        for job_id, job in sorted(self.jobs.items(), key=lambda item: (item[1].created_at, item[1].seq)):
+            pending = sorted(i for i, t in job.targets.items() if t.status == "pending")
+            if job.status not in LIVE or not pending or len(expected) == limit:
+                continue
+            taken = pending[: min(per_job or limit, limit - len(expected))]
+            expected += [(job_id, idx) for idx in taken]
+            for idx in taken:
+                job.targets[idx].status = "running"
+            job.status, job.lease = "running", now
+        claimed = dcache.claim_batch_targets(limit, per_job=per_job, now=now)
+        assert [(t.job_id, t.idx) for t in claimed] == expected
+        assert all(t.status == "running" for t in claimed)
+        event(f"claim: {min(len(claimed), 3)}+ targets")
+
+    @rule(data=st.data(), stale_after=ttls, reason=texts, now=times)
+    def rescue(self, data: st.DataObject, stale_after: Any, reason: str, now: int) -> None:
+        live = {i: job for i, job in self.jobs.items() if job.status in LIVE}
+        near_live = data.draw(st.booleans())
+        if live and near_live:  # around the end of a live job's lease
+            job = live[data.draw(st.sampled_from(sorted(live)))]
+            seconds = math.floor(ttl_seconds(stale_after))
+            now = max(0, job.lease + seconds + data.draw(st.integers(min_value=-1, max_value=1)))
+        stale = [job for job in live.values() if job.lease + ttl_seconds(stale_after) <= now]
+        assert dcache.rescue_stale_jobs(stale_after, reason, now=now) == len(stale)
+        event(f"rescue: {min(len(stale), 2)}+ jobs")
+        for job in stale:
             job.status, job.error, job.lease = "failed", reason, now
 
     @rule(data=st.data(), ttl=ttls, now=times)
