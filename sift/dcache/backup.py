@@ -147,14 +147,19 @@ def _source_path() -> str | None:
     return os.path.abspath(path)
 
 
-def _dest_path(dest: str | os.PathLike[str], source: str | None) -> str:
+def _path_argument(field: str, value: str | os.PathLike[str]) -> tuple[str, str]:
+    """The path argument ``field`` as given and made absolute; anything but a non-empty path is refused."""
     try:
-        shown = os.fspath(dest)
+        shown = os.fspath(value)
     except TypeError:
         shown = None
     if not isinstance(shown, str) or not shown:
-        raise InvalidBatchInput("dest", f"must be a non-empty str or os.PathLike of str, got {dest!r}")
-    target = os.path.abspath(shown)
+        raise InvalidBatchInput(field, f"must be a non-empty str or os.PathLike of str, got {value!r}")
+    return shown, os.path.abspath(shown)
+
+
+def _dest_path(dest: str | os.PathLike[str], source: str | None) -> str:
+    shown, target = _path_argument("dest", dest)
     if os.path.isdir(target):
         raise InvalidBatchInput("dest", f"{shown!r} is a directory; name the backup file")
     if not os.path.isdir(os.path.dirname(target)):
@@ -364,13 +369,7 @@ def restore_store(
 
 
 def _source_file(source: str | os.PathLike[str]) -> str:
-    try:
-        shown = os.fspath(source)
-    except TypeError:
-        shown = None
-    if not isinstance(shown, str) or not shown:
-        raise InvalidBatchInput("source", f"must be a non-empty str or os.PathLike of str, got {source!r}")
-    path = os.path.abspath(shown)
+    shown, path = _path_argument("source", source)
     if not os.path.isfile(path):
         raise InvalidBatchInput("source", f"no store file at {shown!r}")
     on_file = isinstance(db.backend, SerializedSqliteDatabase) and db.path not in (None, ":memory:")
