@@ -162,8 +162,8 @@ def _open_new(target: str, barrier: Any, results: Any) -> None:
         results.put(f"{type(exc).__name__}: {exc}")
 
 
-def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
-    target = postgres_target(fresh_schema)
+def open_from_8_processes(target: str) -> list[str]:
+    """What each of 8 spawned processes, released at once, got from opening ``target`` and writing a job."""
     barrier, results = ctx.Barrier(8), ctx.Queue()
     processes = [ctx.Process(target=_open_new, args=(target, barrier, results)) for _ in range(8)]
     for process in processes:
@@ -171,7 +171,12 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
     outcomes = [results.get(timeout=120) for _ in processes]
     for process in processes:
         process.join(timeout=120)
-    assert outcomes == ["ok"] * 8
+    return outcomes
+
+
+def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
+    target = postgres_target(fresh_schema)
+    assert open_from_8_processes(target) == ["ok"] * 8
     dcache.open_db(target)
     assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
@@ -210,14 +215,7 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
 
 def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
-    barrier, results = ctx.Barrier(8), ctx.Queue()
-    processes = [ctx.Process(target=_open_new, args=(pg, barrier, results)) for _ in range(8)]
-    for process in processes:
-        process.start()
-    outcomes = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=120)
-    assert outcomes == ["ok"] * 8
+    assert open_from_8_processes(pg) == ["ok"] * 8
     dcache.open_db(pg)
     assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
     assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
