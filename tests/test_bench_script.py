@@ -55,7 +55,9 @@ PG_CASES = {
     "pg/raw/runner_step/psycopg",
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
-    "pg/simulate/hosts",
+    # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms (issue 10)
+    "pg/simulate/hosts/fetch_0ms",
+    "pg/simulate/hosts/fetch_50ms",
 }
 
 
@@ -122,11 +124,11 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
-    # simulate --hosts 4 against --hosts 1.
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 1
+    # simulate --hosts 4 against --hosts 1: reported with fetches that take no time, a goal with 50 ms.
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2
     assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (3 if with_postgres() else 1)
+    assert [g["verdict"] for g in goals].count("INFO") == (4 if with_postgres() else 1)
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
@@ -146,9 +148,11 @@ def test_quick_run_on_postgres_measures_lock_waits_and_leaves_no_schema(
     waits = writers[8]["extra"]
     assert waits["samples"] > 0 and waits["backend_samples"] >= waits["samples"]  # it saw the writers
     assert 0 <= waits["lock_wait_pct"] <= 100
-    simulate = {c["n"]: c for c in report["cases"] if c["name"] == "pg/simulate/hosts"}
-    assert set(simulate) == {1, 4}  # sift simulate --hosts 1 and --hosts 4
-    assert all(c["extra"]["targets_per_s"] > 0 for c in simulate.values())
+    for fetch_ms in (0, 50):
+        name = f"pg/simulate/hosts/fetch_{fetch_ms}ms"
+        simulate = {c["n"]: c for c in report["cases"] if c["name"] == name}
+        assert set(simulate) == {1, 4}  # sift simulate --hosts 1 and --hosts 4
+        assert all(c["extra"]["targets_per_s"] > 0 for c in simulate.values())
     assert report["machine"]["postgresql"]
     pattern = report["machine"]["postgresql_schemas"].replace("_", r"\_").replace("*", "%")
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:

@@ -588,3 +588,29 @@ def test_a_fifo_in_place_of_the_lock_file_leaves_the_store_on_the_busy_handler(t
         assert dcache.batch_job("job-1") is not None
     finally:
         dcache.close_db()
+
+
+def test_a_lock_file_that_cannot_take_the_stores_mode_is_closed_and_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the new lock file cannot be given the store's mode, writers go on without the queue, and the
+    descriptor opened for it is closed, not left behind for the life of the process."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    os.unlink(lock_path(path))
+    opened_before = sorted(os.listdir("/proc/self/fd"))
+
+    def refuse(fd: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    dcache.open_db(path)
+    try:
+        with db.write():
+            dcache.create_batch_job(make_job("job-1"), make_targets(3))
+            assert not db.obj.writers.held
+        assert dcache.batch_job("job-1") is not None
+    finally:
+        dcache.close_db()
+    assert sorted(os.listdir("/proc/self/fd")) == opened_before

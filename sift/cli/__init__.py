@@ -260,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--no-kill", action="store_true", help="with --hosts: kill no host (to measure throughput)"
     )
+    simulate.add_argument(
+        "--fetch-ms",
+        metavar="MS",
+        type=_count(0),
+        help="with --hosts: how long a fetch waits on the network, on average (default 0: no time, so each "
+        "host is as busy as its CPU lets it)",
+    )
 
     command("shell", cmd_shell, "An interactive Python console with the store open.", json=False)
     return parser
@@ -289,6 +296,13 @@ def _prepare(args: argparse.Namespace) -> None:
         if isinstance(text, str):
             setattr(args, f"{name}_text", text)
             setattr(args, name, parse(text, f"--{name.replace('_', '-')}"))
+
+
+def _simulation_options(args: argparse.Namespace) -> None:
+    """--fetch-ms needs --hosts: the single-process simulation fetches nothing, and must not seem to."""
+    if args.hosts is None and args.fetch_ms is not None:
+        raise CommandError("--fetch-ms: only with --hosts")
+    args.fetch_ms = args.fetch_ms or 0
 
 
 def _simulation_store(args: argparse.Namespace) -> None:
@@ -336,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _prepare(args)
         if args.command == "simulate":
+            _simulation_options(args)
             _simulation_store(args)
         # A command that only reads opens the store read-only: it never creates the file (a typo in --db
         # would leave a new empty store behind) and never writes to it.

@@ -7,7 +7,8 @@ Each host process opens the store itself (one SQLite file for all, or one Postgr
   balancer may. Each thread keeps at most ``IN_FLIGHT`` of its jobs unfinished, polling them with
   ``batch_job`` (and ``batch_targets`` once one finished) before it submits more.
 - runner threads (``--workers``): ``claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB)``, then for each
-  target a fetch (one in ``SLOW_EVERY`` is slow, and touches the lease of every job the runner holds a
+  target a fetch (it waits ``--fetch-ms`` on average, as a real fetch waits on the network with the GIL
+  released; one in ``SLOW_EVERY`` is slow besides, and touches the lease of every job the runner holds a
   claim of while it waits), ``update_batch_target`` with the result, ``set_batch_job_status`` once the
   job's ``targets_done`` reaches ``targets_total``, and ``evict_batch_oldest(budget)`` after each claim.
 - a rescuer thread: ``rescue_stale_jobs(stale_after, RESCUE_REASON)`` every ``RESCUE_EVERY_S``.
@@ -168,6 +169,7 @@ class HostConfig:
     settings: Settings
     stale_after: int
     specs: tuple[JobSpec, ...]
+    fetch_s: float = 0.0  # the mean network time of a fetch
 
 
 def host_main(config: HostConfig, conn: multiprocessing.connection.Connection) -> None:
@@ -296,7 +298,10 @@ class Host:
                 self.journal.write(k="evict", n=evicted)
 
     def fetch(self, rng: random.Random, held: collections.Counter[str]) -> None:
-        """Most fetches take no time; a slow one renews the lease of each job the runner holds targets of."""
+        """A fetch waits on the network from half to one and a half times ``fetch_s`` (none at 0); a slow one
+        waits longer besides, and renews the lease of each job the runner holds targets of."""
+        if self.config.fetch_s:
+            time.sleep(rng.uniform(0.5, 1.5) * self.config.fetch_s)
         if rng.random() >= 1 / SLOW_EVERY:
             return
         for _ in range(SLOW_TOUCHES):
@@ -429,10 +434,17 @@ class _Coordinated:
 
 
 def run_hosts(
-    settings: Settings, target: str, hosts: int, stale_after: int, kill: bool, journal_dir: Path
+    settings: Settings,
+    target: str,
+    hosts: int,
+    stale_after: int,
+    kill: bool,
+    journal_dir: Path,
+    fetch_s: float = 0.0,
 ) -> HostsRun:
     """Start the hosts on the store at ``target`` (already open in this process), kill the last one part-way
-    (with ``kill`` and more than one host), and return once the survivors stopped."""
+    (with ``kill`` and more than one host), and return once the survivors stopped. A fetch waits ``fetch_s``
+    seconds on average."""
     prefix = f"sim-{os.urandom(3).hex()}"
     specs = [
         replace(spec, idem_key=f"{prefix}-{spec.idem_key}" if spec.idem_key else "")
@@ -442,7 +454,7 @@ def run_hosts(
     hosted: list[_Coordinated] = []
     for index, share in enumerate(assign(specs, hosts)):
         journal = str(journal_dir / f"host-{index}.jsonl")
-        config = HostConfig(target, journal, index, prefix, settings, stale_after, tuple(share))
+        config = HostConfig(target, journal, index, prefix, settings, stale_after, tuple(share), fetch_s)
         parent, child = context.Pipe()
         process = context.Process(
             target=host_main, args=(config, child), name=f"sift-host-{index}", daemon=True
@@ -799,7 +811,8 @@ def cmd_simulate_hosts(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     journal_dir = Path(tempfile.mkdtemp(prefix="sift-simulate-journals-"))
     target = getattr(args, "sim_target", args.db)  # args.db may be shown without its password
-    run = run_hosts(settings, target, args.hosts, args.stale_after, not args.no_kill, journal_dir)
+    fetch_s = args.fetch_ms / 1000
+    run = run_hosts(settings, target, args.hosts, args.stale_after, not args.no_kill, journal_dir, fetch_s)
     checks = check_run(run, settings.budget)
     summary = _summary(run, checks, args, settings, journal_dir)
     if args.json:
@@ -884,6 +897,7 @@ def _summary(
         "settings": asdict(settings),
         "hosts": run.hosts,
         "stale_after": args.stale_after,
+        "fetch_ms": args.fetch_ms,
         "kill": None if run.kill is None else asdict(run.kill),
         "seconds": round(run.seconds, 3),
         "per_host": per_host,
@@ -908,7 +922,8 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
     yield (
         f"Simulated {format_count(subs['sent'])} of {format_count(subs['planned'])} submissions on "
         f"{plural(summary['hosts'], 'host')} ({API_THREADS} API threads, {s['workers']} runner threads and a "
-        f"rescuer each) in {summary['seconds']:.1f} s (seed {s['seed']})"
+        f"rescuer each; fetches of {summary['fetch_ms']} ms on average) in {summary['seconds']:.1f} s "
+        f"(seed {s['seed']})"
     )
     yield ""
     if kill is None:

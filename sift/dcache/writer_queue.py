@@ -168,25 +168,37 @@ class WriterQueue:
             try:
                 flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK
                 fd = os.open(self.path, flags, mode)
+                created = True
             except FileExistsError:
                 # flock needs no write access; O_NONBLOCK: opening a FIFO would wait for its writer.
                 fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, a FIFO, …: not ours to chmod
-                    os.close(fd)
-                    self._unusable = True
-                    return None
-                # The store's mode was changed (chmod 0660 to share it): its owner makes the lock follow.
-                if os.fstat(fd).st_uid == os.geteuid() and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
-                    os.fchmod(fd, mode)
-            else:
-                os.fchmod(fd, mode)  # the umask may have taken bits away
-                if os.geteuid() == 0:
-                    os.fchown(fd, info.st_uid, info.st_gid)
+                created = False
         except OSError:
             self._unusable = True
             return None
+        try:
+            self._match_store(fd, info, mode, created)
+        except OSError:
+            self._unusable = True
+        if self._unusable:
+            os.close(fd)
+            return None
         self._fd = fd
         return fd
+
+    def _match_store(self, fd: int, info: os.stat_result, mode: int, created: bool) -> None:
+        """Give the lock file the store file's mode (and, made by root, its owner); mark the queue unusable
+        if the file found at its path is not a regular file."""
+        if created:
+            os.fchmod(fd, mode)  # the umask may have taken bits away
+            if os.geteuid() == 0:
+                os.fchown(fd, info.st_uid, info.st_gid)
+            return
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):  # a directory, a FIFO, …: not ours to chmod
+            self._unusable = True
+        elif found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
+            os.fchmod(fd, mode)  # the store's mode was changed (chmod 0660 to share it): the lock follows
 
     def _start_helper(self) -> None:
         if self._helper is None:
