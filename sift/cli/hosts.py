@@ -188,6 +188,8 @@ class Host:
         self.claim_numbers = itertools.count()
         self.numbers_lock = threading.Lock()
         self.empty_claims = 0  # calls that found nothing to claim (written in the end record)
+        self.go = threading.Event()  # the coordinator said go
+        self.warmed = threading.Barrier(1)
 
     def serve(self, conn: multiprocessing.connection.Connection) -> None:
         c = self.config
@@ -195,10 +197,9 @@ class Host:
         options: dict[str, Any] = {"max_connections": threads} if is_postgres(c.target) else {}
         dcache.open_db(c.target, timeout=OPEN_TIMEOUT_S, **options)
         try:
-            conn.send(("ready", c.host))
-            if conn.recv() != "go":
-                return
-            self.journal.write(k="start", t=time.monotonic())
+            # Every thread opens its connection (on PostgreSQL, one of the pool's each) before the host says
+            # it is ready, as in a host that has served for a while: the first claims do not time it.
+            self.warmed = threading.Barrier(API_THREADS + c.settings.workers + 2)
             seed = c.settings.seed * 1000 + c.host * 100
             api = [
                 self.thread(self.api, list(c.specs[n::API_THREADS]), seed + n, name=f"api-{n}")
@@ -208,6 +209,16 @@ class Host:
                 self.thread(self.runner, seed + 50 + n, name=f"runner-{n}") for n in range(c.settings.workers)
             ]
             rescuer = self.thread(self.rescuer, name="rescuer")
+            self.warmed.wait()  # a thread that failed to connect breaks it: the host did not start
+            conn.send(("ready", c.host))
+            if conn.recv() != "go":
+                self.stop.set()
+                self.go.set()
+                for thread in [*api, *runners, rescuer]:
+                    thread.join()
+                return
+            self.journal.write(k="start", t=time.monotonic())
+            self.go.set()
             for thread in api:
                 while thread.is_alive() and not self.failed.is_set():
                     thread.join(0.05)
@@ -227,8 +238,12 @@ class Host:
     def thread(self, fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
         def body() -> None:
             try:
+                dcache.batch_nbytes()  # opens this thread's connection
+                self.warmed.wait()
+                self.go.wait()
                 fn(*args)
             except BaseException:
+                self.warmed.abort()
                 text = traceback.format_exc()
                 self.errors.append(text)
                 self.journal.write(k="error", what=text)
