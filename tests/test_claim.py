@@ -443,3 +443,28 @@ def test_claims_beside_writers_sweeps_and_evictions_meet_no_deadlock(postgres_sc
         dcache.batch_nbytes()
         == db.execute_sql("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()[0]
     )
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize(("version", "refused"), [((3, 34, 1), True), ((3, 35, 0), False)])
+def test_a_sqlite_library_older_than_3_35_is_refused_by_name(
+    store: Any, monkeypatch: pytest.MonkeyPatch, version: tuple[int, int, int], refused: bool
+) -> None:
+    """The claim's statement needs SQLite 3.35 (UPDATE … FROM, RETURNING, MATERIALIZED): an older library
+    is named in the error, nothing is written, and the other functions go on working."""
+    import sqlite3
+
+    dcache.create_batch_job(make_job("a", targets_total=2, lease=3), make_targets(2))
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", version)
+    monkeypatch.setattr(sqlite3, "sqlite_version", ".".join(map(str, version)))
+    before = snapshot()
+    if not refused:
+        assert keys(dcache.claim_batch_targets(1, now=5)) == [("a", 0)]
+        return
+    message = "needs SQLite 3.35 or later; this Python's sqlite3 module uses SQLite 3.34.1"
+    with pytest.raises(dcache.StoreUnavailable, match=re.escape(message)):
+        dcache.claim_batch_targets(1, now=5)
+    assert snapshot() == before
+    dcache.update_batch_target("a", 1, "done", result="x", now=6)
+    job = dcache.batch_job("a")
+    assert job is not None and job.targets_done == 1

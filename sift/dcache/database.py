@@ -91,6 +91,9 @@ class Backend(Protocol):
         """``query`` locking the rows it selects until the transaction ends (skipping rows another
         transaction holds, with ``skip_locked``), where the backend needs row locks."""
 
+    def require_claims(self) -> None:
+        """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""
+
     def removals(self) -> AbstractContextManager[None]:
         """A sweep or eviction chunk's write transaction: one at a time per store, where that matters."""
 

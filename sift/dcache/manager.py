@@ -385,6 +385,7 @@ def claim_batch_targets(
     limit = checks.positive("limit", limit)
     per_job = limit if per_job is None else checks.positive("per_job", per_job)
     now = checks.now(now)
+    db.backend.require_claims()
     claimed: list[Any] = []
     with db.write():
         after: tuple[int, int] = (-1, -1)  # the claim order's position: (created_at, insertion order)

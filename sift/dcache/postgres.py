@@ -497,6 +497,10 @@ class PostgresStore(PooledPostgresqlDatabase):  # type: ignore[misc]
         locked: peewee.Node = query.for_update(skip_locked=skip_locked)  # type: ignore[attr-defined]
         return locked
 
+    @staticmethod
+    def require_claims() -> None:
+        """Every PostgreSQL that sift supports can claim."""
+
     def write(self) -> _Write:
         return _Write(self)
 

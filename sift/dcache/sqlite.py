@@ -42,6 +42,8 @@ _peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
 #: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
 WAL_AUTOCHECKPOINT_PAGES = 1000
 
+#: The oldest SQLite whose library can run claim_batch_targets.
+CLAIMS_NEED_SQLITE = (3, 35, 0)
 #: The busy timeout: how long a write waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
 
@@ -784,6 +786,16 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
     def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
         """``query`` as it is: SQLite has no ``FOR UPDATE``."""
         return query
+
+    @staticmethod
+    def require_claims() -> None:
+        """A claim's statement uses ``UPDATE … FROM``, ``RETURNING`` and a ``MATERIALIZED`` CTE: an older
+        SQLite library is refused by name, not with the syntax error it would give."""
+        if sqlite3.sqlite_version_info < CLAIMS_NEED_SQLITE:
+            raise StoreUnavailable(
+                f"database: claim_batch_targets needs SQLite {'.'.join(map(str, CLAIMS_NEED_SQLITE[:2]))} "
+                f"or later; this Python's sqlite3 module uses SQLite {sqlite3.sqlite_version}"
+            )
 
     def removals(self) -> _WriteTransaction:
         """A sweep or eviction chunk's transaction: the write transaction."""
