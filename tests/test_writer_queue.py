@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -614,3 +615,77 @@ def test_a_lock_file_that_cannot_take_the_stores_mode_is_closed_and_left_alone(
     finally:
         dcache.close_db()
     assert sorted(os.listdir("/proc/self/fd")) == opened_before
+
+
+# -- SQLite's automatic checkpoint, moved out of the queue ---------------------------------------------------
+
+
+def autocheckpoint() -> int:
+    value: int = db.execute_sql("PRAGMA wal_autocheckpoint").fetchone()[0]
+    return value
+
+
+def frames_pending(store: Path) -> int:
+    """Frames of the -wal file not yet checkpointed, read as the store reads them (the WAL index header)."""
+    with open(f"{store}-shm", "rb") as f:
+        header = f.read(100)
+    max_frame, backfilled = (int.from_bytes(header[i : i + 4], sys.byteorder) for i in (16, 96))
+    return max_frame - backfilled
+
+
+def write_results(count: int, job_id: str = "big") -> None:
+    """``count`` write transactions of a 4 KB result each: a few -wal pages apiece."""
+    dcache.create_batch_job(make_job(job_id, targets_total=count), make_targets(count))
+    for idx in range(count):
+        dcache.update_batch_target(job_id, idx, "done", result="r" * 4096, now=2_000)
+
+
+def test_the_checkpoint_runs_once_the_queue_is_released(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite would checkpoint inside the COMMIT that fills the -wal file past 1,000 pages, with every other
+    process's writer queued behind the copy and its fsyncs: the store turns that off, and checkpoints by the
+    same rule once the queue is free."""
+    assert autocheckpoint() == 0
+    calls: list[tuple[bool, bool]] = []
+    checkpoint = db.obj.checkpoint
+
+    def watched() -> None:
+        calls.append((db.obj.writers.held, lock_is_free(file_store)))
+        checkpoint()
+
+    monkeypatch.setattr(db.obj, "checkpoint", watched)
+    write_results(600)
+    assert calls and set(calls) == {(False, True)}
+    assert frames_pending(file_store) < 1000
+
+
+def test_without_the_queue_sqlite_checkpoints_by_itself(tmp_path: Path) -> None:
+    db._queue_writers = False
+    try:
+        dcache.open_db(tmp_path / "plain.db")
+        assert autocheckpoint() == 1000
+    finally:
+        db._queue_writers = True
+        dcache.close_db()
+
+
+def test_an_unreadable_wal_index_gives_the_checkpoint_back_to_sqlite(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(fd: int, length: int, offset: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", unreadable)
+    write_results(1, "small")
+    assert autocheckpoint() == 1000
+    monkeypatch.undo()
+    write_results(600)  # now as SQLite alone would: inside the COMMIT
+    assert frames_pending(file_store) < 1000
+
+
+def test_sweeps_and_evictions_leave_the_checkpoint_to_the_store(file_store: Path) -> None:
+    """Bulk writes turn SQLite's checkpoint off for their run, and after it leave it off on a queued store."""
+    dcache.create_batch_job(make_job("old", lease=1), make_targets(3))
+    assert dcache.sweep_batch(10, now=1_000) == 1
+    assert autocheckpoint() == 0

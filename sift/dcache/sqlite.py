@@ -11,13 +11,19 @@ Across processes, every write transaction of a file store (``write()``, and Peew
 all begin through :meth:`SerializedSqliteDatabase.begin`) first takes its place in the writers' queue, an
 OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it when the connection is out
 of the transaction again (:meth:`SerializedSqliteDatabase.settle_writers`, after every statement).
+SQLite's automatic checkpoint would run inside the COMMIT that takes the ``-wal`` file past 1,000 pages,
+with the queue still held: every other process's writer would wait for its copy and fsyncs. So a queued
+store turns it off and applies the same rule itself, once the queue is released
+(:meth:`SerializedSqliteDatabase.checkpoint_if_due`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
+import sys
 import threading
 import urllib.parse
 import weakref
@@ -278,7 +284,7 @@ class _BulkWrites:
 
     def __exit__(self, *exc_info: object) -> None:
         with self.database.lock:
-            self.database.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
+            self.database.run_sql(f"PRAGMA wal_autocheckpoint = {self.database.autocheckpoint_pages()}", ())
         self.database.checkpoint()
 
 
@@ -339,6 +345,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         #: For measurement only (``scripts/bench.py --only tail`` compares both ways in one run): False
         #: makes the next ``open_store`` leave writers to SQLite's busy handler alone, as before the queue.
         self._queue_writers = True
+        #: ``<store>-shm`` (SQLite's WAL index), whose header says how many -wal frames await a checkpoint;
+        #: None when SQLite checkpoints by itself (no queue: in memory, read-only, or queue unusable).
+        self._wal_index_path: str | None = None
+        self._wal_index: int | None = None
+        self._changes_seen = 0  # the connection's total_changes at the last look at the -wal file
         this = weakref.ref(self)
 
         def call(method: str) -> Callable[[], None]:
@@ -370,6 +381,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
         self._checkpointer = None
         self.writers.after_fork_in_child()
+        self._close_wal_index()
         self._state.reset()
 
     def __repr__(self) -> str:
@@ -445,7 +457,14 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
             if self._checkpointer is not None:
                 self._checkpointer.close()
                 self._checkpointer = None
+        self._close_wal_index()
         return bool(super().close())
+
+    def _close_wal_index(self) -> None:
+        if self._wal_index is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wal_index)
+            self._wal_index = None
 
     def __enter__(self) -> SerializedSqliteDatabase:
         """``with db:`` is a transaction of this thread's (``db.atomic()``); it never closes the store."""
@@ -502,11 +521,49 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
 
     def settle_writers(self) -> None:
         """Leave the writers' queue once the connection is out of its transaction, however it ended
-        (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``)."""
+        (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``); then, if
+        something was written, checkpoint if due."""
+        conn = self._state.conn
+        if conn is not None and conn.in_transaction:
+            return
         if self.writers.held:
-            conn = self._state.conn
-            if conn is None or not conn.in_transaction:
-                self.writers.release()
+            self.writers.release()
+        if self._wal_index_path is not None and conn is not None and conn.total_changes != self._changes_seen:
+            self._changes_seen = conn.total_changes
+            self.checkpoint_if_due()
+
+    def checkpoint_if_due(self) -> None:
+        """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
+        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint. It never
+        fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself again."""
+        pending = self._wal_frames_pending()
+        if pending is None:
+            self._wal_index_path = None
+            with contextlib.suppress(Exception):
+                self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
+        elif pending >= WAL_AUTOCHECKPOINT_PAGES:
+            with contextlib.suppress(BatchError):  # retried after the next write
+                self.checkpoint()
+
+    def _wal_frames_pending(self) -> int | None:
+        """Frames in the -wal file not yet checkpointed, from the WAL index header (sqlite.org/walformat:
+        ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order), or None if unreadable."""
+        try:
+            if self._wal_index is None:
+                assert self._wal_index_path is not None
+                self._wal_index = os.open(self._wal_index_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            header = os.pread(self._wal_index, 100, 0)
+        except OSError:
+            return None
+        if len(header) < 100:
+            return None
+        max_frame = int.from_bytes(header[16:20], sys.byteorder)
+        backfilled = int.from_bytes(header[96:100], sys.byteorder)
+        return max_frame - backfilled if max_frame >= backfilled else max_frame
+
+    def autocheckpoint_pages(self) -> int:
+        """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
+        return 0 if self._wal_index_path is not None else WAL_AUTOCHECKPOINT_PAGES
 
     def manual_commit(self) -> _Locked:  # type: ignore[override]
         return _Locked(self, lambda: super(SerializedSqliteDatabase, self).manual_commit())
@@ -526,9 +583,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 queued = not readonly and shown != ":memory:" and self._queue_writers
                 self.writers = WriterQueue(target if queued else None, timeout)
+                self._wal_index_path = target + "-shm" if queued else None
+                self._changes_seen = 0
                 self._init_raw(
                     target,
-                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
+                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000), **self._checkpoint_pragma()),
                     timeout=timeout,
                     check_same_thread=False,
                     uri=readonly,
@@ -558,6 +617,9 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 cause = exc.__cause__ if isinstance(exc, BatchError) and exc.__cause__ is not None else exc
                 raise kind(f"path: cannot open {path!r} as a batch store: {exc}") from cause
             self._store_open = True
+
+    def _checkpoint_pragma(self) -> dict[str, object]:
+        return {"wal_autocheckpoint": 0} if self._wal_index_path is not None else {}
 
     def close_store(self) -> None:
         """Close the store's connection, waiting for any transaction of another thread to end first."""
