@@ -229,7 +229,7 @@ CASE_NAMES = (
 )
 #: The simulate group's fetch times (--fetch-ms): none, each host then as busy as its CPU lets it; and
 #: fetches waiting 50 ms on the network, as a fetch from a nearby server does (across the internet they
-#: take longer). The goal is judged on the second: a host of a URL-fetching service mostly waits.
+#: take longer), as a host of a URL-fetching service mostly waits. The goal is judged on both.
 SIM_FETCH_MS = (0, 50)
 #: The cases of the PostgreSQL part (issue 9).
 PG_CASE_NAMES = (
@@ -1947,15 +1947,14 @@ def pg_simulate(server: PgServer, sizes: Sizes, report: Report) -> None:
                 seconds=statistics.median(t["seconds"] for t in totals),
             )
         one, most = cases[1], cases[max(SIM_HOSTS)]
-        one.ratio, most.ratio = 1.0, most.median_us / one.median_us
+        # Per target, 1 host over 4 hosts, from the runs' median targets/s (the figures shown beside them).
+        ratio = one.extra["targets_per_s"] / most.extra["targets_per_s"]
+        one.ratio, most.ratio = 1.0, ratio
         name = (
             f"PostgreSQL: end to end, sift simulate --hosts {max(SIM_HOSTS)} --fetch-ms {fetch_ms}, time per "
-            f"target / --hosts 1 ({1 / most.ratio:.2f} x the targets/s; 0.5 x = 2 x)"
+            f"target / --hosts 1 ({1 / ratio:.2f} x the targets/s; 0.5 x = 2 x)"
         )
-        if fetch_ms == 0:  # CPU-bound: one host and the server already keep most of 2 cores busy
-            report.goals.append(Goal(name, most.ratio, None, "x"))
-        else:
-            report.goals.append(Goal(name, most.ratio, 0.5, "x"))
+        report.goals.append(Goal(name, ratio, 0.5, "x"))
 
 
 def simulate_hosts(server: PgServer, hosts: int, fetch_ms: int, jobs: int, rnd: int) -> dict[str, Any]:

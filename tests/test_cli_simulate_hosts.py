@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -18,8 +19,18 @@ from cli_helpers import run
 from conftest import POSTGRES_URL, SUFFIX, postgres_target
 
 from sift import dcache
-from sift.cli.hosts import RESCUE_REASON, HostsRun, assign, check_run, read_journal, run_hosts
+from sift.cli.hosts import (
+    RESCUE_REASON,
+    Host,
+    HostConfig,
+    HostsRun,
+    assign,
+    check_run,
+    read_journal,
+    run_hosts,
+)
 from sift.cli.simulate import Settings, plan
+from sift.cli.store import CommandError
 
 HOSTS = [
     "--hosts",
@@ -312,6 +323,12 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
     ("argv", "code", "message"),
     [
         (["--fetch-ms", "20"], 1, "sift: --fetch-ms: only with --hosts\n"),
+        (
+            ["--hosts", "2", "--fetch-ms", "4000"],
+            1,
+            "sift: --fetch-ms: fetches of 4000 ms (up to 6000 ms) outlast --stale-after 5s: the hosts would "
+            "rescue jobs they are still fetching; give a shorter --fetch-ms or a longer --stale-after\n",
+        ),
         (["--hosts", "2", "--fetch-ms", "-1"], 2, "argument --fetch-ms: must be a whole number from 0"),
         (["--hosts", "2", "--fetch-ms", "0.5"], 2, "argument --fetch-ms: must be a whole number from 0"),
     ],
@@ -319,9 +336,43 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
 def test_fetch_ms_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
 ) -> None:
-    """Without --hosts nothing fetches, so --fetch-ms would change nothing: refused, as are values that
-    are not whole milliseconds; no store is made either way."""
+    """Without --hosts nothing fetches, so --fetch-ms would change nothing: refused, as are fetches that
+    outlast --stale-after and values that are not whole milliseconds; no store is made either way."""
     got, out, err = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
     assert (got, out) == (code, "")
     assert message in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_host_whose_thread_cannot_connect_says_why_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every thread of a host opens its connection before the host is ready: the first that fails is what
+    the host reports, the others stop without work, and the host does not wait for the coordinator."""
+    path = tmp_path / "sim.db"
+    dcache.open_db(path)
+    calls = iter(range(1_000))
+    real = dcache.batch_nbytes
+
+    def first_fails() -> int:
+        if next(calls) == 0:
+            raise dcache.StoreUnavailable("database: too many connections (simulated)")
+        return real()
+
+    monkeypatch.setattr(dcache, "batch_nbytes", first_fails)
+    journal = str(tmp_path / "host-0.jsonl")
+    config = HostConfig(str(path), journal, 0, "p", SETTINGS, 6, tuple(plan(SETTINGS)[:4]))
+    ours, theirs = multiprocessing.Pipe()
+    Host(config).serve(theirs)  # returns: it waits for no "go"
+    kind, host, errors = ours.recv()
+    assert (kind, host, len(errors)) == ("failed", 0, 1)
+    assert errors[0].strip().endswith("StoreUnavailable: database: too many connections (simulated)")
+    assert [r["k"] for r in read_journal(Path(journal))] == ["error"]
+    assert dcache.db.is_closed()
+
+
+def test_a_host_that_dies_before_it_is_ready_stops_the_run_at_once(tmp_path: Path) -> None:
+    """The coordinator holds no copy of a host's end of the pipe: a host that dies is seen at once."""
+    missing = str(tmp_path / "no-such-directory" / "sim.db")
+    with pytest.raises(CommandError, match=r"^host 0 did not start: exit status 1$"):
+        run_hosts(SETTINGS, missing, 1, 6, False, tmp_path)

@@ -299,10 +299,18 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _simulation_options(args: argparse.Namespace) -> None:
-    """--fetch-ms needs --hosts: the single-process simulation fetches nothing, and must not seem to."""
+    """--fetch-ms needs --hosts (the single-process simulation fetches nothing, and must not seem to), and
+    fetches shorter than --stale-after: a host's own rescuer would fail the jobs it is still fetching."""
     if args.hosts is None and args.fetch_ms is not None:
         raise CommandError("--fetch-ms: only with --hosts")
     args.fetch_ms = args.fetch_ms or 0
+    longest_ms = args.fetch_ms * 3 // 2  # a fetch waits up to 1.5 times the mean
+    if args.hosts is not None and longest_ms >= args.stale_after * 1000:
+        raise CommandError(
+            f"--fetch-ms: fetches of {args.fetch_ms} ms (up to {longest_ms} ms) outlast --stale-after "
+            f"{args.stale_after_text}: the hosts would rescue jobs they are still fetching; give a shorter "
+            "--fetch-ms or a longer --stale-after"
+        )
 
 
 def _simulation_store(args: argparse.Namespace) -> None:

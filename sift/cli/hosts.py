@@ -209,7 +209,15 @@ class Host:
                 self.thread(self.runner, seed + 50 + n, name=f"runner-{n}") for n in range(c.settings.workers)
             ]
             rescuer = self.thread(self.rescuer, name="rescuer")
-            self.warmed.wait()  # a thread that failed to connect breaks it: the host did not start
+            try:
+                self.warmed.wait()
+            except threading.BrokenBarrierError:  # a thread could not connect: the host does not start
+                self.stop.set()
+                self.go.set()
+                for thread in [*api, *runners, rescuer]:
+                    thread.join()
+                conn.send(("failed", c.host, self.errors))
+                return
             conn.send(("ready", c.host))
             if conn.recv() != "go":
                 self.stop.set()
@@ -242,13 +250,15 @@ class Host:
                 self.warmed.wait()
                 self.go.wait()
                 fn(*args)
+            except threading.BrokenBarrierError:  # another thread of the host failed before the start
+                return
             except BaseException:
-                self.warmed.abort()
                 text = traceback.format_exc()
                 self.errors.append(text)
                 self.journal.write(k="error", what=text)
                 self.failed.set()
                 self.stop.set()
+                self.warmed.abort()
 
         thread = threading.Thread(target=body, name=name, daemon=True)
         thread.start()
@@ -467,6 +477,7 @@ def run_hosts(
     ]
     context = multiprocessing.get_context("spawn")
     hosted: list[_Coordinated] = []
+    child_ends: list[multiprocessing.connection.Connection] = []
     for index, share in enumerate(assign(specs, hosts)):
         journal = str(journal_dir / f"host-{index}.jsonl")
         config = HostConfig(target, journal, index, prefix, settings, stale_after, tuple(share), fetch_s)
@@ -475,15 +486,17 @@ def run_hosts(
             target=host_main, args=(config, child), name=f"sift-host-{index}", daemon=True
         )
         hosted.append(_Coordinated(index, process, parent, journal))
+        child_ends.append(child)
     victim = hosted[-1] if kill and hosts > 1 else None
     killed: Kill | None = None
     stalled = False
     try:
         for host in hosted:
             host.process.start()
+        for end in child_ends:  # the hosts have theirs: a host that dies is then seen at once (EOF)
+            end.close()
         for host in hosted:
-            if not host.conn.poll(120) or host.conn.recv()[0] != "ready":
-                raise CommandError(f"host {host.index} did not start (exit status {host.process.exitcode})")
+            _wait_ready(host)
         started = time.monotonic()
         for host in hosted:
             host.conn.send("go")
@@ -576,6 +589,23 @@ def _state(pid: int) -> str:
             return f.read().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def _wait_ready(host: _Coordinated) -> None:
+    """Wait for the host's "ready"; raise CommandError with its first error if it failed or died instead."""
+    message: Any
+    try:
+        message = host.conn.recv() if host.conn.poll(120) else None
+    except (EOFError, OSError):  # it died
+        message = None
+    if message is not None and message[0] == "ready":
+        return
+    if message is not None and message[0] == "failed" and message[2]:
+        why = message[2][0].strip().splitlines()[-1]
+    else:
+        host.process.join(5)
+        why = f"exit status {host.process.exitcode}"
+    raise CommandError(f"host {host.index} did not start: {why}")
 
 
 def _receive(host: _Coordinated) -> None:
