@@ -305,7 +305,7 @@ def _simulation_options(args: argparse.Namespace) -> None:
         raise CommandError("--fetch-ms: only with --hosts")
     args.fetch_ms = args.fetch_ms or 0
     longest_ms = args.fetch_ms * 3 // 2  # a fetch waits up to 1.5 times the mean
-    if args.hosts is not None and longest_ms >= args.stale_after * 1000:
+    if args.hosts is not None and args.fetch_ms and longest_ms >= args.stale_after * 1000:
         raise CommandError(
             f"--fetch-ms: fetches of {args.fetch_ms} ms (up to {longest_ms} ms) outlast --stale-after "
             f"{args.stale_after_text}: the hosts would rescue jobs they are still fetching; give a shorter "
