@@ -633,6 +633,11 @@ def frames_pending(store: Path) -> int:
     return max_frame - backfilled
 
 
+def unreadable(fd: int, length: int, offset: int) -> bytes:
+    """``os.pread`` of a WAL index that cannot be read."""
+    raise OSError(5, "Input/output error")
+
+
 def write_results(count: int, job_id: str = "big") -> None:
     """``count`` write transactions of a 4 KB result each: a few -wal pages apiece."""
     dcache.create_batch_job(make_job(job_id, targets_total=count), make_targets(count))
@@ -673,9 +678,6 @@ def test_without_the_queue_sqlite_checkpoints_by_itself(tmp_path: Path) -> None:
 def test_an_unreadable_wal_index_gives_the_checkpoint_back_to_sqlite(
     file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def unreadable(fd: int, length: int, offset: int) -> bytes:
-        raise OSError(5, "Input/output error")
-
     monkeypatch.setattr(os, "pread", unreadable)
     write_results(1, "small")
     assert autocheckpoint() == 1000
@@ -689,3 +691,37 @@ def test_sweeps_and_evictions_leave_the_checkpoint_to_the_store(file_store: Path
     dcache.create_batch_job(make_job("old", lease=1), make_targets(3))
     assert dcache.sweep_batch(10, now=1_000) == 1
     assert autocheckpoint() == 0
+
+
+def _in_child(check: Callable[[], bool]) -> bool:
+    """Run ``check`` in a forked child, which opens a connection of its own on its first call."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if check() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("index", ["readable", "unreadable"])
+def test_a_forked_childs_connection_keeps_the_stores_checkpoint_rule(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, index: str
+) -> None:
+    """A child's new connection checkpoints as the store does by then: after the queue, or (once the WAL
+    index could not be read) by SQLite itself, never not at all."""
+    if index == "unreadable":
+        monkeypatch.setattr(os, "pread", unreadable)
+        write_results(1, "small")
+        monkeypatch.undo()
+    expected = 0 if index == "readable" else 1000
+
+    def child() -> bool:
+        if autocheckpoint() != expected:
+            return False
+        write_results(600)
+        return frames_pending(file_store) < 1000
+
+    assert _in_child(child)

@@ -346,7 +346,8 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
         #: makes the next ``open_store`` leave writers to SQLite's busy handler alone, as before the queue.
         self._queue_writers = True
         #: ``<store>-shm`` (SQLite's WAL index), whose header says how many -wal frames await a checkpoint;
-        #: None when SQLite checkpoints by itself (no queue: in memory, read-only, or queue unusable).
+        #: None when SQLite checkpoints by itself (in memory, read-only, without the queue, or the index
+        #: could not be read).
         self._wal_index_path: str | None = None
         self._wal_index: int | None = None
         self._changes_seen = 0  # the connection's total_changes at the last look at the -wal file
@@ -587,7 +588,7 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 self._changes_seen = 0
                 self._init_raw(
                     target,
-                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000), **self._checkpoint_pragma()),
+                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
                     timeout=timeout,
                     check_same_thread=False,
                     uri=readonly,
@@ -618,8 +619,11 @@ class SerializedSqliteDatabase(peewee.SqliteDatabase):
                 raise kind(f"path: cannot open {path!r} as a batch store: {exc}") from cause
             self._store_open = True
 
-    def _checkpoint_pragma(self) -> dict[str, object]:
-        return {"wal_autocheckpoint": 0} if self._wal_index_path is not None else {}
+    def _set_pragmas(self, conn: sqlite3.Connection) -> None:
+        """The pragmas, on every new connection; and no automatic checkpoint while the store does it."""
+        super()._set_pragmas(conn)  # type: ignore[misc]
+        if self._wal_index_path is not None:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
 
     def close_store(self) -> None:
         """Close the store's connection, waiting for any transaction of another thread to end first."""
