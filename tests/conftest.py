@@ -60,8 +60,15 @@ def postgres_schema() -> Iterator[str]:
         try:
             dcache.close_db()
         finally:
-            with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            drop_schema(schema)
+
+
+def drop_schema(schema: str) -> None:
+    """Drop a schema a test made on the test server, with what it holds (nothing if it is not there)."""
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def postgres_target(schema: str) -> str:
@@ -119,10 +126,8 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def pg_target(postgres_schema: str) -> Iterator[str]:
     """A PostgreSQL target in a schema of the test's own that does not exist yet (``open_db`` creates it;
     dropped after the test). Skips, or fails under CI, as ``postgres_schema`` does."""
-    import psycopg
 
     name = f"{postgres_schema}_{secrets.token_hex(3)}"
     yield postgres_target(name)
     dcache.close_db()
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    drop_schema(name)

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from cli_helpers import run
-from conftest import POSTGRES_URL, SUFFIX, postgres_target
+from conftest import SUFFIX, drop_schema, postgres_target
 
 from sift import dcache
 from sift.cli.hosts import (
@@ -60,11 +59,6 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 def journals_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The command keeps its journals in a new directory under $TMPDIR: this test's, not /tmp."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-
-
-def drop_schema(schema: str) -> None:
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from cli_helpers import EXPECTED, job_ids, populate, run, sift_script
-from conftest import POSTGRES_URL, postgres_target
+from conftest import POSTGRES_URL, drop_schema, postgres_target
 from helpers import make_job, make_targets
 from test_cli_simulate import SMALL, independent_view
 
@@ -244,8 +244,7 @@ def neighbour(postgres_schema: str) -> Iterator[str]:
         yield schema
     finally:
         dcache.close_db()
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(schema)
 
 
 @pytest.mark.postgres
@@ -284,8 +283,7 @@ def test_on_postgres_simulate_makes_a_schema_of_its_own(
         )
         assert text_summary[0] == 1 and f"schema {made} already holds jobs" in text_summary[2]
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')
+        drop_schema(made)
 
 
 @pytest.mark.postgres
@@ -299,8 +297,7 @@ def test_on_postgres_the_summary_says_how_to_drop_the_schema(
         assert code == 0 and out.splitlines()[-1] == "All invariants hold."
         assert store.endswith(f"(kept; to drop it: DROP SCHEMA {made} CASCADE)")
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')
+        drop_schema(made)
 
 
 @pytest.mark.postgres
@@ -334,8 +331,7 @@ def test_a_named_postgres_schema_with_other_tables_is_refused(
         with psycopg.connect(POSTGRES_URL) as conn:
             assert store_contents(conn, schema) == {"users": None}  # no store table was made there
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(schema)
 
 
 @pytest.mark.postgres
@@ -353,8 +349,7 @@ def test_a_named_postgres_schema_without_jobs_is_used(
         assert (code, summary["ok"], summary["schema_made"]) == (0, True, None)
         assert summary["db"] == postgres_target(schema)
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(schema)
 
 
 @pytest.mark.postgres
@@ -373,5 +368,4 @@ def test_on_postgres_the_password_is_never_shown(
     try:
         assert code == 0 and "s3cret" not in out + err
     finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{made}" CASCADE')
+        drop_schema(made)

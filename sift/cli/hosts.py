@@ -72,6 +72,7 @@ from .simulate import (
     settings_of,
     shown_store,
     submission,
+    summary_footer,
 )
 from .store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
@@ -1034,15 +1035,4 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
         Column("claim p99", "p99", right=True),
     ]
     yield from table(rows, columns, indent="  ")
-    yield ""
-    yield "Jobs by status"
-    status_rows = [{"status": k, "count": format_count(v)} for k, v in summary["jobs"].items()]
-    yield from table(
-        status_rows, [Column("status", "status"), Column("count", "count", right=True)], indent="  "
-    )
-    yield ""
-    yield "Invariants"
-    for check in summary["invariants"]:
-        yield f"  {'ok  ' if check['ok'] else 'FAIL'}  {check['name']} ({check['detail']})"
-    yield ""
-    yield "All invariants hold." if summary["ok"] else "INVARIANTS FAILED: the store is inconsistent."
+    yield from summary_footer(summary)

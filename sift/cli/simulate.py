@@ -786,6 +786,11 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
         ],
         indent="  ",
     )
+    yield from summary_footer(summary)
+
+
+def summary_footer(summary: dict[str, Any]) -> Iterator[str]:
+    """The end of a human summary (single process or hosts): jobs by status, then the invariants' verdicts."""
     yield ""
     yield "Jobs by status"
     rows = [{"status": k, "count": format_count(v)} for k, v in summary["jobs"].items()]

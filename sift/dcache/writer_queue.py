@@ -177,28 +177,31 @@ class WriterQueue:
             self._unusable = True
             return None
         try:
-            self._match_store(fd, info, mode, created)
+            usable = self._match_store(fd, info, mode, created)
         except OSError:
+            usable = False
+        if not usable:
             self._unusable = True
-        if self._unusable:
             os.close(fd)
             return None
         self._fd = fd
         return fd
 
-    def _match_store(self, fd: int, info: os.stat_result, mode: int, created: bool) -> None:
-        """Give the lock file the store file's mode (and, made by root, its owner); mark the queue unusable
-        if the file found at its path is not a regular file."""
+    @staticmethod
+    def _match_store(fd: int, info: os.stat_result, mode: int, created: bool) -> bool:
+        """Give the lock file the store file's mode (and, made by root, its owner). False if the file found
+        at its path is not a regular file; an OSError of fchmod or fchown propagates."""
         if created:
             os.fchmod(fd, mode)  # the umask may have taken bits away
             if os.geteuid() == 0:
                 os.fchown(fd, info.st_uid, info.st_gid)
-            return
+            return True
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):  # a directory, a FIFO, …: not ours to chmod
-            self._unusable = True
-        elif found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
+            return False
+        if found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
             os.fchmod(fd, mode)  # the store's mode was changed (chmod 0660 to share it): the lock follows
+        return True
 
     def _start_helper(self) -> None:
         if self._helper is None:
