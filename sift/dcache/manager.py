@@ -29,7 +29,7 @@ from .models import (
     JobStatus,
     TargetStatus,
 )
-from .statements import Inline, Slot, Statement
+from .statements import Inline, Slot, Statement, literal
 
 J = BatchJob
 T = BatchTarget
@@ -83,7 +83,7 @@ _IDEM = Statement(
             & Inline(J.status.in_(IDEM_JOB_STATUSES))
         )
         .order_by(J.created_at.desc(), db.backend.insertion_order.desc())
-        .limit(1)
+        .limit(literal(1))
     )
 )
 _LIVE = Statement(
@@ -172,13 +172,13 @@ _NEXT_CLAIMABLE_JOB = Statement(
                 > peewee.Tuple(Slot("after_created"), Slot("after_order"))
             )
             & peewee.Expression(
-                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(1),
+                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(literal(1)),
                 peewee.OP.IS_NOT,
                 None,
             )
         )
         .order_by(J.created_at, db.backend.insertion_order)
-        .limit(1),
+        .limit(literal(1)),
         skip_locked=True,
     )
 )
@@ -224,14 +224,14 @@ def _evictable() -> peewee.Node:
 # ORDER BY lease: without it PostgreSQL's generic plan (psycopg prepares a statement run 5 times) may guess a
 # third of the jobs expired and pick a sequential scan, reading every row when none is.
 _ANY_EXPIRED = Statement(
-    lambda: J.select(peewee.SQL("1")).where(J.lease <= Slot("cutoff")).order_by(J.lease).limit(1)
+    lambda: J.select(peewee.SQL("1")).where(J.lease <= Slot("cutoff")).order_by(J.lease).limit(literal(1))
 )
 _EXPIRED = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.targets_total, J.nbytes)
         .where(J.lease <= Slot("cutoff"))
         .order_by(J.lease)
-        .limit(JOBS_PER_TRANSACTION),
+        .limit(literal(JOBS_PER_TRANSACTION)),
         skip_locked=True,
     )
 )
@@ -240,7 +240,7 @@ _EVICTABLE = Statement(
         J.select(J.id, J.targets_total, J.nbytes)
         .where(_evictable())
         .order_by(J.lease, J.created_at, J.id)
-        .limit(JOBS_PER_TRANSACTION)
+        .limit(literal(JOBS_PER_TRANSACTION))
     )
 )
 _SWEEP_CANDIDATES = Statement(

@@ -14,7 +14,7 @@ import peewee
 
 from .database import Backend, db
 
-__all__ = ["Inline", "Slot", "Statement"]
+__all__ = ["Inline", "Slot", "Statement", "literal"]
 
 
 class _SlotValue:
@@ -47,6 +47,13 @@ class Inline(peewee.Node):
         with ctx(value_literals=True):
             ctx.sql(self.node)  # type: ignore[no-untyped-call]
         return ctx
+
+
+def literal(value: int) -> Inline:
+    """``value`` written into the SQL, not bound. For a LIMIT: with ``LIMIT $1`` PostgreSQL's generic plan
+    guesses a tenth of the rows, costs far more than a custom plan, and so is never chosen: the statement is
+    planned again on every run (``tests/test_postgres_plans.py``)."""
+    return Inline(peewee.Value(value))
 
 
 class _Compiled:
