@@ -317,6 +317,10 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
     ("argv", "code", "message"),
     [
         (["--fetch-ms", "20"], 1, "sift: --fetch-ms: only with --hosts\n"),
+        (["--fetch-ms", "0"], 1, "sift: --fetch-ms: only with --hosts\n"),
+        (["--stale-after", "10m"], 1, "sift: --stale-after: only with --hosts\n"),
+        (["--stale-after", "5s"], 1, "sift: --stale-after: only with --hosts\n"),  # the default, given
+        (["--no-kill"], 1, "sift: --no-kill: only with --hosts\n"),
         (
             ["--hosts", "2", "--fetch-ms", "4000"],
             1,
@@ -327,11 +331,12 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
         (["--hosts", "2", "--fetch-ms", "0.5"], 2, "argument --fetch-ms: must be a whole number from 0"),
     ],
 )
-def test_fetch_ms_refused(
+def test_host_options_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
 ) -> None:
-    """Without --hosts nothing fetches, so --fetch-ms would change nothing: refused, as are fetches that
-    outlast --stale-after and values that are not whole milliseconds; no store is made either way."""
+    """Without --hosts no host fetches, is killed or is rescued, so --fetch-ms, --no-kill and --stale-after
+    would change nothing: refused, even at their defaults, as are fetches that outlast --stale-after and
+    values that are not whole milliseconds; no store is made either way."""
     got, out, err = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
     assert (got, out) == (code, "")
     assert message in err

@@ -49,6 +49,8 @@ VALUE_OPTIONS: dict[str, Callable[[str, str], int]] = {
     "budget": parse_size,
     "stale_after": parse_duration,
 }
+#: simulate --hosts's --stale-after when none is given.
+STALE_AFTER_DEFAULT = "5s"
 
 
 #: What argparse takes for a value rather than an option: anything starting with a minus sign and a digit,
@@ -254,8 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--stale-after",
         metavar="DURATION",
-        default="5s",
-        help="with --hosts: rescue_stale_jobs's stale_after, real time (default %(default)s)",
+        help=f"with --hosts: rescue_stale_jobs's stale_after, real time (default {STALE_AFTER_DEFAULT})",
     )
     simulate.add_argument(
         "--no-kill", action="store_true", help="with --hosts: kill no host (to measure throughput)"
@@ -299,10 +300,17 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _simulation_options(args: argparse.Namespace) -> None:
-    """--fetch-ms needs --hosts (the single-process simulation fetches nothing, and must not seem to), and
-    fetches shorter than --stale-after: a host's own rescuer would fail the jobs it is still fetching."""
-    if args.hosts is None and args.fetch_ms is not None:
-        raise CommandError("--fetch-ms: only with --hosts")
+    """--stale-after, --no-kill and --fetch-ms need --hosts (the single-process simulation has no hosts to
+    kill, rescue or make wait, and must not seem to), and fetches shorter than --stale-after: a host's own
+    rescuer would fail the jobs it is still fetching."""
+    if args.hosts is None:
+        given = {"--stale-after": args.stale_after is not None, "--no-kill": args.no_kill}
+        given["--fetch-ms"] = args.fetch_ms is not None
+        for option in (option for option, was_given in given.items() if was_given):
+            raise CommandError(f"{option}: only with --hosts")
+    if args.stale_after is None:
+        args.stale_after_text = STALE_AFTER_DEFAULT
+        args.stale_after = parse_duration(STALE_AFTER_DEFAULT, "--stale-after")
     args.fetch_ms = args.fetch_ms or 0
     longest_ms = args.fetch_ms * 3 // 2  # a fetch waits up to 1.5 times the mean
     if args.hosts is not None and args.fetch_ms and longest_ms >= args.stale_after * 1000:
