@@ -124,11 +124,13 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
-    # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms.
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2
+    # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
+    # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux).
+    ceiling = 1 if Path("/proc/stat").exists() else 0
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling
     assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (3 if with_postgres() else 1)
+    assert [g["verdict"] for g in goals].count("INFO") == (3 + ceiling if with_postgres() else 1)
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
@@ -153,6 +155,7 @@ def test_quick_run_on_postgres_measures_lock_waits_and_leaves_no_schema(
         simulate = {c["n"]: c for c in report["cases"] if c["name"] == name}
         assert set(simulate) == {1, 4}  # sift simulate --hosts 1 and --hosts 4
         assert all(c["extra"]["targets_per_s"] > 0 for c in simulate.values())
+        assert all(0 < c["extra"]["cores_busy_pct"] <= 100 for c in simulate.values())
     assert report["machine"]["postgresql"]
     pattern = report["machine"]["postgresql_schemas"].replace("_", r"\_").replace("*", "%")
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import multiprocessing
+import os
+import re
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -24,7 +26,9 @@ from sift.cli.hosts import (
     HostConfig,
     HostsRun,
     assign,
+    busy_pct,
     check_run,
+    cores_time,
     read_journal,
     run_hosts,
 )
@@ -107,6 +111,7 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     assert kill["host"] == 2 and kill["held_targets"] >= 1
     assert summary["total"]["rescued"] >= 1 and hosts[2]["rescued"] == 0  # only survivors rescue
     assert summary["total"]["targets_written"] == sum(h["targets_written"] for h in hosts)
+    assert 0 < summary["cores_busy_pct"] <= 100  # the hosts ran: some core was busy
     # Independently of the check: every job ended; the counts follow the target rows; each job with a
     # target left running (the killed host's) was rescued, and so was any other rescued job still stored
     # only with every target written (its last writer, the killed host, died before it set the status).
@@ -127,6 +132,25 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     journals = Path(summary["journals"])
     assert read_journal(journals / "host-0.jsonl")[-1]["k"] == "end"
     assert read_journal(journals / "host-2.jsonl")[-1]["k"] != "end"
+
+
+def test_cores_busy_is_the_share_of_cpu_time_not_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From two readings of /proc/stat's first line (user nice system idle iowait irq softirq steal …):
+    the ticks spent neither idle nor waiting on I/O, over all the ticks between them."""
+    stat = tmp_path / "stat"
+    monkeypatch.setattr("sift.cli.hosts.PROC_STAT", str(stat))
+    stat.write_text("cpu  100 0 50 700 50 0 0 0 0 0\ncpu0 50 0 25 350 25 0 0 0 0 0\n")
+    before = cores_time()
+    assert before == (900, 750)
+    stat.write_text("cpu  250 10 80 800 70 5 3 2 99 0\n")  # guest time (99) is already in user's
+    after = cores_time()
+    assert after == (1220, 870)
+    assert busy_pct(before, after) == round(100 * (320 - 120) / 320, 1)  # 62.5
+    assert busy_pct(before, before) is None  # no time went by
+    stat.unlink()
+    assert cores_time() is None and busy_pct(before, cores_time()) is None
 
 
 def test_repeats_go_to_another_host() -> None:
@@ -284,7 +308,7 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("Simulated 12 of 12 submissions on 2 hosts (2 API threads, 4 runner threads")
-    assert [line.split()[0] for line in lines[2:10]] == [
+    assert [line.split()[0] for line in lines[2:11]] == [
         "store",
         "journals",
         "killed",
@@ -293,12 +317,16 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         "longest",
         "eviction",
         "bytes",
+        "cores",
     ]
     assert lines[4].split(None, 1)[1] == "none (--no-kill, or a single host)"
-    header = lines[11].split()
+    assert re.fullmatch(
+        rf"  cores busy +[0-9.]+% of this machine's {os.cpu_count()} cores during the run .*", lines[10]
+    )
+    header = lines[12].split()
     assert header[:8] == ["host", "state", "seconds", "targets", "targets/s", "claims", "claims/s", "rescued"]
-    assert [line.split()[:2] for line in lines[12:14]] == [["0", "finished"], ["1", "finished"]]
-    assert lines[14].split()[0] == "total"
+    assert [line.split()[:2] for line in lines[13:15]] == [["0", "finished"], ["1", "finished"]]
+    assert lines[15].split()[0] == "total"
     assert lines[-1] == "All invariants hold."
 
 

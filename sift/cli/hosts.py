@@ -434,6 +434,9 @@ class HostsRun:
     seconds: float
     stalled: bool = False
     alive_s: dict[int, float] = field(default_factory=dict)
+    #: The share of the machine's cores busy during the run (every process's, a local server's too), or None
+    #: without /proc/stat.
+    cores_busy_pct: float | None = None
 
 
 class _Coordinated:
@@ -498,7 +501,7 @@ def run_hosts(
             end.close()
         for host in hosted:
             _wait_ready(host)
-        started = time.monotonic()
+        started, cores_at_start = time.monotonic(), cores_time()
         for host in hosted:
             host.conn.send("go")
         kill_at = max(1, int(sum(spec.targets for spec in specs if not spec.repeat) * KILL_AFTER))
@@ -536,6 +539,7 @@ def run_hosts(
                 stalled = True
                 break
         seconds = time.monotonic() - started
+        cores_busy = busy_pct(cores_at_start, cores_time())
     finally:
         for host in hosted:
             if host.process.is_alive():
@@ -562,7 +566,33 @@ def run_hosts(
         seconds=seconds,
         stalled=stalled,
         alive_s={h.index: _alive(journals[h.index]) for h in hosted},
+        cores_busy_pct=cores_busy,
     )
+
+
+#: The kernel's count of CPU time since boot, per state, summed over the cores (Linux).
+PROC_STAT = "/proc/stat"
+
+
+def cores_time() -> tuple[int, int] | None:
+    """(all, idle) CPU time so far, in clock ticks summed over the cores; idle counts waiting on I/O too.
+    None where PROC_STAT cannot be read."""
+    try:
+        with open(PROC_STAT) as f:
+            ticks = [int(n) for n in f.readline().split()[1:9]]  # user … steal; guest time is in user
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+def busy_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the cores' time between two :func:`cores_time` readings that was not idle, in %."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    elapsed, idle = after[0] - before[0], after[1] - before[1]
+    return round(100 * (elapsed - idle) / elapsed, 1)
 
 
 def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
@@ -946,6 +976,7 @@ def _summary(
         "fetch_ms": args.fetch_ms,
         "kill": None if run.kill is None else asdict(run.kill),
         "seconds": round(run.seconds, 3),
+        "cores_busy_pct": run.cores_busy_pct,
         "per_host": per_host,
         "total": _rates(everything, run.seconds),
         "submissions": {
@@ -961,6 +992,13 @@ def _summary(
         "invariants": [asdict(check) for check in checks],
         "ok": all(check.ok for check in checks),
     }
+
+
+def _cores_busy_text(pct: float | None) -> str:
+    if pct is None:
+        return f"unknown (no {PROC_STAT})"
+    cores = os.cpu_count()
+    return f"{pct:g}% of this machine's {cores} cores during the run (all processes, a local server too)"
 
 
 def _human(summary: dict[str, Any]) -> Iterator[str]:
@@ -1002,6 +1040,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
                 "bytes stored",
                 f"{format_size(summary['bytes_stored'])} of {format_size(summary['budget'])} budget",
             ),
+            ("cores busy", _cores_busy_text(summary["cores_busy_pct"])),
         ],
         indent="  ",
     )
