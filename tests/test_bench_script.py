@@ -155,7 +155,8 @@ def test_quick_run_on_postgres_measures_lock_waits_and_leaves_no_schema(
         simulate = {c["n"]: c for c in report["cases"] if c["name"] == name}
         assert set(simulate) == {1, 4}  # sift simulate --hosts 1 and --hosts 4
         assert all(c["extra"]["targets_per_s"] > 0 for c in simulate.values())
-        assert all(0 < c["extra"]["cores_busy_pct"] <= 100 for c in simulate.values())
+        if Path("/proc/stat").exists():
+            assert all(0 < c["extra"]["cores_busy_pct"] <= 100 for c in simulate.values())
     assert report["machine"]["postgresql"]
     pattern = report["machine"]["postgresql_schemas"].replace("_", r"\_").replace("*", "%")
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:

@@ -349,6 +349,7 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
         (["--stale-after", "10m"], 1, "sift: --stale-after: only with --hosts\n"),
         (["--stale-after", "5s"], 1, "sift: --stale-after: only with --hosts\n"),  # the default, given
         (["--no-kill"], 1, "sift: --no-kill: only with --hosts\n"),
+        (["--stale-after", "soon"], 1, "sift: --stale-after: 'soon' is not a duration"),  # parsed first
         (
             ["--hosts", "2", "--fetch-ms", "4000"],
             1,

@@ -76,23 +76,28 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 
 
 #: Left out of the generic-plan test: _EXPIRED runs once per chunk of 256 expired jobs, never on the runner's
-#: path, and is planned on every run (its generic plan guesses a third of the jobs expired): one planning per
-#: 256 jobs swept. _TOUCH is a write (its plan, by primary key, is pinned above).
+#: path, and is planned on every run all the same (its generic plan guesses a third of the jobs expired; its
+#: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
+#: by primary key, is pinned above).
 NOT_SETTLED = {"_EXPIRED", "_TOUCH"}
+#: The claim's search for its next job, as a runner's claim_batch_targets runs it (its plans: test_claim.py).
+CLAIM_READS = {"_NEXT_CLAIMABLE_JOB": {"after_created": -1, "after_order": -1}}
 
 
-@pytest.mark.parametrize("name", [name for name in HOT_READS if name not in NOT_SETTLED])
+@pytest.mark.parametrize("name", [name for name in HOT_READS if name not in NOT_SETTLED] + list(CLAIM_READS))
 def test_hot_reads_settle_on_their_generic_plan(history: None, name: str) -> None:
     """Once psycopg prepares a hot read (after 5 runs), PostgreSQL runs its generic plan instead of planning
     every run again. It chooses so only when the generic plan costs no more than the custom ones: with a
     bound ``LIMIT $1``, guessed at a tenth of the rows, the no-op sweep's check was planned on every run,
     which made it 1.3x slower at 100,000 jobs than at 1,000 (bench: pg/flat/sweep_batch_noop)."""
-    values, _ = HOT_READS[name]
+    values = CLAIM_READS[name] if name in CLAIM_READS else HOT_READS[name][0]
     statement = getattr(manager, name)
     sql, _ = statement.bind(dict(values))
     # Committed, not rolled back: psycopg forgets every prepared statement of a connection on ROLLBACK.
-    with db.atomic():  # _EVICTABLE locks the rows it reads, until the COMMIT; nothing is changed
-        for _ in range(12):
+    # psycopg prepares on the 6th run, and PostgreSQL plans the first 5 runs of a prepared statement for
+    # their values: 15 runs leave 5 where it may choose the generic plan.
+    with db.atomic():  # some lock the rows they read, until the COMMIT; nothing is changed
+        for _ in range(15):
             statement.rows(**values)
     numbers = iter(range(1, 100))
     numbered = re.sub("%s", lambda _: f"${next(numbers)}", sql)  # the text psycopg prepares

@@ -303,10 +303,15 @@ def _simulation_options(args: argparse.Namespace) -> None:
     """--stale-after, --no-kill and --fetch-ms need --hosts (the single-process simulation has no hosts to
     kill, rescue or make wait, and must not seem to), and fetches shorter than --stale-after: a host's own
     rescuer would fail the jobs it is still fetching."""
-    given = {"--stale-after": args.stale_after is not None, "--no-kill": args.no_kill}
-    given["--fetch-ms"] = args.fetch_ms is not None
-    if args.hosts is None and any(given.values()):
-        raise CommandError(f"{next(option for option, was in given.items() if was)}: only with --hosts")
+    if args.hosts is None:
+        given = {
+            "--stale-after": args.stale_after is not None,
+            "--no-kill": args.no_kill,
+            "--fetch-ms": args.fetch_ms is not None,
+        }
+        for option, was_given in given.items():
+            if was_given:
+                raise CommandError(f"{option}: only with --hosts")
     if args.stale_after is None:
         args.stale_after_text = STALE_AFTER_DEFAULT
         args.stale_after = parse_duration(STALE_AFTER_DEFAULT, "--stale-after")

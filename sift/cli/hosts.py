@@ -435,7 +435,7 @@ class HostsRun:
     stalled: bool = False
     alive_s: dict[int, float] = field(default_factory=dict)
     #: The share of the machine's cores busy during the run (every process's, a local server's too), or None
-    #: without /proc/stat.
+    #: when it cannot be told (no /proc/stat, or no tick went by).
     cores_busy_pct: float | None = None
 
 
@@ -592,7 +592,9 @@ def busy_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> f
     if before is None or after is None or after[0] <= before[0]:
         return None
     elapsed, idle = after[0] - before[0], after[1] - before[1]
-    return round(100 * (elapsed - idle) / elapsed, 1)
+    return round(
+        min(100.0, max(0.0, 100 * (elapsed - idle) / elapsed)), 1
+    )  # the kernel's iowait may step back
 
 
 def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
@@ -996,8 +998,8 @@ def _summary(
 
 def _cores_busy_text(pct: float | None) -> str:
     if pct is None:
-        return f"unknown (no {PROC_STAT})"
-    cores = os.cpu_count()
+        return f"unknown ({PROC_STAT} unreadable, or the run too short to measure)"
+    cores = os.cpu_count() or "its"
     return f"{pct:g}% of this machine's {cores} cores during the run (all processes, a local server too)"
 
 

@@ -37,7 +37,8 @@ class Slot(peewee.ColumnBase):
 
 
 class Inline(peewee.Node):
-    """Renders its expression with values as SQL literals, so SQLite can match a partial index."""
+    """Renders its expression with values as SQL literals, so SQLite can match a partial index (and a
+    constant LIMIT is costed as itself: see :func:`literal`)."""
 
     def __init__(self, node: peewee.Node) -> None:
         super().__init__()
