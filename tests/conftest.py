@@ -126,7 +126,6 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def pg_target(postgres_schema: str) -> Iterator[str]:
     """A PostgreSQL target in a schema of the test's own that does not exist yet (``open_db`` creates it;
     dropped after the test). Skips, or fails under CI, as ``postgres_schema`` does."""
-
     name = f"{postgres_schema}_{secrets.token_hex(3)}"
     yield postgres_target(name)
     dcache.close_db()

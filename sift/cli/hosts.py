@@ -209,22 +209,16 @@ class Host:
             runners = [
                 self.thread(self.runner, seed + 50 + n, name=f"runner-{n}") for n in range(c.settings.workers)
             ]
-            rescuer = self.thread(self.rescuer, name="rescuer")
+            host_threads = [*api, *runners, self.thread(self.rescuer, name="rescuer")]
             try:
                 self.warmed.wait()
             except threading.BrokenBarrierError:  # a thread could not connect: the host does not start
-                self.stop.set()
-                self.go.set()
-                for thread in [*api, *runners, rescuer]:
-                    thread.join()
+                self.halt(host_threads)
                 conn.send(("failed", c.host, self.errors))
                 return
             conn.send(("ready", c.host))
             if conn.recv() != "go":
-                self.stop.set()
-                self.go.set()
-                for thread in [*api, *runners, rescuer]:
-                    thread.join()
+                self.halt(host_threads)
                 return
             self.journal.write(k="start", t=time.monotonic())
             self.go.set()
@@ -235,14 +229,19 @@ class Host:
                 conn.send(("api_done", c.host))
             while not (self.failed.is_set() or conn.poll(0.05)):
                 pass
-            self.stop.set()
-            for thread in [*api, *runners, rescuer]:
-                thread.join()
+            self.halt(host_threads)
             self.journal.write(k="end", t=time.monotonic(), empty_claims=self.empty_claims)
             conn.send(("bye", c.host, self.errors))
         finally:
             dcache.close_db()
             self.journal.close()
+
+    def halt(self, threads: list[threading.Thread]) -> None:
+        """Stop the host's threads, those still waiting for the start included, and wait for them."""
+        self.stop.set()
+        self.go.set()
+        for thread in threads:
+            thread.join()
 
     def thread(self, fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
         def body() -> None:
@@ -592,9 +591,8 @@ def busy_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> f
     if before is None or after is None or after[0] <= before[0]:
         return None
     elapsed, idle = after[0] - before[0], after[1] - before[1]
-    return round(
-        min(100.0, max(0.0, 100 * (elapsed - idle) / elapsed)), 1
-    )  # the kernel's iowait may step back
+    busy = 100 * (elapsed - idle) / elapsed
+    return round(min(100.0, max(0.0, busy)), 1)  # clamped: the kernel's iowait count may step back
 
 
 def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
