@@ -7,31 +7,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sift import testing
 from sift.dcache import BatchJob, BatchTarget, db
 
 
 def make_job(job_id: str = "job-1", **fields: Any) -> BatchJob:
-    """An unsaved job with sensible defaults; ``fields`` override any column."""
-    values: dict[str, Any] = {
-        "id": job_id,
-        "caller": "alice",
-        "caller_class": "fleet",
-        "idem_key": "",
-        "status": "queued",
-        "targets_total": 3,
-        "created_at": 1_000,
-        "lease": 1_000,
-    }
-    values.update(fields)
-    return BatchJob(**values)
+    """An unsaved job of three targets at time 1,000 (the tests' fixed clock); ``fields`` override any
+    column."""
+    values: dict[str, Any] = {"caller": "alice", "targets_total": 3, "created_at": 1_000, "lease": 1_000}
+    return testing.make_job(**{**values, "id": job_id, **fields})
 
 
 def make_targets(count: int, start: int = 0, **fields: Any) -> list[BatchTarget]:
-    """Unsaved pending targets ``start..start+count-1``."""
-    return [
-        BatchTarget(idx=i, url=f"https://example.com/{i}", options='{"render":false}', **fields)
-        for i in range(start, start + count)
-    ]
+    """Unsaved targets ``start..start+count-1``, as :func:`make_target` makes them."""
+    return [make_target(i, **fields) for i in range(start, start + count)]
 
 
 def snapshot() -> dict[str, list[tuple[Any, ...]]]:
@@ -41,7 +30,8 @@ def snapshot() -> dict[str, list[tuple[Any, ...]]]:
 
 
 def make_target(idx: int = 0, **fields: Any) -> BatchTarget:
-    """One unsaved pending target at ``idx``; ``fields`` override url, options or any other column."""
+    """One unsaved target at ``idx`` with no status (the store's functions set it); ``fields`` override url,
+    options or any other column."""
     values: dict[str, Any] = {"idx": idx, "url": f"https://example.com/{idx}", "options": '{"render":false}'}
     values.update(fields)
     return BatchTarget(**values)

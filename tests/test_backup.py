@@ -1,5 +1,5 @@
 """``backup_store`` and ``sift backup``: an online, consistent copy taken while threads and processes write;
-a killed backup leaves nothing at DEST; DEST is private (issue 11, item 3)."""
+a killed backup leaves nothing at DEST; DEST is private."""
 
 from __future__ import annotations
 
@@ -224,7 +224,7 @@ def test_a_new_dest_is_private_and_an_existing_one_keeps_its_mode(file_store: Pa
         ("{tmp}/missing/copy.db", "does not exist"),
         ("{tmp}/store.db", "is the store itself"),
         ("{tmp}/store.db-wal", "is the store itself"),
-        ("{tmp}/store.db-lock", "is the store itself"),  # the writers' lock file (issue 10)
+        ("{tmp}/store.db-lock", "is the store itself"),  # the writers' lock file
     ],
 )
 def test_bad_dest_is_refused_and_nothing_is_written(

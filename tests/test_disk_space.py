@@ -1,5 +1,5 @@
 """Disk space follows the data: a new store has incremental auto-vacuum, sweeps and evictions give the
-free pages back in bounded steps, and ``vacuum_store`` converts an older file once (issue 11, item 4).
+free pages back in bounded steps, and ``vacuum_store`` converts an older file once.
 
 Sizes and page counts are compared, never times; the lock holds are measured by scripts/bench.py.
 """

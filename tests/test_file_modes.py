@@ -1,5 +1,5 @@
 """Private by default: a store file sift creates, and its -wal and -shm, are 0600 whatever the umask;
-an existing file keeps its mode (issue 11, item 5). The writers' lock file (``-lock``, issue 10) has the
+an existing file keeps its mode. The writers' lock file (``-lock``) has the
 store file's mode too."""
 
 from __future__ import annotations

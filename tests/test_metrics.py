@@ -1,5 +1,5 @@
 """The Prometheus collector (``sift[metrics]``), scraped with prometheus_client's own parser after real
-store calls (issue 11, item 6)."""
+store calls."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What keeps the hot paths flat in history (issue 4), pinned without any timing.
+"""What keeps the hot paths flat in history, pinned without any timing.
 
 Two causes are pinned on a populated WAL file, at two sizes of retained history:
 

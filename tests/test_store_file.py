@@ -1,5 +1,5 @@
 """A new store file appears complete (mode 0600, incremental auto-vacuum, WAL), even when several
-processes open the same new path at once (issue 11, items 4 and 5)."""
+processes open the same new path at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The writers' queue (issue 10, the tail on SQLite): every write transaction of a file store holds an
+"""The writers' queue (the tail on SQLite): every write transaction of a file store holds an
 exclusive ``flock`` on ``<store>-lock`` from before its ``BEGIN IMMEDIATE`` to its end, so a writer of
 another process waits in the kernel's lock queue, not in SQLite's sleeping busy handler.
 
