@@ -19,7 +19,9 @@ from typing import Any
 
 from sift import dcache
 
-__all__ = ["banner", "cmd_shell", "namespace"]
+from . import Command
+
+__all__ = ["COMMAND", "banner", "namespace"]
 
 MODELS = ("BatchJob", "BatchTarget", "JobStatus", "TargetStatus", "CallerClass")
 
@@ -47,7 +49,7 @@ def banner(path: str) -> str:
     return textwrap.fill(text, width=100)
 
 
-def cmd_shell(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     names = namespace()
     intro = banner(args.db)
     piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
@@ -116,3 +118,11 @@ def _plain_console(names: dict[str, Any], intro: str, piped: bool) -> int:
             elif hasattr(sys, name):
                 delattr(sys, name)
     return 0
+
+
+COMMAND = Command(
+    name="shell",
+    help="An interactive Python console with the store open.",
+    run=run,
+    json=False,
+)
