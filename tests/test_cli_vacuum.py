@@ -1,4 +1,4 @@
-"""``sift vacuum`` and the free-space lines of ``sift stats`` (issue 11, item 4)."""
+"""``sift vacuum`` and the free-space lines of ``sift stats``."""
 
 from __future__ import annotations
 

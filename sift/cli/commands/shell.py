@@ -21,7 +21,7 @@ from sift import dcache
 
 from . import Command
 
-__all__ = ["COMMAND", "banner", "namespace"]
+__all__ = ["COMMAND"]
 
 MODELS = ("BatchJob", "BatchTarget", "JobStatus", "TargetStatus", "CallerClass")
 
@@ -35,6 +35,7 @@ def namespace() -> dict[str, Any]:
 
 
 def banner(path: str) -> str:
+    """What the console says first: the store, its size, and what is in scope."""
     functions = sorted(
         name for name in dcache.__all__ if name[0].islower() and name not in ("db", "open_db", "close_db")
     )
@@ -50,6 +51,7 @@ def banner(path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """IPython on a terminal when installed, else the standard console (a script when input is piped)."""
     names = namespace()
     intro = banner(args.db)
     piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())

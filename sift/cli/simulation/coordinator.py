@@ -28,7 +28,7 @@ which the simulation does not model. A claim commits in the store before its rec
 killed host's journal may lack its very last claims and writes: the check allows exactly that (a target of
 the killed host left running, or written, that its journal does not name) and nothing else.
 
-At the end :func:`check_run` checks the store against the journals.
+At the end :func:`sift.cli.simulation.hosts_verdicts.check_run` checks the store against the journals.
 """
 
 from __future__ import annotations
