@@ -15,6 +15,7 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
 
 
@@ -40,6 +41,7 @@ def _backup_postgres(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """A page copy of a SQLite file; from PostgreSQL, a SQLite store file written from one snapshot."""
     if not file_backed():
         return _backup_postgres(args)
     space = dcache.store_space()

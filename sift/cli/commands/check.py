@@ -21,6 +21,7 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument(
         "--repair",
         action="store_true",
@@ -55,6 +56,7 @@ def reads_only(args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run check_store, print what it found (and repaired); 1 if anything was wrong."""
     # The bar's total costs a pass over the jobs: counted only when there is a bar to draw.
     total = dcache.BatchJob.select().count() if bars_enabled() else None
     with make_bar(total, "check", "job") as bar:

@@ -21,11 +21,13 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("--max-bytes", required=True, metavar="SIZE", help="e.g. 512MiB, 1GB, or plain bytes")
     parser.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Evict to --max-bytes, or with --dry-run list what would go; the totals before and after."""
     max_bytes: int = args.max_bytes
     nbytes_before = dcache.batch_nbytes()
     report: dict[str, Any] = {"dry_run": args.dry_run, "max_bytes": max_bytes, "nbytes_before": nbytes_before}

@@ -16,6 +16,7 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("--caller", metavar="C", help="only this caller's jobs")
     statuses = [s.value for s in JobStatus]
     parser.add_argument(
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The jobs that match, newest first, at most --limit of them."""
     now = dcache.unix_now()
     query = BatchJob.select()
     if args.caller is not None:

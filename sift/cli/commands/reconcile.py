@@ -13,10 +13,12 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("--reason", required=True, metavar="TEXT", help="the error stored on each job")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Mark every queued or running job failed with --reason; print how many."""
     marked = dcache.mark_in_flight_failed(args.reason)
     if args.json:
         emit_json({"marked": marked, "reason": args.reason})

@@ -14,10 +14,12 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("source", metavar="SOURCE", help="the SQLite store file to copy from (only read)")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Copy SOURCE's rows into the empty store, with a bar of the rows copied."""
     with make_bar(None, "restore", unit="row") as bar:
 
         def progress(done: int, total: int) -> None:

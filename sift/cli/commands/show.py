@@ -19,6 +19,7 @@ __all__ = ["COMMAND"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument("job_id", metavar="JOB_ID")
     parser.add_argument(
         "--result", metavar="IDX", type=count(0), help="print the result of target IDX instead"
@@ -26,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The job and its targets, or with --result one target's result as stored."""
     job = dcache.batch_job(args.job_id)
     if job is None:
         raise CommandError(f"job_id: no job {args.job_id!r} in {args.db}")

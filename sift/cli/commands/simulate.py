@@ -36,6 +36,7 @@ EPILOG = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     d = Settings()
     parser.add_argument(
         "--jobs", metavar="N", type=count(1), default=d.jobs, help=f"submissions (default {d.jobs})"
@@ -140,6 +141,7 @@ def _store(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The single-process simulation, or with --hosts the host processes; 1 if a check failed."""
     if args.hosts is not None:
         from ..simulation.hosts_summary import simulate_hosts  # multiprocessing only for --hosts
 

@@ -32,6 +32,7 @@ def _lease_info(unix: int | None, now: int) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The store's counts, sizes, leases and this process's counters."""
     now = dcache.unix_now()
     jobs = counts_by_status(BatchJob, tuple(s.value for s in JobStatus))
     targets = counts_by_status(BatchTarget, tuple(s.value for s in TargetStatus))

@@ -25,6 +25,7 @@ PAGE = 500
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
     parser.add_argument(
         "--ttl", required=True, metavar="DURATION", help="e.g. 90s, 10m, 24h, 7d, or plain seconds"
     )
@@ -40,6 +41,7 @@ def _stored_targets(job_ids: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Sweep by --ttl, or with --dry-run list what would go; the totals before and after."""
     ttl: int = args.ttl
     now = dcache.unix_now()
     cutoff = now - ttl

@@ -30,6 +30,7 @@ def _space_json(space: dcache.StoreSpace) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Give free pages back (converting the file once if it must); on PostgreSQL, VACUUM (ANALYZE)."""
     if not file_backed():
         return _vacuum_relations(args)
     if dcache.store_space().auto_vacuum != INCREMENTAL:
