@@ -86,6 +86,8 @@ def build_parser() -> Parser:
         sub.set_defaults(declared=command)
         parser.flags |= sub.flags
         parser.labels.update(sub.labels)
+        if sub.labels:
+            parser.with_positionals.add(command.name)
     return parser
 
 
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``sift`` command; return its exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
     names = {command.name for command in COMMANDS}
-    line = joined_negative_values(sys.argv[1:] if argv is None else argv, names, parser.flags)
+    given = sys.argv[1:] if argv is None else argv
+    line = joined_negative_values(given, names, parser.flags, parser.with_positionals)
     try:
         args = parser.parse_args(line)
     except SystemExit as exc:  # --help, --version, and usage errors (argparse's own exit 2)

@@ -2,7 +2,8 @@
 
 argparse takes ``-1h`` for an option, not a value (its own rule admits only plain numbers such as
 ``-5``): so that ``--ttl -1h`` reaches the parser of durations, which refuses it with exit status 1,
-:func:`joined_negative_values` writes such a value as ``--ttl=-1h`` before argparse reads the line.
+:func:`joined_negative_values` writes such a value as ``--ttl=-1h`` before argparse reads the line (and a
+positional one behind ``--``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.flags: set[str] = set()
         self.labels: dict[str, str] = {}
+        self.with_positionals: set[str] = set()  # on the whole line's parser: the commands that take one
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -40,26 +42,31 @@ class Parser(argparse.ArgumentParser):
         return action
 
 
-def joined_negative_values(argv: Sequence[str], commands: set[str], flags: set[str]) -> list[str]:
-    """``argv`` with each value that looks negative, after the command's name, joined to the long option
-    before it (``--ttl -1h`` as ``--ttl=-1h``), unless that option is a flag (which takes no value)."""
+def joined_negative_values(
+    argv: Sequence[str], commands: set[str], flags: set[str], with_positionals: set[str]
+) -> list[str]:
+    """``argv`` as argparse must read it for a value that looks negative, after the command's name: joined
+    to the long option before it (``--ttl -1h`` as ``--ttl=-1h``) unless that option is a flag, else, for
+    a command in ``with_positionals``, moved behind ``--``, which makes it positional (``show -1h`` as
+    ``show -- -1h``). Anything else argparse reports as it would."""
     joined: list[str] = []
-    in_command = False
-    for arg in argv:
+    positional: list[str] = []
+    command = ""
+    for at, arg in enumerate(argv):
+        if command and arg == "--":
+            return [*joined, arg, *positional, *argv[at + 1 :]]
         previous = joined[-1] if joined else ""
-        if (
-            in_command
-            and NEGATIVE_VALUE.match(arg)
-            and previous.startswith("--")
-            and "=" not in previous
-            and previous not in flags
-            and previous != "--"
-        ):
-            joined[-1] = f"{previous}={arg}"
-        else:
-            joined.append(arg)
-            in_command = in_command or arg in commands
-    return joined
+        if command and NEGATIVE_VALUE.match(arg):
+            if previous.startswith("--") and "=" not in previous and previous not in flags:
+                joined[-1] = f"{previous}={arg}"
+                continue
+            if command in with_positionals:
+                positional.append(arg)
+                continue
+        joined.append(arg)
+        if not command and arg in commands:
+            command = arg
+    return [*joined, "--", *positional] if positional else joined
 
 
 def count(minimum: int) -> Callable[[str], int]:
