@@ -11,7 +11,7 @@ from freezegun import freeze_time
 from helpers import make_job
 
 from sift import dcache
-from sift.cli.inspection import JOB_FIELDS
+from sift.cli.rows import JOB_FIELDS
 
 
 @pytest.fixture

@@ -112,7 +112,7 @@ def test_read_commands_in_a_read_only_directory_say_why_they_cannot(
         "there, or copy it\n"
     )
     assert state(read_only_directory) == before
-    # Only the store, and the writers' lock file its writer left: the read made no -wal or -shm
+    # Only the store, and the lock file of its writers' queue: the read made no -wal or -shm
     assert sorted(os.listdir(read_only_directory.parent)) == ["store.db", "store.db-lock"]
 
 
@@ -154,7 +154,7 @@ def test_read_commands_on_a_read_only_file_system(
     assert (proc.returncode, proc.stderr) == (0, "")
     assert expected in proc.stdout
     assert state(read_only_file_system) == before
-    # Only the store, and the writers' lock file its writer left: the read made no -wal or -shm
+    # Only the store, and the lock file of its writers' queue: the read made no -wal or -shm
     assert sorted(os.listdir(read_only_file_system.parent)) == ["store.db", "store.db-lock"]
 
 

@@ -13,7 +13,7 @@ from cli_helpers import connect_ro, run, run_on_terminal, sift_script
 
 from sift import dcache
 from sift.cli import build_parser
-from sift.cli.simulate import Settings, plan
+from sift.cli.simulation.workload import Settings, plan
 from sift.cli.units import parse_duration, parse_size
 
 SMALL = [

@@ -20,19 +20,12 @@ from cli_helpers import run
 from conftest import SUFFIX, drop_schema, postgres_target
 
 from sift import dcache
-from sift.cli.hosts import (
-    RESCUE_REASON,
-    Host,
-    HostConfig,
-    HostsRun,
-    assign,
-    busy_pct,
-    check_run,
-    cores_time,
-    read_journal,
-    run_hosts,
-)
-from sift.cli.simulate import Settings, plan
+from sift.cli.simulation.coordinator import HostsRun, assign, run_hosts
+from sift.cli.simulation.cores import busy_pct, cores_time
+from sift.cli.simulation.host import RESCUE_REASON, Host, HostConfig
+from sift.cli.simulation.hosts_verdicts import check_run
+from sift.cli.simulation.journal import read_journal
+from sift.cli.simulation.workload import Settings, plan
 from sift.cli.store import CommandError
 
 HOSTS = [
@@ -140,7 +133,7 @@ def test_cores_busy_is_the_share_of_cpu_time_not_idle(
     """From two readings of /proc/stat's first line (user nice system idle iowait irq softirq steal …):
     the ticks spent neither idle nor waiting on I/O, over all the ticks between them."""
     stat = tmp_path / "stat"
-    monkeypatch.setattr("sift.cli.hosts.PROC_STAT", str(stat))
+    monkeypatch.setattr("sift.cli.simulation.cores.PROC_STAT", str(stat))
     stat.write_text("cpu  100 0 50 700 50 0 0 0 0 0\ncpu0 50 0 25 350 25 0 0 0 0 0\n")
     before = cores_time()
     assert before == (900, 750)

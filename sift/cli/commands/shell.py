@@ -19,7 +19,9 @@ from typing import Any
 
 from sift import dcache
 
-__all__ = ["banner", "cmd_shell", "namespace"]
+from . import Command
+
+__all__ = ["COMMAND"]
 
 MODELS = ("BatchJob", "BatchTarget", "JobStatus", "TargetStatus", "CallerClass")
 
@@ -33,6 +35,7 @@ def namespace() -> dict[str, Any]:
 
 
 def banner(path: str) -> str:
+    """What the console says first: the store, its size, and what is in scope."""
     functions = sorted(
         name for name in dcache.__all__ if name[0].islower() and name not in ("db", "open_db", "close_db")
     )
@@ -47,7 +50,8 @@ def banner(path: str) -> str:
     return textwrap.fill(text, width=100)
 
 
-def cmd_shell(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """IPython on a terminal when installed, else the standard console (a script when input is piped)."""
     names = namespace()
     intro = banner(args.db)
     piped = not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty())
@@ -116,3 +120,11 @@ def _plain_console(names: dict[str, Any], intro: str, piped: bool) -> int:
             elif hasattr(sys, name):
                 delattr(sys, name)
     return 0
+
+
+COMMAND = Command(
+    name="shell",
+    help="An interactive Python console with the store open.",
+    run=run,
+    json=False,
+)
