@@ -1,20 +1,22 @@
 """The hot paths of this tree's ``sift`` against another commit's, side by side in one run.
 
 The other commit is checked out into a temporary git worktree. Each side is a process of its own
-(``bench.side``) whose ``sift`` is its tree's, since two versions of one package cannot share a process;
-both run this tree's case code, on copies of one fixture store (SQLite) or on two schemas built alike
-(PostgreSQL). Each round times one batch of each case on each side, the sides' order alternating, so that
-drift in the machine hits both. A case's ratio is this tree's median over the other's.
+(``bench.side``) whose ``sift`` is its tree's, since two versions of one package cannot share a process; both
+run this tree's case code. Each side creates its store with its own ``sift`` (a SQLite file, or a PostgreSQL
+schema), then the same rows go into both. Each round times one batch of each case on each side, the sides'
+order alternating, so that drift in the machine hits both. A case's ratio is this tree's median over the
+other's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -62,23 +64,21 @@ def run(
         try:
             trees = {"this": REPO, rev: other}
             if run_sqlite:
-                fixture = tmp / "hot.db"
-                build(Builder(fixture), sizes)
-                targets: dict[str, str] = {}
-                for side in trees:
-                    targets[side] = str(tmp / f"hot-{len(targets)}.db")
-                    shutil.copyfile(fixture, targets[side])
-                measure(SQLITE, trees, targets, sizes, report, tmp)
+                paths = {side: tmp / f"hot-{k}.db" for k, side in enumerate(trees)}
+                builders = {side: partial(Builder, path) for side, path in paths.items()}
+                measure(SQLITE, trees, {s: str(p) for s, p in paths.items()}, builders, sizes, report, tmp)
             if pg_url is not None:
                 server = PgServer(pg_url)
                 info["postgresql"] = server.version
                 info["postgresql_schemas"] = f"{server.tag}_*"  # all dropped at the end
                 try:
                     schemas = {side: server.new_schema(f"compare{k}") for k, side in enumerate(trees)}
-                    for schema in schemas.values():
-                        build(PgBuilder(server, schema), sizes)
                     targets = {side: server.target(schema) for side, schema in schemas.items()}
-                    measure(POSTGRES, trees, targets, sizes, report, tmp)
+                    pg_builders = {
+                        side: partial(PgBuilder, server, schema, create=False)
+                        for side, schema in schemas.items()
+                    }
+                    measure(POSTGRES, trees, targets, pg_builders, sizes, report, tmp)
                 finally:
                     server.close()
         finally:
@@ -104,6 +104,7 @@ class Side:
     """A running ``bench.side`` process: one tree's ``sift`` on one store."""
 
     def __init__(self, tree: Path, target: str, warmup: int, cwd: Path) -> None:
+        """Start the process; it returns once the process has created its store."""
         # This tree's bench, the measured tree's sift; cwd holds neither, so no other sift comes first.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(BENCH_DIR.parent)]))
         self.proc = subprocess.Popen(
@@ -114,7 +115,17 @@ class Side:
             env=env,
             cwd=cwd,
         )
+        self.answer()  # "created"
+
+    def open(self) -> None:
+        """Open the store, now filled, and warm up."""
+        self.send("open")
         self.answer()  # "ready"
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{line}\n")
+        self.proc.stdin.flush()
 
     def answer(self) -> str:
         out: IO[str] | None = self.proc.stdout
@@ -125,9 +136,7 @@ class Side:
 
     def time(self, case: str, count: int) -> float:
         """µs per call of the next ``count`` calls of ``case``."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{case} {count}\n")
-        self.proc.stdin.flush()
+        self.send(f"{case} {count}")
         return float(self.answer())
 
     def close(self) -> None:
@@ -141,15 +150,21 @@ def measure(
     store: StoreUnderTest,
     trees: dict[str, Path],
     targets: dict[str, str],
+    builders: Mapping[str, Callable[[], Builder | PgBuilder]],
     sizes: Sizes,
     report: Report,
     cwd: Path,
 ) -> None:
-    """Time the compared cases on both sides, interleaved; add each side's case and this tree's ratio."""
+    """Fill each side's store once its process created it, then time the compared cases on both sides,
+    interleaved; add each side's case and this tree's ratio."""
     this, rev = trees
-    sides = {name: Side(tree, targets[name], sizes.warmup, cwd) for name, tree in trees.items()}
+    sides: dict[str, Side] = {}
     samples: dict[tuple[str, str], list[float]] = {(s, c): [] for s in trees for c in COMPARED_CASES}
     try:
+        for name, tree in trees.items():
+            sides[name] = Side(tree, targets[name], sizes.warmup, cwd)
+            build(builders[name](), sizes)
+            sides[name].open()
         for rnd in range(sizes.raw_rounds):
             for case in COMPARED_CASES:
                 for name in alternate(rnd, (this, rev)):

@@ -122,9 +122,11 @@ class PgBuilder:
     updated 100,000 times in one transaction took 80 s), and the total is recomputed at the end; then
     VACUUM ANALYZE, the state autovacuum brings a loaded table to."""
 
-    def __init__(self, server: PgServer, schema: str) -> None:
-        dcache.open_db(server.target(schema))  # the store's own schema
-        dcache.close_db()
+    def __init__(self, server: PgServer, schema: str, *, create: bool = True) -> None:
+        """``create``: the store's schema is made here first; otherwise it exists already."""
+        if create:
+            dcache.open_db(server.target(schema))
+            dcache.close_db()
         self.conn = server.connect(schema)
         self.conn.execute("ALTER TABLE batch_job DISABLE TRIGGER batch_totals_track")
 

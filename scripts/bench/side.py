@@ -1,9 +1,10 @@
 """One side of a comparison: ``python -m bench.side TARGET TREE``, with ``PYTHONPATH`` naming TREE (whose
 ``sift`` it measures) and the directory holding this ``bench``.
 
-It opens the store at TARGET, warms each compared hot path up, prints ``ready``, then answers each line
-``CASE COUNT`` on stdin with the µs per call of the next COUNT calls of CASE; it closes the store at the end
-of its input. It imports ``sift.dcache``'s public API only: TREE may be any commit's.
+It creates the store at TARGET and prints ``created``; on the line ``open`` (once the bench has filled the
+store) it opens it, warms each compared hot path up and prints ``ready``; then it answers each line
+``CASE COUNT`` with the µs per call of the next COUNT calls of CASE, and closes the store at the end of its
+input. It imports ``sift.dcache``'s public API only: TREE may be any commit's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ def main(target: str, tree: Path, warmup: int) -> None:
     here = Path(sift.__file__).resolve()
     if not here.is_relative_to(tree.resolve()):
         raise SystemExit(f"bench.side: sift comes from {here}, not from {tree}")
+    dcache.open_db(target)
+    dcache.close_db()
+    print("created", flush=True)
+    if sys.stdin.readline().strip() != "open":
+        return
     dcache.open_db(target)
     ops = compared_paths(NOW)
     calls = dict.fromkeys(COMPARED_CASES, 0)  # each case's next call: the runner step's next target
