@@ -11,7 +11,8 @@ from typing import Any
 from sift import dcache
 from sift.dcache import manager, statements
 
-# The baseline sends the store's own statements and the same total's read; those texts are private.
+# The baselines send the store's own statement texts (manager's compiled statements, the total's read), so
+# that only the package's own work differs; no public API exposes them.
 from sift.dcache.sqlite import TOTAL_NBYTES_SQL
 from sift.testing import make_job, make_targets
 
@@ -283,7 +284,7 @@ class PgBaseline:
     package opens its write transaction."""
 
     def __init__(self, conn: Any) -> None:
-        from sift.dcache import postgres
+        from sift.dcache import postgres  # the row lock and total's read it sends: private texts
 
         self.conn = conn
         self.lock_target_sql = postgres._LOCK_TARGET
