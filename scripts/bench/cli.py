@@ -89,6 +89,7 @@ def choose_stores(
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The options; a usage error (exit 2) for a combination that cannot run."""
     parser = argparse.ArgumentParser(
         prog=COMMAND, description=bench_doc.split("\n\n")[0] if bench_doc else None
     )

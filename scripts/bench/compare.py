@@ -43,6 +43,7 @@ def resolve(parser: argparse.ArgumentParser, rev: str) -> str:
 
 
 def git(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """A git command in this repository, its output captured."""
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=check)
 
 
@@ -123,11 +124,13 @@ class Side:
         self.answer()  # "ready"
 
     def send(self, line: str) -> None:
+        """One command line to the process."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{line}\n")
         self.proc.stdin.flush()
 
     def answer(self) -> str:
+        """The process's next line; an error if it stopped instead."""
         out: IO[str] | None = self.proc.stdout
         line = out.readline() if out is not None else ""
         if not line:
@@ -140,6 +143,7 @@ class Side:
         return float(self.answer())
 
     def close(self) -> None:
+        """End its input (it closes its store) and wait for it to exit."""
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         if self.proc.wait(timeout=60) != 0:

@@ -74,6 +74,7 @@ class Builder:
     def one_job(
         self, job_id: str, *, caller: str, status: str, targets: int, result_bytes: int | None, lease: int
     ) -> None:
+        """One job, created at ``lease``, with its targets as in :meth:`jobs`."""
         done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
         self.conn.execute(
             "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
@@ -112,6 +113,7 @@ class Builder:
 
 
 def wal_bytes(path: Path) -> int:
+    """The size of the store's -wal file, 0 when there is none."""
     wal = Path(f"{path}-wal")
     return wal.stat().st_size if wal.exists() else 0
 
@@ -170,6 +172,7 @@ class PgBuilder:
     def one_job(
         self, job_id: str, *, caller: str, status: str, targets: int, result_bytes: int | None, lease: int
     ) -> None:
+        """One job, created at ``lease``, with its targets as in :meth:`jobs`."""
         done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
         self.conn.execute(
             "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "

@@ -74,6 +74,7 @@ class Report:
         return case.ratio
 
     def goal(self, name: str, value: float, limit: float | None, unit: str) -> None:
+        """Add a goal: ``value`` judged against at most ``limit`` (None: reported only)."""
         self.goals.append(Goal(name, value, limit, unit))
 
 
@@ -109,6 +110,7 @@ def alternate(rnd: int, sides: tuple[T, ...]) -> tuple[T, ...]:
 
 
 def p99(values: list[int]) -> float:
+    """The 99th percentile of ``values`` (nearest rank), 0 for none."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
 

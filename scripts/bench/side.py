@@ -24,6 +24,7 @@ NOW = T0 + 10**6
 
 
 def main(target: str, tree: Path, warmup: int) -> None:
+    """Serve the comparison (see the module's docstring); refuse a ``sift`` from outside ``tree``."""
     here = Path(sift.__file__).resolve()
     if not here.is_relative_to(tree.resolve()):
         raise SystemExit(f"bench.side: sift comes from {here}, not from {tree}")

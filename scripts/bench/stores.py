@@ -53,6 +53,7 @@ class PgServer:
         self.version = str(self.admin.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
 
     def new_schema(self, label: str) -> str:
+        """A schema name of this run's, dropped at the latest by :meth:`close`."""
         schema = f"{self.tag}_{label}"
         self.schemas.append(schema)
         return schema
@@ -70,10 +71,12 @@ class PgServer:
         return psycopg.connect(self.url, autocommit=True, options=f"-c search_path={schema}")
 
     def drop(self, schema: str) -> None:
+        """Drop the schema and all it holds."""
         self.admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         self.schemas.remove(schema)
 
     def close(self) -> None:
+        """Drop every schema of this run's still there."""
         for schema in list(self.schemas):
             self.drop(schema)
         self.admin.close()

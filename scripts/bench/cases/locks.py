@@ -71,7 +71,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     """Run a sweep or eviction with db.lock timed and a reader thread polling batch_job."""
     os.sync()  # no writeback of earlier groups' files (or their deletion) left to stall the timed run
     lock = TimedLock(dcache.db.lock)
-    dcache.db.lock = lock
+    dcache.db.lock = lock  # no public hook times the store's lock: the proxy stands in for this run only
     reader = Reader("keep-0000000")
     try:
         reader.start()
@@ -102,6 +102,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
 
 
 def bench_locks(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """Sweep many expired jobs, then evict as many finished ones, each with its lock holds timed."""
     path = tmp / "sweep.db"
     rows = sizes.sweep_jobs * (sizes.sweep_targets + 1)
     t0 = time.perf_counter()

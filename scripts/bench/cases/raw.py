@@ -159,6 +159,7 @@ def ratio_pair(report: Report, case: str, n: int, pkg: list[float], base: list[f
 
 
 def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """The package and the sqlite3 baseline on two copies of one file, interleaved batch by batch."""
     check_layouts()
     pkg_path, base_path = tmp / "raw-package.db", tmp / "raw-sqlite3.db"
     steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
