@@ -90,7 +90,7 @@ def run(
 def build(b: Builder | PgBuilder, sizes: Sizes) -> None:
     """The compared store: retained history, queued jobs with a quarter more pending targets than every
     claim takes, and the runner's job, created after them so that no claim takes its targets."""
-    calls = sizes.warmup + sizes.raw_rounds * sizes.raw_ops
+    calls = sizes.warmup + sizes.compare_rounds * sizes.compare_ops
     b.jobs(
         "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
     )
@@ -169,14 +169,14 @@ def measure(
             sides[name] = Side(tree, targets[name], sizes.warmup, cwd)
             build(builders[name](), sizes)
             sides[name].open()
-        for rnd in range(sizes.raw_rounds):
+        for rnd in range(sizes.compare_rounds):
             for case in COMPARED_CASES:
                 for name in alternate(rnd, (this, rev)):
-                    samples[name, case].append(sides[name].time(case, sizes.raw_ops))
+                    samples[name, case].append(sides[name].time(case, sizes.compare_ops))
     finally:
         for side in sides.values():
             side.close()
-    log(f"compare: {store.name}: {sizes.raw_rounds} rounds of {sizes.raw_ops} calls of each case")
+    log(f"compare: {store.name}: {sizes.compare_rounds} rounds of {sizes.compare_ops} calls of each case")
     for case in COMPARED_CASES:
         name = f"{store.prefix}compare/{case}"
         mine = report.case(f"{name}/this", sizes.flat_small, samples[this, case])

@@ -61,6 +61,8 @@ class Sizes:
     sim_fetch_jobs: int  # the same with fetches that wait on the network (--fetch-ms)
     tail_rounds: int  # SQLite tail: rounds of each side
     tail_calls: int  # calls of each process in one round
+    compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
+    compare_ops: int  # calls of each case per side and round
 
 
 FULL = Sizes(
@@ -106,6 +108,8 @@ FULL = Sizes(
     sim_fetch_jobs=150,
     tail_rounds=8,
     tail_calls=600,
+    compare_rounds=30,
+    compare_ops=200,
 )
 
 QUICK = Sizes(
@@ -151,4 +155,6 @@ QUICK = Sizes(
     sim_fetch_jobs=12,
     tail_rounds=2,
     tail_calls=60,
+    compare_rounds=4,
+    compare_ops=50,
 )
