@@ -26,10 +26,15 @@ import psycopg
 from sift import dcache
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
-TABLES = ("batch_job", "batch_target", "batch_totals")
+#: Jobs per WAL reading: the server recycles WAL segments after a checkpoint, so read them soon.
+CHUNK = 50
+
+#: Jobs as (number, id).
+Chunk = Sequence[tuple[int, str]]
 
 
 def with_database(url: str, name: str) -> str:
+    """``url`` with its database replaced by ``name`` (and no fragment)."""
     parts = urllib.parse.urlsplit(url)
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
 
@@ -60,7 +65,7 @@ def _measure(url: str, jobs: int, targets: int, result_bytes: int) -> dict[str, 
         result = "r" * result_bytes
         ids = [(i, f"job-{i:07d}") for i in range(jobs)]
 
-        def create(chunk: Sequence[tuple[int, str]]) -> None:
+        def create(chunk: Chunk) -> None:
             for i, job_id in chunk:
                 job = dcache.BatchJob(
                     id=job_id, caller=f"caller-{i % 16}", caller_class="fleet", idem_key=f"key-{i}",
@@ -71,17 +76,17 @@ def _measure(url: str, jobs: int, targets: int, result_bytes: int) -> dict[str, 
                     job, (dcache.BatchTarget(idx=k, url=u, options="{}") for k, u in enumerate(urls))
                 )
 
-        def write(chunk: Sequence[tuple[int, str]]) -> None:
+        def write(chunk: Chunk) -> None:
             for i, job_id in chunk:
                 for k in range(targets):
                     dcache.update_batch_target(job_id, k, "done", result=result, now=jobs + i)
                 dcache.set_batch_job_status(job_id, "done", now=jobs + i)
 
-        def touch(chunk: Sequence[tuple[int, str]]) -> None:
+        def touch(chunk: Chunk) -> None:
             for i, job_id in chunk:
                 dcache.touch_batch_job(job_id, now=2 * jobs + i)
 
-        def evict(chunk: Sequence[tuple[int, str]]) -> None:
+        def evict(chunk: Chunk) -> None:
             dcache.evict_batch_oldest(dcache.batch_nbytes() - sum(job.nbytes for job in _jobs(chunk)))
 
         figures: dict[str, Any] = {"jobs": jobs, "targets": targets, "result_bytes": result_bytes}
@@ -95,15 +100,9 @@ def _measure(url: str, jobs: int, targets: int, result_bytes: int) -> dict[str, 
         return figures
 
 
-def _jobs(chunk: Sequence[tuple[int, str]]) -> list[dcache.BatchJob]:
+def _jobs(chunk: Chunk) -> list[dcache.BatchJob]:
     found = [dcache.batch_job(job_id) for _, job_id in chunk]
     return [job for job in found if job is not None]
-
-
-#: Jobs per WAL reading: the server recycles WAL segments after a checkpoint, so read them soon.
-CHUNK = 50
-
-Chunk = Sequence[tuple[int, str]]
 
 
 def _wal(

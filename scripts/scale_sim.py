@@ -1,5 +1,5 @@
 """The byte budget past one database: one global budget, oldest lease evicted first, against a budget per
-shard, each shard evicting its own oldest (issue 10, README "Past one PostgreSQL").
+shard, each shard evicting its own oldest (README "Past one PostgreSQL").
 
 A model, not the store: finished jobs arrive one at a time with their whole size (lognormal or Pareto),
 and callers touch recent jobs (a touch moves the job's lease to now, as ``touch_batch_job`` does). Every
@@ -137,6 +137,14 @@ class GlobalOrder:
         self.lease: dict[int, int] = {}
         self.bytes_of: dict[int, int] = {}
 
+    def _place(self, job: int, instant: int) -> None:
+        self.job_at[instant] = job
+        self._add(instant, 1)
+
+    def _unplace(self, instant: int) -> None:
+        self.job_at[instant] = -1
+        self._add(instant, -1)
+
     def _add(self, instant: int, delta: int) -> None:
         i = instant + 1
         while i <= self.size:
@@ -167,15 +175,13 @@ class GlobalOrder:
 
     def arrive(self, job: int, size: int, now: int) -> list[int]:
         self.lease[job], self.bytes_of[job] = now, size
-        self.job_at[now] = job
-        self._add(now, 1)
+        self._place(job, now)
         self.nbytes += size
         evicted = []
         while self.nbytes > self.budget:
             instant = self._oldest()
             victim = self.job_at[instant]
-            self._add(instant, -1)
-            self.job_at[instant] = -1
+            self._unplace(instant)
             del self.lease[victim]
             self.nbytes -= self.bytes_of.pop(victim)
             evicted.append(victim)
@@ -185,10 +191,8 @@ class GlobalOrder:
         old = self.lease.get(job)
         if old is None:
             return False
-        self._add(old, -1)
-        self.job_at[old] = -1
-        self._add(now, 1)
-        self.job_at[now] = job
+        self._unplace(old)
+        self._place(job, now)
         self.lease[job] = now
         return True
 
@@ -249,20 +253,21 @@ class Sharded:
         self.arrived = [0] * count  # bytes arrived in each shard since the last rebalance
         self.rounds: list[list[int]] = []  # those counts, per past round
 
-    def shard(self, job: int) -> Shard:
-        return self.shards[self.slots[job] % len(self.shards)]
+    def index(self, job: int) -> int:
+        """The shard ``job`` lives in."""
+        return self.slots[job] % len(self.shards)
 
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
     def arrive(self, job: int, size: int, now: int) -> list[int]:
-        k = self.slots[job] % len(self.shards)
+        k = self.index(job)
         self.arrived[k] += size
         self.shards[k].add(job, size, now)
         return self.shards[k].evict()
 
     def touch(self, job: int, now: int) -> bool:
-        return self.shard(job).touch(job, now)
+        return self.shards[self.index(job)].touch(job, now)
 
     def rebalance(self) -> list[int]:
         """A coordinator's round: each shard's new budget is its share of the bytes that arrived over the

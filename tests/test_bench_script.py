@@ -1,5 +1,6 @@
-"""scripts/bench.py keeps working: its quick mode runs and reports every case (issues 4 and 9), on SQLite and,
-when the test server answers (always under CI), on PostgreSQL too.
+"""scripts/bench keeps working: its quick mode runs and reports every case, on SQLite and, when the test
+server answers (always under CI), on PostgreSQL too; and its comparison with another commit reports a ratio
+for each hot path.
 
 No timing is asserted: the figures are only checked to be there. The goals are judged by a full run.
 """
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import POSTGRES_URL, postgres_missing
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
 FLAT = (
     "runner_step",
@@ -28,7 +29,7 @@ FLAT = (
     "batch_job",
 )
 RAW = ("runner_step", "submit_100", "put_batch_targets", "batch_targets_read")
-#: Every case the issue asks for, written out here independently of the script's own list.
+#: Every case the bench must report, written out here independently of the bench's own lists.
 CASES = {
     *(f"flat/{case}" for case in FLAT),
     *(f"raw/{case}/{side}" for case in RAW for side in ("package", "sqlite3")),
@@ -44,18 +45,18 @@ CASES = {
     "ops/group_by_pass",
     "disk/backup",
     "disk/evict_90",
-    # 4 processes writing one file: SQLite's busy handler alone, and the writers' queue (issue 10)
+    # 4 processes writing one file: SQLite's busy handler alone, and the writers' queue
     *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
     "claims/claim_batch_targets",
 }
-#: The PostgreSQL part's cases (issue 9).
+#: The PostgreSQL part's cases.
 PG_CASES = {
     *(f"pg/flat/{case}" for case in FLAT),
     "pg/raw/runner_step/package",
     "pg/raw/runner_step/psycopg",
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
-    # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms (issue 10)
+    # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms
     "pg/simulate/hosts/fetch_0ms",
     "pg/simulate/hosts/fetch_50ms",
 }
@@ -178,3 +179,43 @@ def test_bad_db_is_refused_before_any_work(argv: list[str], message: str) -> Non
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "flat:" not in proc.stderr  # no group ran
+
+
+#: The hot paths a comparison with another commit times.
+COMPARED = ("runner_step", "claim_batch_targets", "sweep_batch_noop", "evict_batch_oldest_noop")
+
+
+def test_compare_with_a_commit_reports_each_hot_path_and_removes_its_worktree(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    command = [sys.executable, str(BENCH), "--quick", "--compare-with", "HEAD", "--json", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True, check=True)
+    assert report["compare_with"] == "HEAD" and report["commit"] == head.stdout.strip()
+    prefixes = ("", "pg/") if with_postgres() else ("",)
+    cases = {c["name"]: c for c in report["cases"]}
+    assert set(cases) == {
+        f"{p}compare/{case}/{side}" for p in prefixes for case in COMPARED for side in ("this", "base")
+    }
+    for prefix in prefixes:
+        for case in COMPARED:
+            this, base = cases[f"{prefix}compare/{case}/this"], cases[f"{prefix}compare/{case}/base"]
+            assert math.isfinite(this["ratio"]) and this["ratio"] > 0 and base["ratio"] == 1.0
+            assert this["ratio"] == pytest.approx(this["median_us"] / base["median_us"])
+            assert f"{prefix}compare/{case}/this" in proc.stdout
+    assert len(report["goals"]) == len(prefixes) * len(COMPARED)
+    for goal in report["goals"]:
+        assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], cwd=BENCH, capture_output=True, text=True, check=True
+    )
+    assert report["worktree"] not in worktrees.stdout  # the other commit's checkout is gone
+    assert not Path(report["worktree"]).exists()
+
+
+def test_compare_with_an_unknown_revision_is_refused_before_any_work() -> None:
+    command = [sys.executable, str(BENCH), "--quick", "--compare-with", "no-such-revision-anywhere"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "--compare-with no-such-revision-anywhere: not a commit" in proc.stderr

@@ -1,0 +1,372 @@
+"""Close to raw: the package against the same work written plainly on the driver (sqlite3, or psycopg
+on PostgreSQL), on identical stores, interleaved: the runner step, a submit, a bulk put, a bulk read."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sift import dcache
+from sift.dcache import manager, statements
+
+# The baselines send the store's own statement texts (manager's compiled statements, the total's read), so
+# that only the package's own work differs; no public API exposes them.
+from sift.dcache.sqlite import TOTAL_NBYTES_SQL
+from sift.testing import make_job, make_targets
+
+from ..fixtures import Builder, PgBuilder, raw_connect
+from ..harness import Report, interleave, time_batch
+from ..sizes import BUDGET, OPTIONS, RESULT_1K, T0, Sizes
+from ..stores import PgServer
+from .hot_paths import RUNNER_JOB, runner_step
+
+# The baseline runs the package's own SQL text, with parameters written out by hand. These are the
+# parameter layouts that hand-written code assumes; check_layouts() fails loudly if the package changes.
+LAYOUTS: dict[str, list[object]] = {
+    "_FINISH_ON_JOB": [
+        "final",
+        1,
+        0,
+        "job_id",
+        "idx",
+        "now",
+        "size",
+        0,
+        "job_id",
+        "idx",
+        "job_id",
+        "job_id",
+        "idx",
+        "final",
+        1,
+    ],
+    "_SET_TARGET": ["status", "result", "error", "hint", "job_id", "idx"],
+    "_INSERT_JOB": [
+        "id",
+        "caller",
+        "caller_class",
+        "idem_key",
+        "status",
+        "error",
+        "targets_total",
+        "targets_done",
+        "created_at",
+        "lease",
+        "nbytes",
+    ],
+    "_INSERT_TARGET": ["job_id", "idx", "url", "options", "options"],
+    "_TARGETS_TOTAL": ["job_id"],
+    "_SELECT_TARGETS": ["job_id"],
+}
+
+
+def check_layouts() -> None:
+    """Stop the run when a statement the baselines bind by hand takes its parameters in a new order."""
+    for name, layout in LAYOUTS.items():
+        stmt: statements.Statement = getattr(manager, name)
+        actual = [getattr(p, "name", p) for p in stmt.template]
+        if actual != layout:
+            raise SystemExit(f"bench: manager.{name} now takes {actual}, the baseline assumes {layout}")
+
+
+class Baseline:
+    """The same work with the stdlib sqlite3 module, as plainly as a competent engineer writes it:
+    the same SQL, one connection in autocommit mode, BEGIN IMMEDIATE ... COMMIT where the package
+    opens a write transaction."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = raw_connect(path)
+        self.finish_sql = manager._FINISH_ON_JOB.sql
+        self.set_target_sql = manager._SET_TARGET.sql
+        self.insert_job_sql = manager._INSERT_JOB.sql
+        self.insert_target_sql = manager._INSERT_TARGET.sql
+        self.targets_total_sql = manager._TARGETS_TOTAL.sql
+        self.select_targets_sql = manager._SELECT_TARGETS.sql
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = conn.execute(
+                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+            )
+            if cur.rowcount != 1:
+                raise LookupError(f"no target {job_id}/{idx}")
+            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def evict_noop(self, max_bytes: int) -> None:
+        (total,) = self.conn.execute(TOTAL_NBYTES_SQL).fetchone()
+        if total > max_bytes:
+            raise AssertionError("the baseline does not evict")
+
+    def create_job(self, job: tuple[Any, ...], targets: list[tuple[Any, ...]]) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(self.insert_job_sql, job)
+            conn.executemany(self.insert_target_sql, targets)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def put_targets(self, job_id: str, targets: list[tuple[Any, ...]]) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute(self.targets_total_sql, (job_id,)).fetchone() is None:
+                raise LookupError(job_id)
+            conn.executemany(self.insert_target_sql, targets)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def read_targets(self, job_id: str) -> list[Any]:
+        return self.conn.execute(self.select_targets_sql, (job_id,)).fetchall()
+
+
+def job_row(job_id: str, targets_total: int) -> tuple[Any, ...]:
+    """The baseline's job: the row of ``pkg_job``."""
+    return (job_id, "caller-1", "fleet", "", "queued", "", targets_total, 0, T0, T0, 0)
+
+
+def target_rows(job_id: str, count: int) -> list[tuple[Any, ...]]:
+    """The baseline's targets: the rows of ``make_targets(count, options=OPTIONS)``."""
+    return [(job_id, i, f"https://example.com/{i}", OPTIONS, OPTIONS) for i in range(count)]
+
+
+def pkg_job(job_id: str, targets_total: int) -> dcache.BatchJob:
+    """The package's job: a queued job of the first caller, created at T0."""
+    return make_job(id=job_id, caller="caller-1", targets_total=targets_total, created_at=T0, lease=T0)
+
+
+def ratio_pair(report: Report, case: str, n: int, pkg: list[float], base: list[float]) -> float:
+    """The package's case and its sqlite3 baseline's; the package's median over the baseline's."""
+    return report.pair(
+        report.case(f"raw/{case}/package", n, pkg), report.case(f"raw/{case}/sqlite3", n, base)
+    )
+
+
+def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """The package and the sqlite3 baseline on two copies of one file, interleaved batch by batch."""
+    check_layouts()
+    pkg_path, base_path = tmp / "raw-package.db", tmp / "raw-sqlite3.db"
+    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
+    b = Builder(pkg_path)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    b.one_job(RUNNER_JOB, caller="caller-0", status="running", targets=steps, result_bytes=None, lease=T0 + 1)
+    b.one_job(
+        "reader",
+        caller="caller-0",
+        status="done",
+        targets=sizes.read_targets,
+        result_bytes=sizes.read_result,
+        lease=T0 + 1,
+    )
+    b.close()
+    dcache.open_db(pkg_path)  # the speed schema, so both files are the same
+    dcache.close_db()
+    shutil.copyfile(pkg_path, base_path)
+    dcache.open_db(pkg_path)
+    base = Baseline(base_path)
+    now = T0 + 10
+
+    pkg_step = runner_step(now)
+
+    def base_step(i: int) -> None:
+        base.update_target_done(RUNNER_JOB, i, RESULT_1K, now)
+        base.evict_noop(BUDGET)
+
+    time_batch(pkg_step, 0, sizes.warmup)
+    time_batch(base_step, 0, sizes.warmup)
+    pkg, raw = interleave(
+        sizes.raw_rounds, pkg_step, base_step, lambda r: sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
+    )
+    ratio = ratio_pair(report, "runner_step", 1, pkg, raw)
+    report.goal("close to raw: runner step package/sqlite3", ratio, 1.5, "x")
+
+    # Submit path: create_batch_job with 100 targets. Inputs are built before timing.
+    per_batch = max(1, sizes.raw_ops // 10)
+    total = (sizes.raw_rounds + 1) * per_batch
+    pkg_jobs = [
+        (pkg_job(f"sub-p-{i}", sizes.submit_targets), make_targets(sizes.submit_targets, options=OPTIONS))
+        for i in range(total)
+    ]
+    base_jobs = [
+        (job_row(f"sub-b-{i}", sizes.submit_targets), target_rows(f"sub-b-{i}", sizes.submit_targets))
+        for i in range(total)
+    ]
+
+    def pkg_submit(i: int) -> None:
+        dcache.create_batch_job(*pkg_jobs[i])
+
+    def base_submit(i: int) -> None:
+        base.create_job(*base_jobs[i])
+
+    time_batch(pkg_submit, 0, per_batch)
+    time_batch(base_submit, 0, per_batch)
+    pkg, raw = interleave(sizes.raw_rounds, pkg_submit, base_submit, lambda r: (r + 1) * per_batch, per_batch)
+    ratio = ratio_pair(report, "submit_100", sizes.submit_targets, pkg, raw)
+    report.goal(
+        f"close to raw: create_batch_job with {sizes.submit_targets} targets package/sqlite3",
+        ratio,
+        1.5,
+        "x",
+    )
+    pkg_jobs.clear()
+    base_jobs.clear()
+
+    # put_batch_targets of 100,000 targets vs executemany; one call is the whole put. The BatchTarget
+    # instances (package) and the row tuples (baseline) are built before timing.
+    targets = make_targets(sizes.put_targets, options=OPTIONS)
+    rows = [target_rows(f"put-b-{r}", sizes.put_targets) for r in range(sizes.put_rounds)]
+    for r in range(sizes.put_rounds):
+        dcache.create_batch_job(pkg_job(f"put-p-{r}", sizes.put_targets))
+        base.create_job(job_row(f"put-b-{r}", sizes.put_targets), [])
+
+    def pkg_put(r: int) -> None:
+        dcache.put_batch_targets(f"put-p-{r}", targets)
+
+    def base_put(r: int) -> None:
+        base.put_targets(f"put-b-{r}", rows[r])
+
+    pkg, raw = interleave(sizes.put_rounds, pkg_put, base_put, lambda r: r, 1)
+    ratio = ratio_pair(report, "put_batch_targets", sizes.put_targets, pkg, raw)
+    report.goal(
+        f"close to raw: put_batch_targets of {sizes.put_targets} targets package/executemany",
+        ratio,
+        1.5,
+        "x",
+    )
+    targets.clear()
+    rows.clear()
+
+    # Reading batch_targets of a 10,000-target job (model instances) vs fetchall (tuples).
+    def pkg_read(i: int) -> None:
+        got = dcache.batch_targets("reader")
+        if got is None or len(got) != sizes.read_targets:
+            raise AssertionError("batch_targets read the wrong rows")
+
+    def base_read(i: int) -> None:
+        if len(base.read_targets("reader")) != sizes.read_targets:
+            raise AssertionError("fetchall read the wrong rows")
+
+    time_batch(pkg_read, 0, 1)
+    time_batch(base_read, 0, 1)
+    pkg, raw = interleave(sizes.read_rounds, pkg_read, base_read, lambda r: 0, sizes.read_ops)
+    ratio = ratio_pair(report, "batch_targets_read", sizes.read_targets, pkg, raw)
+    report.goal(
+        f"close to raw: batch_targets of {sizes.read_targets} targets package/fetchall (report only)",
+        ratio,
+        None,
+        "x",
+    )
+    base.close()
+    dcache.close_db()
+
+
+class PgBaseline:
+    """The runner step with plain psycopg, as plainly as a competent engineer writes it: the store's own
+    statements (the job-then-target row lock, the counting update, the target update, the total's read)
+    on one connection in autocommit mode, with ``conn.transaction()`` (BEGIN ... COMMIT) where the
+    package opens its write transaction."""
+
+    def __init__(self, conn: Any) -> None:
+        from sift.dcache import postgres  # the row lock and total's read it sends: private texts
+
+        self.conn = conn
+        self.lock_target_sql = postgres._LOCK_TARGET
+        self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
+        self.set_target_sql = manager._SET_TARGET.sql
+        self.total_sql = postgres.PostgresStore.total_nbytes_sql
+        #: What one runner step sends, besides BEGIN and COMMIT.
+        self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
+
+    def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        with conn.transaction():
+            conn.execute(self.lock_target_sql, (job_id, idx))
+            cur = conn.execute(
+                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+            )
+            if cur.rowcount != 1:
+                raise LookupError(f"no target {job_id}/{idx}")
+            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+
+    def evict_noop(self, max_bytes: int) -> None:
+        row = self.conn.execute(self.total_sql).fetchone()
+        if row[0] > max_bytes:
+            raise AssertionError("the baseline does not evict")
+
+
+def statements_of(call: Callable[[], object]) -> list[str]:
+    """The SQL texts the open PostgreSQL store runs during ``call`` (its transactions' BEGIN and COMMIT go
+    through Peewee, not run_sql, and are not listed)."""
+    backend = dcache.db.backend
+    inner = backend.run_sql
+    sent: list[str] = []
+
+    def recording(sql: str, params: Any) -> Any:
+        sent.append(sql)
+        return inner(sql, params)
+
+    setattr(backend, "run_sql", recording)  # noqa: B010 (an instance attribute shadows the method)
+    try:
+        call()
+    finally:
+        delattr(backend, "run_sql")
+    return sent
+
+
+def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The runner step (update_batch_target to done with 1 KB, then a no-op eviction) against plain
+    psycopg running the same statements, on two running jobs of one store, interleaved."""
+    schema = server.new_schema("raw")
+    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
+    b = PgBuilder(server, schema)
+    b.jobs(
+        "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
+    )
+    for job_id in (RUNNER_JOB, "runner-base"):
+        b.one_job(job_id, caller="caller-0", status="running", targets=steps, result_bytes=None, lease=T0 + 1)
+    b.close()
+    dcache.open_db(server.target(schema))
+    check_layouts()  # PostgreSQL's compilation of the statements the baseline binds by hand
+    base = PgBaseline(server.connect(schema))
+    now = T0 + 10
+
+    pkg_step = runner_step(now)
+
+    def base_step(i: int) -> None:
+        base.update_target_done("runner-base", i, RESULT_1K, now)
+        base.evict_noop(BUDGET)
+
+    sent = statements_of(lambda: pkg_step(0))
+    if sent != base.statements:
+        raise SystemExit(f"bench: the runner step now sends {sent}; the baseline sends {base.statements}")
+    time_batch(pkg_step, 1, sizes.warmup - 1)
+    time_batch(base_step, 0, sizes.warmup)
+    pkg, raw = interleave(
+        sizes.raw_rounds, pkg_step, base_step, lambda r: sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
+    )
+    ratio = report.pair(
+        report.case("pg/raw/runner_step/package", 1, pkg), report.case("pg/raw/runner_step/psycopg", 1, raw)
+    )
+    report.goal("PostgreSQL: close to raw: runner step package/psycopg", ratio, 1.5, "x")
+    base.conn.close()
+    dcache.close_db()
+    server.drop(schema)
