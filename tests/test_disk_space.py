@@ -1,7 +1,8 @@
 """Disk space follows the data: a new store has incremental auto-vacuum, sweeps and evictions give the
 free pages back in bounded steps, and ``vacuum_store`` converts an older file once.
 
-Sizes and page counts are compared, never times; the lock holds are measured by scripts/bench.py.
+Sizes and page counts are compared, never times; the lock holds are measured by the bench
+(``python scripts/bench``).
 """
 
 from __future__ import annotations
