@@ -51,7 +51,8 @@ from typing import Any
 
 from sift import dcache
 from sift.dcache import manager, statements
-from sift.dcache.sqlite import BASE_SCHEMA, PRAGMAS, TOTAL_NBYTES_SQL
+from sift.dcache.backends.sqlite.schema import BASE_SCHEMA, TOTAL_NBYTES_SQL
+from sift.dcache.backends.sqlite.settings import PRAGMAS
 
 perf_ns = time.perf_counter_ns
 
@@ -1552,13 +1553,13 @@ class PgBaseline:
     package opens its write transaction."""
 
     def __init__(self, conn: Any) -> None:
-        from sift.dcache import postgres
+        from sift.dcache.backends.postgres import connection, rules
 
         self.conn = conn
-        self.lock_target_sql = postgres._LOCK_TARGET
+        self.lock_target_sql = rules._LOCK_TARGET
         self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
         self.set_target_sql = manager._SET_TARGET.sql
-        self.total_sql = postgres.PostgresStore.total_nbytes_sql
+        self.total_sql = connection.PostgresStore.total_nbytes_sql
         #: What one runner step sends, besides BEGIN and COMMIT.
         self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
 

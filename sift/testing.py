@@ -269,7 +269,7 @@ def _open_postgres(url: str) -> tuple[str, dcache.StoreDatabase]:
 def _drop_schema(url: str, schema: str) -> None:
     import psycopg  # sift[postgres]'s: only a PostgreSQL run gets here
 
-    from sift.dcache.postgres import parse_target
+    from sift.dcache.backends import parse_target
 
     with psycopg.connect(parse_target(url)[0], autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -15,8 +15,9 @@ import pytest
 from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import check
-from sift.dcache.check import Repair, Violation
+from sift.dcache import integrity as check
+from sift.dcache.backends.sqlite import SerializedSqliteDatabase
+from sift.dcache.integrity import Repair, Violation
 
 # check_store reads SQLite files only, so far.
 pytestmark = pytest.mark.sqlite_only
@@ -326,9 +327,23 @@ def test_no_false_alarm_while_another_process_writes(
 @pytest.mark.parametrize(
     ("sql", "params", "index"),
     [
-        (check._SQLITE.target_groups.format(where="job_id > ? AND job_id <= ?"), ("a", "b"), "batch_target"),
-        (check._SQLITE.target_groups.format(where="job_id > ?"), ("a",), "batch_target"),
-        (check._SQLITE.jobs.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
+        (
+            check._statements(SerializedSqliteDatabase).target_groups.format(
+                where="job_id > ? AND job_id <= ?"
+            ),
+            ("a", "b"),
+            "batch_target",
+        ),
+        (
+            check._statements(SerializedSqliteDatabase).target_groups.format(where="job_id > ?"),
+            ("a",),
+            "batch_target",
+        ),
+        (
+            check._statements(SerializedSqliteDatabase).jobs.format(where="id > ? AND id <= ?"),
+            ("a", "b"),
+            "batch_job",
+        ),
         ("SELECT id FROM batch_job WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?", ("a", 499), "batch_job"),
         (
             "SELECT job_id FROM batch_target WHERE job_id > ? ORDER BY job_id LIMIT 1 OFFSET ?",

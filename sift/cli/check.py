@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from sift import dcache
-from sift.dcache.check import REPAIRABLE, Repair, Violation
+from sift.dcache.integrity import REPAIRABLE, Repair, Violation
 
 from .progress import bars_enabled, make_bar
 from .report import emit_json, format_count, plural

@@ -585,7 +585,7 @@ def postgres_simulation_store(target: str, source: str) -> tuple[str, str | None
     """
     import psycopg  # the CLI reaches here only for a postgresql:// target
 
-    from sift.dcache.postgres import parse_target
+    from sift.dcache.backends import parse_target
 
     url, schema = parse_target(target)  # StoreUnavailable ("schema: ...") for a name sift does not use
     query = urllib.parse.parse_qsl(urllib.parse.urlsplit(target).query, keep_blank_values=True)
@@ -652,7 +652,7 @@ def shown_store(target: str) -> str:
     """The store as the summary names it: a PostgreSQL URL without its password."""
     if not is_postgres(target):
         return target
-    from sift.dcache.postgres import shown_url
+    from sift.dcache.backends import shown_url
 
     return shown_url(target)
 

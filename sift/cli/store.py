@@ -10,7 +10,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from sift import dcache
-from sift.dcache.sqlite import SCHEMA_NAMES
+from sift.dcache.backends import missing_schema as missing_schema_parts
 
 __all__ = [
     "DEFAULT_DB",
@@ -90,13 +90,7 @@ def refuse_store_with_jobs(path: str, source: str) -> None:
 def missing_schema(path: str) -> list[str]:
     """The parts of the store's schema (tables, indexes, triggers) the existing file at ``path`` lacks,
     read without writing to it; ``open_db`` would add them."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    try:
-        with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
-            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    except sqlite3.DatabaseError:
-        return []  # open_db says what is wrong with the file
-    return sorted(SCHEMA_NAMES - present)
+    return missing_schema_parts(path, timeout=OPEN_TIMEOUT_S)
 
 
 @contextmanager

@@ -5,8 +5,8 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
+from .backends.sqlite import SerializedSqliteDatabase
 from .backup import BackupReport, RestoreReport, backup_store, restore_store
-from .check import StoreReport, check_store
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -23,6 +23,7 @@ from .errors import (
     StoreUnavailable,
     TargetNotFound,
 )
+from .integrity import StoreReport, check_store
 from .manager import (
     batch_job,
     batch_job_by_idem,
@@ -55,7 +56,6 @@ from .space import (
     vacuum_relations,
     vacuum_store,
 )
-from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
     "BackupReport",

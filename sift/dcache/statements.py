@@ -12,7 +12,8 @@ from typing import Any
 
 import peewee
 
-from .database import Backend, db
+from .backends import Backend
+from .database import db
 
 __all__ = ["Inline", "Slot", "Statement", "literal"]
 

@@ -9,34 +9,20 @@ derived data (``targets_done``, ``nbytes``, the byte total, a missing index or t
 targets, each chunk in one short write transaction; a bad status or an idx out of range is data a person
 must decide about, so it is reported and left as it is.
 
-On PostgreSQL the same checks run with PostgreSQL's spellings (no ``quick_check``: the server keeps its own
-files whole), each chunk in one REPEATABLE READ transaction. The schema check reads the catalog (tables,
-indexes, the total's trigger and functions, the ``sift_schema`` version) and the byte total is the 16 slot
-rows summed. Repair stays exact while other processes write: each chunk's fixes lock their jobs first (the
-rule every writer follows: job before target) under the removal advisory lock, and the total is recomputed
-with ``batch_totals`` locked against writers (``EXCLUSIVE``: readers go on).
+Written once for every backend: what differs (the page check, snapshots, the schema check, the byte
+total's keeping and repair, SQL spellings) is asked of the open backend (see its ``maintenance`` module).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .database import db
-from .errors import BatchError, StoreConflict, StoreCorrupt
+from .errors import StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
-from .sqlite import (
-    BASE_SCHEMA,
-    RECOMPUTE_TOTAL_SQL,
-    SCHEMA_NAMES,
-    SPEED_SCHEMA,
-    TOTAL_NBYTES_SQL,
-    SerializedSqliteDatabase,
-)
 
 __all__ = ["Repair", "StoreReport", "Violation", "check_store"]
 
@@ -48,15 +34,6 @@ TARGETS_PER_CHUNK = 5_000
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
 #: target_idx) are left for a person to decide.
 REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
-
-#: PostgreSQL's schema objects by kind (the tables' primary keys come with the tables).
-PG_SCHEMA_NAMES = frozenset(
-    {("table", "batch_job"), ("table", "batch_target"), ("table", "batch_totals"), ("table", "sift_schema")}
-    | {("index", "batch_job_idem"), ("index", "batch_job_lease"), ("index", "batch_job_live")}
-    | {("index", "batch_job_evictable"), ("index", "batch_job_claim"), ("index", "batch_target_pending")}
-    | {("index", "batch_job_live_lease"), ("trigger", "batch_totals_track")}
-    | {("function", "batch_totals_track"), ("function", "sift_json_valid"), ("function", "sift_json")}
-)
 
 _JOB_STATUSES = frozenset(s.value for s in JobStatus)
 
@@ -127,19 +104,19 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
     with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
     ``progress`` is called after each chunk with the number of jobs it read."""
     report = StoreReport()
-    if not _on_sqlite():  # PostgreSQL keeps its files whole: there is no quick_check to run
+    if not db.backend.has_pages:  # PostgreSQL keeps its files whole: there is no page check to run
         _check_data(report, repair, progress)
         return report
-    if repair or db.database in (":memory:", ""):
+    if repair or not db.backend.reads_beside:
         # Nothing else can be trusted on a damaged file, and repair must not write into it.
-        report.violations += _quick_check()
+        report.violations += _page_check()
         if not report.violations:
             _check_data(report, repair, progress)
         return report
     # Reading only, on a file: the integrity check reads the whole file on a connection of its own, in a
     # thread of its own, while the chunks go by on the shared one (SQLite runs without the GIL).
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sift-check") as pool:
-        integrity = pool.submit(_quick_check)
+        integrity = pool.submit(_page_check)
         try:
             _check_data(report, repair, progress)
             failure: StoreCorrupt | None = None
@@ -153,12 +130,8 @@ def check_store(*, repair: bool = False, progress: Callable[[int], None] | None 
     return report
 
 
-def _quick_check() -> list[Violation]:
-    try:
-        rows = _side_read("PRAGMA quick_check")
-    except StoreCorrupt as exc:  # too damaged for quick_check to finish
-        rows = [(str(exc.__cause__ or exc),)]
-    return [] if rows == [("ok",)] else [Violation("quick_check", None, str(row[0])) for row in rows]
+def _page_check() -> list[Violation]:
+    return [Violation("quick_check", None, problem) for problem in db.backend.page_check()]
 
 
 def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], None] | None) -> None:
@@ -168,12 +141,11 @@ def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], Non
     if {"batch_job", "batch_target"} & set(missing) and not repair:
         return
     if missing and repair:
-        _create_schema()
+        db.backend.create_missing_schema()
         report.repairs += [Repair("schema", None, f"created {name}") for name in missing]
     if "batch_totals" not in missing:
-        if not _on_sqlite():
-            _check_slots(report)
-        kept, actual = _side_read(_sql().total)[0]
+        report.violations += [Violation("total", None, detail) for detail in db.backend.total_problems()]
+        kept, actual = db.backend.read_whole(db.backend.sql_totals)[0]
         if kept != actual:
             shown = "no row" if kept is None else repr(kept)
             report.violations.append(
@@ -181,7 +153,7 @@ def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], Non
             )
     low: Any = None
     while True:
-        with _read_transaction():
+        with db.backend.read_snapshot():
             high = _chunk_end(low)
             chunk = _Chunk(low, high)
         report.jobs += chunk.jobs
@@ -195,37 +167,16 @@ def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], Non
             break
         low = high
     if repair and report.violations:
-        _repair_total(report)
+        report.repairs += [Repair("total", None, detail) for detail in db.backend.repair_total()]
 
 
 def _missing_schema(report: StoreReport) -> list[str]:
-    """The parts of the schema the store lacks; on PostgreSQL also a ``sift_schema`` version that is not
-    this sift's (into ``report``: a person decides, as for a status)."""
-    if _on_sqlite():
-        with _read_transaction():
-            present = {row[0] for row in db.fetch_all("SELECT name FROM sqlite_master", ())}
-        return sorted(SCHEMA_NAMES - present)
-    rows = db.fetch_all(_PG_SCHEMA, (db.backend.schema,) * 3)  # type: ignore[attr-defined]
-    missing = sorted(PG_SCHEMA_NAMES - {(kind, name) for kind, name in rows})
-    names = [name if kind == "table" else f"{name} ({kind})" for kind, name in missing]
-    if ("table", "sift_schema") not in missing:
-        from .postgres import SCHEMA_VERSION
-
-        versions = [row[0] for row in db.fetch_all("SELECT version FROM sift_schema", ())]
-        if versions != [SCHEMA_VERSION]:
-            detail = f"sift_schema holds version(s) {versions}; this sift writes version {SCHEMA_VERSION}"
-            report.violations.append(Violation("schema_version", None, detail))
-    return names
-
-
-def _create_schema() -> None:
-    """Create what is missing of the schema, as ``open_db`` does for a new store."""
-    if _on_sqlite():
-        with db.write():
-            for statement in BASE_SCHEMA + SPEED_SCHEMA:
-                db.run_sql(statement, ())
-    else:
-        db.backend._prepare_schema()  # type: ignore[attr-defined]
+    """The parts of the schema the store lacks; also a recorded schema version that is not this sift's
+    (into ``report``: a person decides, as for a status)."""
+    missing = db.backend.missing_schema()
+    if "sift_schema" not in missing and (problem := db.backend.schema_version_problem()) is not None:
+        report.violations.append(Violation("schema_version", None, problem))
+    return missing
 
 
 def _fix_chunk(low: Any, high: Any) -> list[Repair]:
@@ -235,9 +186,7 @@ def _fix_chunk(low: Any, high: Any) -> list[Repair]:
 
     def run() -> list[Repair]:
         with db.backend.removals():
-            if not _on_sqlite():
-                where, params = _id_range("id", low, high)
-                db.run_sql(_LOCK_JOBS.format(where=where), params)
+            db.backend.lock_job_range(*_id_range("id", low, high))
             return _Chunk(low, high).fix()
 
     try:
@@ -336,7 +285,6 @@ class _Statements:
     target_groups: str
     jobs: str
     bad_statuses: str
-    total: str
     chunk_end: str
     idx_outside: str
     fix_job: str
@@ -345,16 +293,15 @@ class _Statements:
     true: str  # a condition that always holds
 
 
-def _statements(postgres: bool) -> _Statements:
-    q = "%s" if postgres else "?"
-    # One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
-    # final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and largest idx.
-    count_if, size = ("SUM(({})::int)", "octet_length(result)") if postgres else ("SUM({})", None)
-    size = size or "length(CAST(result AS BLOB))"
-    # SQLite's min() of two values skips neither NULL: coalesce each with the other. SQLite also orders an
-    # id another program wrote as a number; PostgreSQL's columns hold only what their types allow.
-    least = "LEAST(j, t)" if postgres else "min(coalesce(j, t), coalesce(t, j))"
+def _statements(backend: Any) -> _Statements:
+    """The check's statements in the spelling of ``backend`` (a backend class, or one open)."""
+    q = backend.param
+    count_if, size = backend.sql_count_if, backend.sql_result_bytes
+    least = backend.sql_least.format(a="j", b="t")
     return _Statements(
+        # One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows,
+        # the final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and
+        # largest idx.
         target_groups=f"""SELECT job_id, COUNT(*), {count_if.format(f"status IN ({_FINAL})")},
             COALESCE(SUM({size}), 0), {count_if.format(f"status NOT IN ({_VALID_TARGET})")}, MIN(idx),
             MAX(idx) FROM batch_target WHERE {{where}} GROUP BY job_id""",
@@ -363,13 +310,6 @@ def _statements(postgres: bool) -> _Statements:
         # The statuses outside the enum of one job's targets, for the report (only when there are some).
         bad_statuses=f"""SELECT MIN(status), MAX(status) FROM batch_target
             WHERE job_id = {q} AND status NOT IN ({_VALID_TARGET})""",
-        # PostgreSQL: the 16 slot rows summed, in the same statement (one snapshot) as the jobs' sum.
-        total=(
-            "SELECT (SELECT COALESCE(SUM(nbytes), 0)::bigint FROM batch_totals), "
-            "(SELECT COALESCE(SUM(nbytes), 0)::bigint FROM batch_job)"
-            if postgres
-            else f"SELECT ({TOTAL_NBYTES_SQL}), (SELECT COALESCE(SUM(nbytes), 0) FROM batch_job)"
-        ),
         chunk_end=(
             f"SELECT {least} FROM "
             f"(SELECT (SELECT id FROM batch_job WHERE {{jobs}} ORDER BY id LIMIT 1 OFFSET {q}) AS j, "
@@ -378,7 +318,7 @@ def _statements(postgres: bool) -> _Statements:
         ),
         idx_outside=(
             f"SELECT idx FROM batch_target WHERE job_id = {q} AND NOT ("
-            + ("" if postgres else "typeof(idx) = 'integer' AND ")
+            + backend.sql_integer_idx
             + f"idx >= 0 AND idx < {q}) ORDER BY idx LIMIT 6"
         ),
         fix_job=f"UPDATE batch_job SET {{column}} = {q} WHERE id = {q}",
@@ -387,36 +327,20 @@ def _statements(postgres: bool) -> _Statements:
             "AND NOT EXISTS (SELECT 1 FROM batch_job WHERE batch_job.id = batch_target.job_id)"
         ),
         mark=q,
-        true="TRUE" if postgres else "1",
+        true=backend.sql_true,
     )
 
 
-_SQLITE, _POSTGRES = _statements(False), _statements(True)
-
-# PostgreSQL: the schema's objects present in the store's schema, as (kind, name).
-_PG_SCHEMA = """SELECT CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END, c.relname FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')
-    UNION ALL SELECT 'trigger', t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal
-    AND t.tgenabled <> 'D'
-    UNION ALL SELECT 'function', p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-    WHERE n.nspname = %s"""
-# PostgreSQL: a repair chunk's jobs, locked in one order before their targets are read again.
-_LOCK_JOBS = "SELECT 1 FROM batch_job WHERE {where} ORDER BY id FOR NO KEY UPDATE"
-# PostgreSQL: the total recomputed into slot 0 (the other slots to 0), with writers held off meanwhile.
-_LOCK_TOTALS = "LOCK TABLE batch_totals IN EXCLUSIVE MODE"
-_RECOMPUTE_SLOTS = (
-    "UPDATE batch_totals SET nbytes = CASE WHEN slot = 0 THEN "
-    "(SELECT COALESCE(SUM(nbytes), 0) FROM batch_job) ELSE 0 END"
-)
-
-
-def _on_sqlite() -> bool:
-    return isinstance(db.backend, SerializedSqliteDatabase)
+#: Each backend class's statements, made on first use.
+_BY_BACKEND: dict[type[Any], _Statements] = {}
 
 
 def _sql() -> _Statements:
-    return _SQLITE if _on_sqlite() else _POSTGRES
+    kind = type(db.backend)
+    statements = _BY_BACKEND.get(kind)
+    if statements is None:
+        statements = _BY_BACKEND[kind] = _statements(kind)
+    return statements
 
 
 def _chunk_end(low: Any) -> Any:
@@ -455,115 +379,9 @@ def _idx_detail(job_id: Any, total: Any) -> str:
     return f"target idx outside 0..{last} (targets_total - 1): {shown}"
 
 
-def _check_slots(report: StoreReport) -> None:
-    """PostgreSQL: the byte total's slot rows are exactly 0..TOTAL_SLOTS-1 (a missing one loses what the
-    trigger adds to it; an extra one counts in the sum)."""
-    from .postgres import TOTAL_SLOTS
-
-    slots = {row[0] for row in db.fetch_all("SELECT slot FROM batch_totals", ())}
-    missing, extra = sorted(set(range(TOTAL_SLOTS)) - slots), sorted(slots - set(range(TOTAL_SLOTS)))
-    if missing or extra:
-        detail = f"batch_totals should have the slot rows 0..{TOTAL_SLOTS - 1}: "
-        detail += "; ".join(
-            text for text in (missing and f"{missing} missing", extra and f"{extra} extra") if text
-        )
-        report.violations.append(Violation("total", None, detail))
-
-
-def _repair_total(report: StoreReport) -> None:
-    """Recompute the byte total if it differs from SUM(nbytes), in one write transaction (a full scan).
-    On PostgreSQL: slot 0 gets the sum and the others 0 (missing slot rows are made, others deleted),
-    with ``batch_totals`` locked so no writer adds to a slot meanwhile (see the module's docstring)."""
-    if _on_sqlite():
-        with db.write():
-            kept, actual = db.fetch_one(_sql().total, ())
-            if kept != actual:
-                db.run_sql(RECOMPUTE_TOTAL_SQL, ())
-                shown = "no row" if kept is None else repr(kept)
-                report.repairs.append(Repair("total", None, f"{shown} -> {actual}"))
-        return
-    from .postgres import TOTAL_SLOTS
-
-    with db.write():
-        db.run_sql(_LOCK_TOTALS, ())
-        # Every transaction that added to a slot has ended; a statement that changes nbytes later adds
-        # its own delta after this commit, to the sum read here without it: the total stays exact.
-        kept, actual = db.fetch_one(_sql().total, ())
-        slots = [row[0] for row in db.fetch_all("SELECT slot FROM batch_totals ORDER BY slot", ())]
-        if slots != list(range(TOTAL_SLOTS)):
-            db.run_sql("DELETE FROM batch_totals WHERE slot NOT BETWEEN 0 AND %s", (TOTAL_SLOTS - 1,))
-            db.run_sql(
-                "INSERT INTO batch_totals (slot, nbytes) SELECT g, 0 FROM generate_series(0, %s) g "
-                "ON CONFLICT (slot) DO NOTHING",
-                (TOTAL_SLOTS - 1,),
-            )
-            report.repairs.append(Repair("total", None, f"slot rows {slots} -> 0..{TOTAL_SLOTS - 1}"))
-        elif kept == actual:
-            return
-        db.run_sql(_RECOMPUTE_SLOTS, ())
-        if kept != actual:
-            report.repairs.append(Repair("total", None, f"{kept!r} -> {actual} (slot 0; the others 0)"))
-
-
 def _targets(n: int) -> str:
     return f"{n} target" if n == 1 else f"{n} targets"
 
 
 def _name(job_id: Any) -> str:
     return job_id if isinstance(job_id, str) else repr(job_id)
-
-
-@contextlib.contextmanager
-def _read_transaction() -> Iterator[None]:
-    """One chunk's reads as one snapshot, under the lock; inside a caller's transaction, that one. On
-    PostgreSQL a REPEATABLE READ transaction on the thread's connection (no lock: writers go on)."""
-    if not _on_sqlite():
-        pg_conn = db.backend.usable_connection()  # type: ignore[attr-defined]
-        if pg_conn.info.transaction_status != 0:  # psycopg's IDLE: inside a caller's transaction
-            yield
-            return
-        db.run_sql("BEGIN ISOLATION LEVEL REPEATABLE READ", ())
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(Exception):  # the error raised already says more
-                db.run_sql("ROLLBACK", ())
-            raise
-        db.run_sql("COMMIT", ())
-        return
-    with db.lock:
-        conn: sqlite3.Connection = db.connection()
-        if conn.in_transaction:
-            yield
-            return
-        db.run_sql("BEGIN", ())
-        try:
-            yield
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error, BatchError):  # the error raised already says more
-                db.run_sql("ROLLBACK", ())
-            raise
-        if conn.in_transaction:
-            db.run_sql("COMMIT", ())
-
-
-def _side_read(sql: str) -> list[Any]:
-    """Rows of a statement that reads the whole file: on a private read-only connection for a file (no
-    lock held, nothing blocked); an in-memory store has only the shared connection, and PostgreSQL's
-    statement reads one snapshot on the thread's connection, blocking no one."""
-    if db.deferred or not _on_sqlite() or db.database in (":memory:", ""):
-        with db.lock:
-            rows: list[Any] = db.fetch_all(sql, ())
-            return rows
-    try:  # db.database is the path, or the mode=ro URI of a read-only store
-        conn = sqlite3.connect(
-            db.database, timeout=db.timeout, isolation_level=None, check_same_thread=False, uri=db.readonly
-        )
-        try:
-            conn.execute("PRAGMA query_only = 1")
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        db.raise_store_error(exc)
-        raise

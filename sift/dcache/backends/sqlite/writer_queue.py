@@ -52,7 +52,7 @@ import os
 import stat
 import threading
 
-from .errors import StoreUnavailable
+from ...errors import StoreUnavailable
 
 __all__ = ["LOCK_SUFFIX", "WriterQueue"]
 
