@@ -16,8 +16,9 @@ from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import integrity as check
+from sift.dcache import reports
 from sift.dcache.backends.sqlite import SerializedSqliteDatabase
-from sift.dcache.integrity import Repair, Violation
+from sift.dcache.reports import Repair, Violation
 
 # check_store reads SQLite files only, so far.
 pytestmark = pytest.mark.sqlite_only
@@ -279,7 +280,7 @@ def test_check_needs_an_open_store() -> None:
 
 def test_public_names() -> None:
     assert dcache.check_store is check.check_store
-    assert dcache.StoreReport is check.StoreReport
+    assert dcache.StoreReport is reports.StoreReport
     assert {"check_store", "StoreReport"} <= set(dcache.__all__)
     assert Violation("nbytes", "j", "x").__str__() == "nbytes (job 'j'): x"
     assert str(Repair("total", None, "1 -> 2")) == "total: 1 -> 2"

@@ -214,7 +214,7 @@ def test_repair_of_orphans_keeps_a_job_created_since(pg: str) -> None:
     foreign(pg, "DELETE FROM batch_job WHERE id = 'job-b'")
     real_fix = check._Chunk.fix
 
-    def fix_after_a_create(self: Any) -> list[dcache.integrity.Repair]:
+    def fix_after_a_create(self: Any) -> list[dcache.reports.Repair]:
         # Between the check's read and its delete another program makes job-b again, with its targets.
         foreign(
             pg,

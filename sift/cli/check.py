@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from sift import dcache
-from sift.dcache.integrity import REPAIRABLE, Repair, Violation
+from sift.dcache.integrity import REPAIRABLE
+from sift.dcache.reports import Repair, Violation
 
 from .progress import bars_enabled, make_bar
 from .report import emit_json, format_count, plural

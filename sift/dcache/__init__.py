@@ -6,7 +6,7 @@ from any thread.
 """
 
 from .backends.sqlite import SerializedSqliteDatabase
-from .backup import BackupReport, RestoreReport, backup_store, restore_store
+from .backup import backup_store, restore_store
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -23,7 +23,7 @@ from .errors import (
     StoreUnavailable,
     TargetNotFound,
 )
-from .integrity import StoreReport, check_store
+from .integrity import check_store
 from .manager import (
     batch_job,
     batch_job_by_idem,
@@ -46,11 +46,16 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
-from .space import (
+from .reports import (
+    BackupReport,
     RelationSpace,
     RelationVacuumReport,
+    RestoreReport,
+    StoreReport,
     StoreSpace,
     VacuumReport,
+)
+from .space import (
     relation_space,
     store_space,
     vacuum_relations,

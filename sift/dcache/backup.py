@@ -26,7 +26,6 @@ import sqlite3
 import stat
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import peewee
@@ -43,14 +42,13 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from .reports import BackupReport, RestoreReport
 from .tables import JOB_COLUMN_LIST, JOB_COLUMNS, TARGET_COLUMN_LIST, TARGET_COLUMNS
 
 __all__ = [
     "COPIED_PAGES_PER_STEP",
     "ROWS_PER_STEP",
     "TEMP_SUFFIX",
-    "BackupReport",
-    "RestoreReport",
     "backup_store",
     "restore_store",
 ]
@@ -64,28 +62,6 @@ ROWS_PER_STEP = 2000
 
 #: How the temporary file of a backup under way ends; one left behind by a killed backup can be deleted.
 TEMP_SUFFIX = ".sift-backup"
-
-
-@dataclass(frozen=True)
-class BackupReport:
-    """What :func:`backup_store` wrote."""
-
-    dest: str
-    pages: int
-    page_size: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.pages * self.page_size
-
-
-@dataclass(frozen=True)
-class RestoreReport:
-    """What :func:`restore_store` copied."""
-
-    source: str
-    jobs: int
-    targets: int
 
 
 def backup_store(

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .database import db
 from .errors import StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
+from .reports import Repair, StoreReport, Violation
 
-__all__ = ["Repair", "StoreReport", "Violation", "check_store"]
+__all__ = ["REPAIRABLE", "check_store"]
 
 #: Jobs read (and, with repair, fixed) per transaction.
 JOBS_PER_CHUNK = 500
@@ -44,59 +45,6 @@ def _sql_list(values: Any) -> str:
 
 _FINAL = _sql_list(FINAL_TARGET_STATUSES)
 _VALID_TARGET = _sql_list(TargetStatus)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    kind: str
-    job_id: str | None  # the job it is about; None for the whole store
-    detail: str
-
-    def __str__(self) -> str:
-        where = "" if self.job_id is None else f" (job {self.job_id!r})"
-        return f"{self.kind}{where}: {self.detail}"
-
-
-@dataclass(frozen=True)
-class Violation(_Entry):
-    """One broken invariant; ``job_id`` names the job it affects (None for the whole store)."""
-
-
-@dataclass(frozen=True)
-class Repair(_Entry):
-    """One change ``check_store(repair=True)`` made: the kind it mended, the job, and what changed."""
-
-
-@dataclass
-class StoreReport:
-    """What ``check_store`` found (``violations``, as found before any repair) and changed (``repairs``)."""
-
-    jobs: int = 0
-    targets: int = 0
-    violations: list[Violation] = field(default_factory=list)
-    repairs: list[Repair] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """True when the store was consistent (a repaired store was not: check again to see it is now)."""
-        return not self.violations
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-ready data."""
-        return {
-            "ok": self.ok,
-            "jobs": self.jobs,
-            "targets": self.targets,
-            "violations": [asdict(v) for v in self.violations],
-            "repairs": [asdict(r) for r in self.repairs],
-        }
-
-    def __str__(self) -> str:
-        head = f"{self.jobs} jobs, {self.targets} targets: "
-        head += "ok" if self.ok else f"{len(self.violations)} violation(s)"
-        lines = [head, *(f"  {v}" for v in self.violations)]
-        lines += [f"  repaired {r}" for r in self.repairs]
-        return "\n".join(lines)
 
 
 def check_store(*, repair: bool = False, progress: Callable[[int], None] | None = None) -> StoreReport:

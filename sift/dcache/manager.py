@@ -9,7 +9,7 @@ connection for long; each call still removes everything due before it returns.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import peewee
 
@@ -29,7 +29,9 @@ from .models import (
     JobStatus,
     TargetStatus,
 )
+from .space import TRANSACTIONS_PER_CHECKPOINT
 from .statements import Inline, Slot, Statement, literal
+from .validation import Duration
 
 J = BatchJob
 T = BatchTarget
@@ -37,8 +39,6 @@ T = BatchTarget
 #: Roughly how many rows one sweep or eviction transaction deletes (a job and its targets count
 #: together; a single job larger than this is still deleted whole, in one transaction).
 ROWS_PER_TRANSACTION = 500
-#: Sweep and eviction transactions between two checkpoints (run with the lock free).
-TRANSACTIONS_PER_CHECKPOINT = 4
 #: How many candidate jobs one sweep or eviction transaction looks at.
 JOBS_PER_TRANSACTION = 256
 
@@ -131,25 +131,22 @@ _SET_JOB_STATUS = Statement(
     )
 )
 _TOUCH = Statement(lambda: J.update({J.lease: Slot("now")}).where(J.id == Slot("job_id")))
-_MARK_FAILED = Statement(
-    lambda: J.update(
-        {
-            J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
-            J.error: Slot("reason"),
-            J.lease: Slot("now"),
-        }
-    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
-)
 
-_RESCUE = Statement(
-    lambda: J.update(
+
+def _fail_live(where: peewee.ColumnBase | None = None) -> peewee.Node:
+    """Live jobs (also matching ``where``) become failed, with the reason as their error."""
+    live = Inline(J.status.in_(LIVE_JOB_STATUSES))
+    return J.update(
         {
             J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
             J.error: Slot("reason"),
             J.lease: Slot("now"),
         }
-    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)) & (J.lease <= Slot("cutoff")))
-)
+    ).where(live if where is None else live & where)
+
+
+_MARK_FAILED = Statement(_fail_live)
+_RESCUE = Statement(lambda: _fail_live(J.lease <= Slot("cutoff")))
 
 
 def _pending(target: Any) -> peewee.Node:
@@ -269,7 +266,7 @@ def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None
 
 
 def submit_batch_job(
-    job: BatchJob, targets: Iterable[BatchTarget] | None, ttl: Any, *, now: int | None = None
+    job: BatchJob, targets: Iterable[BatchTarget] | None, ttl: Duration, *, now: int | None = None
 ) -> tuple[str, bool]:
     """The idempotent create, in one write transaction: ``(id, False)`` for the job ``batch_job_by_idem``
     finds for ``(job.caller, job.idem_key)``, writing nothing (``targets`` are not read); otherwise
@@ -412,7 +409,7 @@ def _claim_from_job(job_id: str, take: int, now: int) -> list[Any]:
 
 
 @retried
-def rescue_stale_jobs(stale_after: Any, reason: str, *, now: int | None = None) -> int:
+def rescue_stale_jobs(stale_after: Duration, reason: str, *, now: int | None = None) -> int:
     """Every queued or running job whose lease is at least ``stale_after`` old (``lease + stale_after <=
     now``) becomes failed with ``error = reason`` and ``lease = now``; its targets stay as they are.
     Returns how many jobs changed. Safe from every host at any time."""
@@ -425,7 +422,7 @@ def rescue_stale_jobs(stale_after: Any, reason: str, *, now: int | None = None) 
     return rescued
 
 
-def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
+def sweep_batch(ttl: Duration, *, now: int | None = None) -> int:
     """Delete every job, whatever its status, whose ``lease + ttl <= now``, with its targets.
 
     The only removal by time. Returns the number of jobs deleted.
@@ -488,7 +485,7 @@ def _evict_chunk(max_bytes: int) -> tuple[int, list[Any]]:
         return deleted, chosen
 
 
-def sweep_candidates(ttl: Any, *, now: int | None = None) -> list[BatchJob]:
+def sweep_candidates(ttl: Duration, *, now: int | None = None) -> list[BatchJob]:
     """The jobs ``sweep_batch(ttl, now=now)`` would delete, oldest lease first. Reads only."""
     cutoff = validation.cutoff(validation.now(now), ttl)
     return [BatchJob.from_row(JOB_COLUMNS, row) for row in _SWEEP_CANDIDATES.rows(cutoff=cutoff)]
@@ -535,7 +532,7 @@ def batch_targets(job_id: str) -> list[BatchTarget] | None:
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
 
 
-def batch_job_by_idem(caller: str, idem_key: str, ttl: Any, *, now: int | None = None) -> str | None:
+def batch_job_by_idem(caller: str, idem_key: str, ttl: Duration, *, now: int | None = None) -> str | None:
     """The id of this caller's newest job with this idem_key whose ``lease + ttl > now`` and whose
     status is queued, running, done or partial; an empty key never matches."""
     caller = validation.text("caller", caller)
@@ -569,7 +566,7 @@ def _read_id(job_id: Any) -> str:
     return validation.text("job_id", job_id)  # the empty id is allowed here: it is simply a miss
 
 
-def _write_miss(exc: LookupError) -> Any:
+def _write_miss(exc: LookupError) -> NoReturn:
     counters.add("batch_write_miss")
     raise exc
 

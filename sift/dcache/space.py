@@ -20,20 +20,16 @@ of each of the store's tables (with its indexes and TOAST) and the server's coun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .backends import INCREMENTAL
 from .database import db
 from .errors import StoreReadOnly, StoreUnavailable
+from .reports import RelationSpace, RelationVacuumReport, StoreSpace, VacuumReport
 from .tables import STORE_TABLES
 
 __all__ = [
     "FREED_PAGES_PER_STEP",
+    "TRANSACTIONS_PER_CHECKPOINT",
     "INCREMENTAL",
-    "RelationSpace",
-    "RelationVacuumReport",
-    "StoreSpace",
-    "VacuumReport",
     "file_backed",
     "reclaim_all",
     "reclaim_free_pages",
@@ -44,60 +40,12 @@ __all__ = [
 ]
 
 
+#: Write transactions in a row between two checkpoints inside ``bulk_writes()`` (sweep and eviction chunks,
+#: and :func:`reclaim_all`'s steps); the checkpoints run with the lock free.
+TRANSACTIONS_PER_CHECKPOINT = 4
+
 #: Most free pages one step gives back, with the lock held (see scripts/bench.py, case disk/evict_90).
 FREED_PAGES_PER_STEP = 256
-
-
-@dataclass(frozen=True)
-class StoreSpace:
-    """How the store file's pages are used: read from SQLite's header, without a scan."""
-
-    page_size: int
-    page_count: int
-    free_pages: int
-    auto_vacuum: int  # 0 NONE, 1 FULL, 2 INCREMENTAL
-
-    @property
-    def live_bytes(self) -> int:
-        """Bytes of the pages in use."""
-        return (self.page_count - self.free_pages) * self.page_size
-
-    @property
-    def reclaimable_bytes(self) -> int:
-        """Bytes of the free pages, which :func:`vacuum_store` gives back to the file system."""
-        return self.free_pages * self.page_size
-
-
-@dataclass(frozen=True)
-class VacuumReport:
-    """What :func:`vacuum_store` did."""
-
-    converted: bool  # the file was rewritten to auto_vacuum = INCREMENTAL
-    before: StoreSpace
-    after: StoreSpace
-
-
-@dataclass(frozen=True)
-class RelationSpace:
-    """The store's tables on PostgreSQL: each one's bytes on disk (``pg_total_relation_size``: the table,
-    its indexes and TOAST) and its dead rows as the server's statistics count them (an estimate that
-    autovacuum and ANALYZE refresh)."""
-
-    table_bytes: dict[str, int]
-    dead_rows: dict[str, int]
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of all of the store's tables, with their indexes."""
-        return sum(self.table_bytes.values())
-
-
-@dataclass(frozen=True)
-class RelationVacuumReport:
-    """What :func:`vacuum_relations` did: the tables' space before and after ``VACUUM (ANALYZE)``."""
-
-    before: RelationSpace
-    after: RelationSpace
 
 
 def _pragma(name: str) -> int:
@@ -171,7 +119,8 @@ def reclaim_all(limit: int | None = None) -> int:
     freed = steps = 0
     while _pragma("freelist_count") > 0:  # the usual case after a chunk: 0 already, no transaction
         steps += 1
-        if steps % 4 == 0:  # inside bulk_writes() no COMMIT checkpoints: keep the -wal file short
+        # Inside bulk_writes() no COMMIT checkpoints: keep the -wal file short.
+        if steps % TRANSACTIONS_PER_CHECKPOINT == 0:
             db.checkpoint()
         with db.write():
             step = reclaim_free_pages(limit)
