@@ -51,8 +51,10 @@ from typing import Any
 
 from sift import dcache
 from sift.dcache import manager, statements
+from sift.dcache.backends.sqlite import database as sqlite_database
 from sift.dcache.backends.sqlite.schema import BASE_SCHEMA, TOTAL_NBYTES_SQL
 from sift.dcache.backends.sqlite.settings import PRAGMAS
+from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
 perf_ns = time.perf_counter_ns
 
@@ -869,7 +871,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     """Run a sweep or eviction with db.lock timed and a reader thread polling batch_job."""
     os.sync()  # no writeback of earlier groups' files (or their deletion) left to stall the timed run
     lock = TimedLock(dcache.db.lock)
-    dcache.db.lock = lock
+    dcache.db.obj.lock = lock
     reader = Reader("keep-0000000")
     try:
         reader.start()
@@ -880,7 +882,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     finally:
         reader.stop.set()
         reader.join()
-        dcache.db.lock = lock.inner
+        dcache.db.obj.lock = lock.inner
     if removed != expect:
         raise AssertionError(f"{label}: removed {removed} jobs, expected {expect}")
     mine = threading.get_ident()
@@ -1280,8 +1282,15 @@ TAIL_RUNS = {FULL: (8, 600), QUICK: (2, 60)}
 TAIL_PROCESSES = 4
 TAIL_WORKLOADS = ("update_batch_target", "mix")
 #: The two ways a writer waits for another process's transaction: SQLite's busy handler alone (before
-#: the writers' queue; the store's private switch ``_queue_writers``, for measurement only), and the queue.
+#: the writers' queue: :class:`NoQueue` in place of it), and the queue.
 TAIL_SIDES = {"busy_handler": False, "queue": True}
+
+
+class NoQueue(WriterQueue):
+    """A writers' queue that is never taken: writers wait in SQLite's busy handler alone."""
+
+    def __init__(self, store_path: str | None, timeout: float) -> None:
+        super().__init__(None, timeout)
 
 
 def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, barrier: Any, out: Any) -> None:
@@ -1289,7 +1298,8 @@ def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, ba
     in µs, error) on ``out``. ``mix``: 60% target results, 20% creates of 10 targets, 20% idempotent
     submits of 5 (a key in two repeats)."""
     try:
-        dcache.db._queue_writers = queued
+        if not queued:
+            sqlite_database.WriterQueue = NoQueue  # type: ignore[attr-defined]  # stores opened from now on
         dcache.open_db(path)
         rng = random.Random(tag)
         latencies: list[float] = []

@@ -371,7 +371,7 @@ def test_whole_file_reads_take_no_lock_on_a_file_store(store: Any, monkeypatch: 
         shared.append(sql)
         return run_sql(sql, params)
 
-    monkeypatch.setattr(dcache.db, "run_sql", recording)
+    monkeypatch.setattr(dcache.db.obj, "run_sql", recording)
     assert dcache.check_store().ok
     whole_file = [sql for sql in shared if "quick_check" in sql or "SUM(nbytes)" in sql]
     assert len(whole_file) == (2 if dcache.db.database == ":memory:" else 0)

@@ -65,14 +65,10 @@ class StoreDatabase(peewee.DatabaseProxy):
         super().initialize(obj)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Attributes set on db (a test's monkeypatch, the bench's timed lock) are the backend's.
-        if name in ("obj", "_callbacks", "_Model", "backend"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.obj, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self.obj, name)
+        # Peewee's Proxy checks the most derived class's __slots__ only, which would refuse its own.
+        if name not in ("obj", "_callbacks", "_Model", "backend"):
+            raise AttributeError(f"cannot set {name!r} on db; the open store's database is db.backend")
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return repr(self.obj)

@@ -30,11 +30,13 @@ from .models import (
     TargetStatus,
 )
 from .space import TRANSACTIONS_PER_CHECKPOINT
-from .statements import Inline, Slot, Statement, literal
+from .statements import Slot, Statement, literal
 from .validation import Duration
 
 J = BatchJob
 T = BatchTarget
+#: Values written into the SQL as literals, not bound: SQLite matches a partial index only so.
+Inline = peewee.ValueLiterals
 
 #: Roughly how many rows one sweep or eviction transaction deletes (a job and its targets count
 #: together; a single job larger than this is still deleted whole, in one transaction).

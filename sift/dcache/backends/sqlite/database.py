@@ -66,9 +66,6 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_lock = threading.Lock()
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
-        #: For measurement only (``scripts/bench.py --only tail`` compares both ways in one run): False
-        #: makes the next ``open_store`` leave writers to SQLite's busy handler alone, as before the queue.
-        self._queue_writers = True
         self._wal_index_path = None
         self._wal_index = None
         self._changes_seen = 0
@@ -148,9 +145,11 @@ class SerializedSqliteDatabase(
                 if not readonly and shown != ":memory:":
                     create_store_file(shown)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
-                queued = not readonly and shown != ":memory:" and self._queue_writers
+                # Only a file's writers queue: nobody else can write a private in-memory store, and a
+                # read-only store never writes.
+                queued = not readonly and shown != ":memory:"
                 self.writers = WriterQueue(target if queued else None, timeout)
-                self._wal_index_path = target + "-shm" if queued else None
+                self._wal_index_path = target + "-shm" if self.writers.path is not None else None
                 self._changes_seen = 0
                 self._init_raw(
                     target,

@@ -119,9 +119,3 @@ class SqliteExecution(SqliteBase):
                     conn.execute("ROLLBACK")
         finally:
             self.settle_writers()
-
-    def set_variable_limit(self, limit: int) -> int:
-        """Lower SQLite's bound-variable limit on this connection (for tests); return the old one."""
-        with self.lock:
-            conn: sqlite3.Connection = self.connection()
-            return conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, limit)
