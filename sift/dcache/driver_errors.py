@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import peewee
 
 from .errors import BatchError, StoreConflict, StoreCorrupt, StoreFull, StoreReadOnly, StoreUnavailable
 
 __all__ = [
     "NOT_NULL",
+    "PEEWEE_CLASSES",
     "POSTGRES_CLASSES",
     "POSTGRES_ERRORS",
     "PRIMARY_KEY",
     "SQLITE_ERRORS",
+    "Translation",
     "failing_idx",
     "is_busy",
     "postgres_error",
@@ -255,3 +262,49 @@ def _postgres_store_error(
     else:
         store.__cause__ = error
     return store
+
+
+# Peewee's context manager that turns driver errors into peewee.IntegrityError, OperationalError, ...
+# Peewee offers no public name for it; the backends' own statements bypass Peewee's execute_sql yet must
+# raise the same classes as Peewee's queries do.
+_PEEWEE_ERRORS: Any = vars(peewee)["__exception_wrapper__"]
+
+
+class Translation:
+    """A block whose driver errors leave as the package's errors (``raise_store_error`` decides, by code);
+    with ``peewee_classes``, those it leaves as they are go out as Peewee's error classes, as Peewee's
+    own queries raise them. One object serves every block of a backend: entering it costs no more than
+    Peewee's own wrapper, so each statement pays for one ``with`` only."""
+
+    __slots__ = ("_peewee_classes", "_raise_store_error")
+
+    def __init__(self, raise_store_error: Callable[[BaseException], None], *, peewee_classes: bool) -> None:
+        self._raise_store_error = raise_store_error
+        self._peewee_classes = peewee_classes
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not isinstance(exc, Exception):
+            return
+        if self._peewee_classes:
+            try:
+                _PEEWEE_ERRORS.__exit__(exc_type, exc, tb)
+            except Exception as wrapped:
+                self._raise_store_error(wrapped)
+                raise
+        self._raise_store_error(exc)
+
+    def __call__(self) -> Translation:
+        return self
+
+
+def _as_they_are(exc: BaseException) -> None:
+    """Raise nothing: the error leaves as Peewee's class for it."""
+
+
+#: A block whose driver errors leave as Peewee's error classes only (the caller decides what they mean).
+PEEWEE_CLASSES = Translation(_as_they_are, peewee_classes=True)

@@ -7,7 +7,7 @@ A failure of the database itself (disk full, I/O error, a damaged file, a lock h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 
 class BatchError(Exception):
@@ -44,6 +44,16 @@ class StoreNotOpen(BatchError, RuntimeError):
 
 class StoreUnavailable(BatchError):
     """The file cannot be used now: unreadable, an I/O error, or locked past the busy timeout."""
+
+    #: ``"path"`` when the target given to ``open_db`` is at fault (the message starts with it), else None.
+    field: str | None = None
+
+    @classmethod
+    def of_target(cls, problem: str) -> Self:
+        """The error for a target (``open_db``'s ``path``) that cannot be a store, and why."""
+        error = cls(f"path: {problem}")
+        error.field = "path"
+        return error
 
 
 class StoreFull(StoreUnavailable):

@@ -249,8 +249,8 @@ def open_postgres(
     try:
         from .postgres.connection import PostgresStore  # only now: psycopg is sift[postgres]'s
     except ImportError as exc:
-        raise StoreUnavailable(
-            f"path: a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' ({exc})"
+        raise StoreUnavailable.of_target(
+            f"a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' ({exc})"
         ) from exc
     release()
     SQLITE.init(None)  # closes the SQLite store; db is deferred until the new store is open
@@ -265,9 +265,9 @@ def open_postgres(
     except Exception as exc:
         backend.close_store()
         shown = backend.path
-        if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
+        if isinstance(exc, StoreUnavailable) and exc.field == "path":  # already says what is wrong
             raise
         kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
         cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ is not None else exc
-        raise kind(f"path: cannot open {shown!r} as a batch store: {exc}") from cause
+        raise kind.of_target(f"cannot open {shown!r} as a batch store: {exc}") from cause
     return backend

@@ -13,14 +13,13 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import peewee
 from playhouse.pool import MaxConnectionsExceeded
 from psycopg.types.string import TextLoader
 
-from ...driver_errors import store_error
+from ...driver_errors import Translation, store_error
 from ...errors import StoreNotOpen, StoreUnavailable
 from .maintenance import PostgresMaintenance
 from .rules import PostgresRules
@@ -28,11 +27,6 @@ from .schema import PostgresSchema
 from .urls import parse_target, shown_target, url_secrets
 
 __all__ = ["PostgresStore"]
-
-# Peewee's context manager that turns driver errors into peewee.IntegrityError, OperationalError, ...
-# Peewee offers no public name for it; the store's own statements bypass Peewee's execute_sql yet must
-# raise the same classes as Peewee's queries do.
-_peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
 
 
 class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
@@ -50,6 +44,10 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         self.timeout = timeout
         self._pid = os.getpid()
         self._threads = threading.local()
+        #: Around each statement: driver errors as Peewee's classes, then as the package's.
+        self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
+        #: Around Peewee's own execution, BEGIN, COMMIT and ROLLBACK: driver errors as the package's.
+        self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
         # Connections a forked child inherited: never used, never closed (closing one would end the
         # parent's session on the shared socket).
         self._inherited: list[Any] = []
@@ -132,19 +130,13 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
     # there too, and BEGIN replaces a connection a server restart broke, as every statement does.
 
     def begin(self, isolation_level: Any = None) -> None:
-        try:
+        with self.read_errors:
             self.usable_connection()
             super().begin(isolation_level)
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def commit(self) -> None:
-        try:
+        with self.read_errors:
             super().commit()
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def rollback(self) -> None:
         """ROLLBACK; nothing to send when the connection was lost: the server ended the transaction with the
@@ -152,11 +144,8 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         conn = self._state.conn
         if conn is not None and (conn.closed or conn.broken):
             return
-        try:
+        with self.read_errors:
             super().rollback()
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def _after_fork(self) -> None:
         """In a forked child: keep the parent's connections referenced and unusable, start an empty pool."""
@@ -193,14 +182,10 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
     def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
         """Execute on this thread's connection; rows are fetched by the caller. A constraint violation is
         Peewee's IntegrityError; any other driver error is the package's StoreUnavailable (or subclass)."""
-        try:
+        with self.statement_errors:
             cursor = self.usable_connection().cursor()
-            with _peewee_errors:
-                cursor.execute(sql, params or None)
+            cursor.execute(sql, params or None)
             return cursor
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
         rows: list[Any] = self.run_sql(sql, params).fetchall()
@@ -210,35 +195,23 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         return self.run_sql(sql, params).fetchone()
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
-        try:
+        with self.statement_errors:
             cursor = self.usable_connection().cursor()
-            with _peewee_errors:
-                cursor.executemany(sql, rows)
+            cursor.executemany(sql, rows)
             return int(cursor.rowcount)
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> Any:
-        try:
+        with self.read_errors:
             self.usable_connection()
             return super().execute_sql(sql, params)
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
 
     def hold(self) -> contextlib.nullcontext[None]:
         """Nothing to hold: each thread has its own connection."""
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def errors(self) -> Iterator[None]:
+    def errors(self) -> Translation:
         """A block whose driver errors become the package's (see :meth:`raise_store_error`)."""
-        try:
-            yield
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
+        return self.read_errors
 
     def raise_store_error(
         self, exc: BaseException, *, constraints: bool = False, connecting: bool = False

@@ -95,8 +95,8 @@ class PostgresSchema(PostgresBase):
             present = self.fetch_one("SELECT to_regclass('sift_schema') IS NOT NULL", ())[0]
             if not present:
                 if self.readonly:
-                    raise StoreUnavailable(
-                        f"path: {self.path!r} holds no batch store; open it once without readonly=True"
+                    raise StoreUnavailable.of_target(
+                        f"{self.path!r} holds no batch store; open it once without readonly=True"
                     )
                 self.create_schema()
             version = self._version()
@@ -107,8 +107,8 @@ class PostgresSchema(PostgresBase):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
                 )
-                raise StoreUnavailable(
-                    f"path: {self.path!r} has schema version {version}; "
+                raise StoreUnavailable.of_target(
+                    f"{self.path!r} has schema version {version}; "
                     f"this sift knows version {SCHEMA_VERSION}{upgrade}"
                 )
 

@@ -24,7 +24,7 @@ def parse_target(target: str) -> tuple[str, str]:
         parts = urllib.parse.urlsplit(target)
         query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host; the text may hold a password
-        raise StoreUnavailable(f"path: not a valid postgresql:// URL ({exc})") from None
+        raise StoreUnavailable.of_target(f"not a valid postgresql:// URL ({exc})") from None
     schemas = [value for key, value in query if key == "schema"]
     schema = schemas[-1] if schemas else "public"
     if not _SCHEMA_NAME.fullmatch(schema):

@@ -22,6 +22,7 @@ from typing import Any
 
 import peewee
 
+from ...driver_errors import Translation
 from ...errors import BatchError, StoreUnavailable
 from .execution import SqliteExecution
 from .files import create_store_file
@@ -66,6 +67,8 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_lock = threading.Lock()
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
+        self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
+        self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
         self._wal_index_path = None
         self._wal_index = None
         self._changes_seen = 0
@@ -176,12 +179,12 @@ class SerializedSqliteDatabase(
                 self.close_store()
                 self._init_raw(None)
                 self.path, self.readonly = None, False
-                if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
+                if isinstance(exc, StoreUnavailable) and exc.field == "path":  # already says what is wrong
                     raise
                 # Keep the kind (StoreCorrupt, StoreFull, ...) and the driver's error as the cause.
                 kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
                 cause = exc.__cause__ if isinstance(exc, BatchError) and exc.__cause__ is not None else exc
-                raise kind(f"path: cannot open {path!r} as a batch store: {exc}") from cause
+                raise kind.of_target(f"cannot open {path!r} as a batch store: {exc}") from cause
             self._store_open = True
 
     def close_store(self) -> None:

@@ -3,36 +3,31 @@ errors become (:mod:`sift.dcache.driver_errors` decides, by SQLite's result code
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import peewee
-
-from ...driver_errors import store_error
+from ...driver_errors import PEEWEE_CLASSES, Translation, store_error
 from .base import SqliteBase
 from .transactions import BufferedCursor
 
 __all__ = ["SqliteExecution"]
 
-# Peewee's context manager that turns sqlite3 errors into peewee.IntegrityError, OperationalError, ...
-# Peewee offers no public name for it; the store's own statements bypass Peewee's execute_sql (one
-# shared cursor, rows read under the lock) yet must raise the same classes as Peewee's queries do.
-_peewee_errors: Any = vars(peewee)["__exception_wrapper__"]
-
 
 class SqliteExecution(SqliteBase):
     """Running statements on the shared connection: the lock around each, errors made the package's."""
 
+    #: Around each statement: driver errors as Peewee's classes, then as the package's (see Translation).
+    statement_errors: Translation
+    #: Around reading a statement's rows, or Peewee's own execution: driver errors as the package's.
+    read_errors: Translation
+
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
         with self.lock:
             try:
-                return BufferedCursor(super().execute_sql(sql, params))
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
+                with self.read_errors:
+                    return BufferedCursor(super().execute_sql(sql, params))
             finally:
                 self.settle_writers()
 
@@ -43,15 +38,12 @@ class SqliteExecution(SqliteBase):
         subclass)."""
         with self.lock:
             try:
-                with _peewee_errors:
+                with self.statement_errors:
                     conn = self._state.conn
                     if conn is None:
                         self.connect()
                         conn = self._state.conn
                     return conn.execute(sql, params)  # type: ignore[no-any-return]
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
             finally:
                 self.settle_writers()
 
@@ -60,47 +52,31 @@ class SqliteExecution(SqliteBase):
         statement again, and can meet a damaged page or an I/O error too)."""
         with self.lock:
             cursor = self.run_sql(sql, params)
-            try:
+            with self.read_errors:
                 return cursor.fetchall()
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
 
     def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
         """The first row of a query, or None; errors as in :meth:`fetch_all`."""
         with self.lock:
             cursor = self.run_sql(sql, params)
-            try:
+            with self.read_errors:
                 return cursor.fetchone()
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for each row, streaming ``rows``; return the rows changed. Errors as in
         :meth:`run_sql`."""
-        with self.lock:
-            try:
-                with _peewee_errors:
-                    cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
-                    cursor.executemany(sql, rows)
-                    return cursor.rowcount
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
+        with self.lock, self.statement_errors:
+            cursor: sqlite3.Cursor = self.cursor()  # type: ignore[no-untyped-call]
+            cursor.executemany(sql, rows)
+            return cursor.rowcount
 
     def hold(self) -> threading.RLock:
         """The database lock: the one connection serves one thread at a time."""
         return self.lock
 
-    @contextlib.contextmanager
-    def errors(self) -> Iterator[None]:
+    def errors(self) -> Translation:
         """A block whose driver errors become the package's (see :meth:`raise_store_error`)."""
-        try:
-            yield
-        except Exception as exc:
-            self.raise_store_error(exc)
-            raise
+        return self.read_errors
 
     def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
         """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`); return
@@ -115,7 +91,7 @@ class SqliteExecution(SqliteBase):
         conn = self._state.conn
         try:
             if conn is not None and conn.in_transaction:
-                with _peewee_errors:
+                with PEEWEE_CLASSES:
                     conn.execute("ROLLBACK")
         finally:
             self.settle_writers()

@@ -16,23 +16,25 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
     path that cannot be a store file is refused with the reason."""
     shown = os.fspath(path)
     if not isinstance(shown, str):
-        raise StoreUnavailable(f"path: must be a str or os.PathLike of str, got {type(path).__name__}")
+        raise StoreUnavailable.of_target(f"must be a str or os.PathLike of str, got {type(path).__name__}")
     if not shown:
-        raise StoreUnavailable("path: is empty; give the store file's path, or ':memory:' for a private one")
+        raise StoreUnavailable.of_target(
+            "is empty; give the store file's path, or ':memory:' for a private one"
+        )
     if shown == ":memory:":
         if readonly:
-            raise StoreUnavailable("path: a read-only store must be a file, not ':memory:'")
+            raise StoreUnavailable.of_target("a read-only store must be a file, not ':memory:'")
         return shown, shown
     full = os.path.abspath(shown)
     folder = os.path.dirname(full)
     if os.path.isdir(full):
-        raise StoreUnavailable(f"path: {shown!r} is a directory, not a store file")
+        raise StoreUnavailable.of_target(f"{shown!r} is a directory, not a store file")
     if not os.path.isdir(folder):
-        raise StoreUnavailable(f"path: the directory {folder!r} of {shown!r} does not exist")
+        raise StoreUnavailable.of_target(f"the directory {folder!r} of {shown!r} does not exist")
     if not readonly:
         return full, shown  # absolute: a reconnection or a side connection after a chdir finds the same file
     if not os.path.isfile(full):
-        raise StoreUnavailable(f"path: no store at {shown!r}")
+        raise StoreUnavailable.of_target(f"no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
     if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not is_wal_file(full):
         return uri, shown
@@ -40,13 +42,13 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
     # On a read-only file system nobody can write the file, so it can be read as it stands ("immutable");
     # elsewhere another user may write it while we read, and SQLite would then read torn pages.
     if not os.statvfs(folder).f_flag & os.ST_RDONLY:
-        raise StoreUnavailable(
-            f"path: {shown!r} is a WAL store in a directory this process cannot write, where SQLite cannot "
+        raise StoreUnavailable.of_target(
+            f"{shown!r} is a WAL store in a directory this process cannot write, where SQLite cannot "
             "make the -shm file it needs to read it; read it as a user who can write there, or copy it"
         )
     if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
-        raise StoreUnavailable(
-            f"path: {shown!r} has writes in its -wal file, and its read-only file system cannot hold the "
+        raise StoreUnavailable.of_target(
+            f"{shown!r} has writes in its -wal file, and its read-only file system cannot hold the "
             "-shm file that reading them needs; copy the file and its -wal file to a writable directory"
         )
     return uri + "&immutable=1", shown
@@ -66,5 +68,5 @@ def sqlite_url_path(url: str) -> str:
     if rest in ("", "/:memory:"):
         return ":memory:"
     if not rest.startswith("/"):
-        raise StoreUnavailable(f"path: {url!r} is not a sqlite:///path URL")
+        raise StoreUnavailable.of_target(f"{url!r} is not a sqlite:///path URL")
     return rest[1:]

@@ -97,9 +97,8 @@ class SqliteSchema(SqliteBase):
         if {"batch_job", "batch_target"} <= present:
             self.check_columns()  # tables another program made are the first thing to name
         if missing := sorted(READ_SCHEMA_NAMES - present):
-            raise StoreUnavailable(
-                f"path: {self.path!r} lacks {', '.join(missing)}; "
-                "open it once without readonly=True to add them"
+            raise StoreUnavailable.of_target(
+                f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
             )
 
     def check_columns(self) -> None:
