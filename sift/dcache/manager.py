@@ -300,7 +300,7 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
         db.backend.lock_job(job_id)  # a sweep cannot delete the job between these statements
         total = _TARGETS_TOTAL.scalar(job_id=job_id)
         if total is None:
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
         put = _insert_targets(job_id, total, targets)
     counters.add("targets_put", put)
 
@@ -349,7 +349,7 @@ def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int 
     now = validation.now(now)
     with db.write():
         if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now):
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
 
 
 @retried
@@ -359,7 +359,7 @@ def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
     now = validation.now(now)
     with db.write():
         if not _TOUCH.run(job_id=job_id, now=now):
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
 
 
 @retried
@@ -575,10 +575,10 @@ def _write_miss(exc: LookupError) -> NoReturn:
 
 def _explain_target_miss(job_id: str, idx: int, status: str) -> None:
     if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
-        _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+        _write_miss(JobNotFound(job_id))
     current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
     if current is None:
-        _write_miss(TargetNotFound(f"idx: job {job_id!r} has no target {idx}"))
+        _write_miss(TargetNotFound(job_id, idx))
     validation.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
 
 
@@ -607,7 +607,7 @@ def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None) -
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:
         if driver_errors.violated(exc) == driver_errors.PRIMARY_KEY:
-            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
+            raise DuplicateJob(values["id"]) from exc
         raise
     return 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
 
