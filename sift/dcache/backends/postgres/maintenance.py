@@ -21,18 +21,9 @@ from ...errors import StoreUnavailable
 from ...tables import JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
 from ..sqlite.schema import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
 from .base import PostgresBase
-from .schema import SCHEMA_VERSION, TOTAL_SLOTS
+from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
 __all__ = ["PostgresMaintenance"]
-
-#: The schema's objects by kind (the tables' primary keys come with the tables).
-SCHEMA_OBJECTS = frozenset(
-    {("table", name) for name in STORE_TABLES}
-    | {("index", "batch_job_idem"), ("index", "batch_job_lease"), ("index", "batch_job_live")}
-    | {("index", "batch_job_evictable"), ("index", "batch_job_claim"), ("index", "batch_target_pending")}
-    | {("index", "batch_job_live_lease"), ("trigger", "batch_totals_track")}
-    | {("function", "batch_totals_track"), ("function", "sift_json_valid"), ("function", "sift_json")}
-)
 
 # The schema's objects present in the store's schema, as (kind, name).
 _SCHEMA_PRESENT = """SELECT CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END, c.relname FROM pg_class c

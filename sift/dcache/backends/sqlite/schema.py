@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from contextlib import closing
 from pathlib import Path
 
+from ... import sqlfiles
 from ...errors import StoreUnavailable
 from .base import SqliteBase
 
@@ -20,59 +22,31 @@ __all__ = [
     "missing_in_file",
 ]
 
-#: The original schema, verbatim. Files written by the Go service have exactly these tables.
-BASE_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS batch_job (
-    id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, idem_key TEXT NOT NULL,
-    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', targets_total INTEGER NOT NULL,
-    targets_done INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, lease INTEGER NOT NULL,
-    nbytes INTEGER NOT NULL DEFAULT 0)""",
-    """CREATE TABLE IF NOT EXISTS batch_target (
-    job_id TEXT NOT NULL, idx INTEGER NOT NULL, url TEXT NOT NULL, options TEXT NOT NULL,
-    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx))""",
-    "CREATE INDEX IF NOT EXISTS batch_job_idem  ON batch_job(caller, idem_key)",
-    "CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease)",
-)
+_DDL = sqlfiles.load(__package__, "schema.sql")
 
-# What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only
-# jobs that eviction may take; triggers keep the byte total whoever writes the file, and open_db
-# recomputes it, so a file written by a program that never knew of this table is still right.
-SPEED_SCHEMA = (
-    "CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running')",
-    "CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) "
-    "WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled')",
-    # claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
-    # with), and each job's pending targets in idx order, so a claim reads neither history nor done targets.
-    "CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) "
-    "WHERE status IN ('queued', 'running')",
-    "CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'",
-    # rescue_stale_jobs: live jobs by lease. batch_job_lease holds the history too, which a rescue would
-    # read through (every finished job with an older lease) while holding the write lock.
-    "CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) "
-    "WHERE status IN ('queued', 'running')",
-    "CREATE TABLE IF NOT EXISTS batch_totals ("
-    "id INTEGER PRIMARY KEY CHECK (id = 0), nbytes INTEGER NOT NULL)",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_insert AFTER INSERT ON batch_job BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes WHERE id = 0; END",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_delete AFTER DELETE ON batch_job BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes - OLD.nbytes WHERE id = 0; END",
-    "CREATE TRIGGER IF NOT EXISTS batch_totals_update AFTER UPDATE OF nbytes ON batch_job "
-    "WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN "
-    "UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END",
-)
+#: The original schema, verbatim. Files written by the Go service have exactly these tables.
+BASE_SCHEMA = _DDL["base"]
+#: What the hot paths need to stay flat in history, and the byte total's table and triggers.
+SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
+
 #: The running byte total kept by the triggers above.
 TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
 RECOMPUTE_TOTAL_SQL = (
     "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job"
 )
-SCHEMA_NAMES = frozenset(
-    {"batch_job", "batch_target", "batch_job_idem", "batch_job_lease", "batch_job_live"}
-    | {"batch_job_evictable", "batch_totals", "batch_totals_insert", "batch_totals_delete"}
-    | {"batch_totals_update", "batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
-)
+
+
+def _names(statements: tuple[str, ...]) -> frozenset[str]:
+    """The tables, indexes and triggers ``statements`` create."""
+    return frozenset(match.group(1) for statement in statements if (match := _CREATED.match(statement)))
+
+
+_CREATED = re.compile(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
+#: Every part of the schema, by name, as the DDL creates them.
+SCHEMA_NAMES = _names(BASE_SCHEMA + SPEED_SCHEMA)
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
 #: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
-READ_SCHEMA_NAMES = SCHEMA_NAMES - {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
+READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
 
 
 class SqliteSchema(SqliteBase):
