@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import sqlfiles
 from .database import db
 from .errors import StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
@@ -241,42 +242,31 @@ class _Statements:
     true: str  # a condition that always holds
 
 
+#: The check's statements, each with the slots of one backend's spellings (see the file).
+_QUERIES = {name: statements[0] for name, statements in sqlfiles.load(__package__, "integrity.sql").items()}
+
+
+class _Slots(dict[str, str]):
+    """Fills a statement's spellings, leaving the slots a run fills ({where}, {column}, ...) as they are."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
 def _statements(backend: Any) -> _Statements:
     """The check's statements in the spelling of ``backend`` (a backend class, or one open)."""
-    q = backend.param
-    count_if, size = backend.sql_count_if, backend.sql_result_bytes
-    least = backend.sql_least.format(a="j", b="t")
-    return _Statements(
-        # One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows,
-        # the final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and
-        # largest idx.
-        target_groups=f"""SELECT job_id, COUNT(*), {count_if.format(f"status IN ({_FINAL})")},
-            COALESCE(SUM({size}), 0), {count_if.format(f"status NOT IN ({_VALID_TARGET})")}, MIN(idx),
-            MAX(idx) FROM batch_target WHERE {{where}} GROUP BY job_id""",
-        jobs="SELECT id, status, targets_total, targets_done, nbytes FROM batch_job WHERE {where} "
-        "ORDER BY id",
-        # The statuses outside the enum of one job's targets, for the report (only when there are some).
-        bad_statuses=f"""SELECT MIN(status), MAX(status) FROM batch_target
-            WHERE job_id = {q} AND status NOT IN ({_VALID_TARGET})""",
-        chunk_end=(
-            f"SELECT {least} FROM "
-            f"(SELECT (SELECT id FROM batch_job WHERE {{jobs}} ORDER BY id LIMIT 1 OFFSET {q}) AS j, "
-            f"(SELECT job_id FROM batch_target WHERE {{targets}} ORDER BY job_id LIMIT 1 OFFSET {q}) AS t) "
-            "AS bounds"
-        ),
-        idx_outside=(
-            f"SELECT idx FROM batch_target WHERE job_id = {q} AND NOT ("
-            + backend.sql_integer_idx
-            + f"idx >= 0 AND idx < {q}) ORDER BY idx LIMIT 6"
-        ),
-        fix_job=f"UPDATE batch_job SET {{column}} = {q} WHERE id = {q}",
-        delete_orphans=(
-            f"DELETE FROM batch_target WHERE job_id = {q} "
-            "AND NOT EXISTS (SELECT 1 FROM batch_job WHERE batch_job.id = batch_target.job_id)"
-        ),
-        mark=q,
-        true=backend.sql_true,
+    count_if = backend.sql_count_if
+    slots = _Slots(
+        mark=backend.param,
+        count_final=count_if.format(f"status IN ({_FINAL})"),
+        count_invalid=count_if.format(f"status NOT IN ({_VALID_TARGET})"),
+        result_bytes=backend.sql_result_bytes,
+        least_bound=backend.sql_least.format(a="j", b="t"),
+        integer_idx=backend.sql_integer_idx,
+        valid_target=_VALID_TARGET,
     )
+    spelled = {name: sql.format_map(slots) for name, sql in _QUERIES.items()}
+    return _Statements(**spelled, mark=backend.param, true=backend.sql_true)
 
 
 #: Each backend class's statements, made on first use.
