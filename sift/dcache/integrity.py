@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import sqlfiles
 from .database import db
 from .errors import StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
 from .reports import Repair, StoreReport, Violation
+from .sqlfiles import load_sql
 
 __all__ = ["REPAIRABLE", "check_store"]
 
@@ -243,7 +243,7 @@ class _Statements:
 
 
 #: The check's statements, each with the slots of one backend's spellings (see the file).
-_QUERIES = {name: statements[0] for name, statements in sqlfiles.load(__package__, "integrity.sql").items()}
+_QUERIES = {name: statements[0] for name, statements in load_sql(__package__, "integrity.sql").items()}
 
 
 class _Slots(dict[str, str]):

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib.resources
 
-__all__ = ["load"]
+__all__ = ["load_sql"]
 
 _HEADER = "-- name: "
 
 
-def load(package: str, filename: str) -> dict[str, tuple[str, ...]]:
+def load_sql(package: str, filename: str) -> dict[str, tuple[str, ...]]:
     """The statements of each section of ``filename`` (package data of ``package``), in order."""
     text = importlib.resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     sections: dict[str, list[str]] = {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from ... import sqlfiles
 from ...errors import StoreUnavailable
+from ...sqlfiles import load_sql
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
@@ -22,7 +22,7 @@ _DDL = {
         statement.format(total_slots=TOTAL_SLOTS, last_slot=TOTAL_SLOTS - 1, schema_version=SCHEMA_VERSION)
         for statement in statements
     )
-    for name, statements in sqlfiles.load(__package__, "schema.sql").items()
+    for name, statements in load_sql(__package__, "schema.sql").items()
 }
 
 #: Version 2: what claim_batch_targets and rescue_stale_jobs read.

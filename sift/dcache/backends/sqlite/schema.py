@@ -7,8 +7,8 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from ... import sqlfiles
 from ...errors import StoreUnavailable
+from ...sqlfiles import load_sql
 from .base import SqliteBase
 
 __all__ = [
@@ -22,7 +22,7 @@ __all__ = [
     "missing_in_file",
 ]
 
-_DDL = sqlfiles.load(__package__, "schema.sql")
+_DDL = load_sql(__package__, "schema.sql")
 
 #: The original schema, verbatim. Files written by the Go service have exactly these tables.
 BASE_SCHEMA = _DDL["base"]
