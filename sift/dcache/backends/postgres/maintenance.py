@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...errors import StoreUnavailable
+from ...sqlfiles import load_sql
 from ...tables import JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
 from ..sqlite.schema import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
 from .base import PostgresBase
@@ -25,27 +26,11 @@ from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
 __all__ = ["PostgresMaintenance"]
 
-# The schema's objects present in the store's schema, as (kind, name).
-_SCHEMA_PRESENT = """SELECT CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END, c.relname FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')
-    UNION ALL SELECT 'trigger', t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND NOT t.tgisinternal
-    AND t.tgenabled <> 'D'
-    UNION ALL SELECT 'function', p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-    WHERE n.nspname = %s"""
-# A repair chunk's jobs, locked in one order before their targets are read again.
-_LOCK_JOBS = "SELECT 1 FROM batch_job WHERE {where} ORDER BY id FOR NO KEY UPDATE"
-# The total recomputed into slot 0 (the other slots to 0), with writers held off meanwhile.
-_LOCK_TOTALS = "LOCK TABLE batch_totals IN EXCLUSIVE MODE"
-_RECOMPUTE_SLOTS = (
-    "UPDATE batch_totals SET nbytes = CASE WHEN slot = 0 THEN "
-    "(SELECT COALESCE(SUM(nbytes), 0) FROM batch_job) ELSE 0 END"
+_QUERIES = load_sql(__package__, "queries.sql")
+_SCHEMA_PRESENT, _LOCK_JOBS, _LOCK_TOTALS, _RECOMPUTE_SLOTS, _RELATION_SPACE = (
+    _QUERIES[name][0]
+    for name in ("schema_present", "lock_jobs", "lock_totals", "recompute_slots", "relation_space")
 )
-# The tables of the store's schema: size with indexes and TOAST, and the statistics' dead rows.
-_RELATION_SPACE = """SELECT c.relname, pg_total_relation_size(c.oid), COALESCE(s.n_dead_tup, 0)
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
-    WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"""
 
 
 class PostgresMaintenance(PostgresBase):

@@ -17,6 +17,7 @@ from typing import Any
 import peewee
 
 from ...errors import StoreConflict, StoreReadOnly
+from ...sqlfiles import load_sql
 from .base import PostgresBase
 
 __all__ = ["CONFLICT_RETRIES", "PostgresRules", "Removals", "Write"]
@@ -24,14 +25,10 @@ __all__ = ["CONFLICT_RETRIES", "PostgresRules", "Removals", "Write"]
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
 
-_LOCK_JOB = "SELECT 1 FROM batch_job WHERE id = %s FOR NO KEY UPDATE"
-_LOCK_TARGET = (
-    "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = %s AND t.idx = %s "
-    "FOR NO KEY UPDATE OF j FOR UPDATE OF t"
+_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS = (
+    load_sql(__package__, "queries.sql")[name][0]
+    for name in ("lock_job", "lock_target", "lock_key", "lock_removals")
 )
-# Advisory locks are the database's, not the schema's: each key names its store's schema.
-_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s || chr(31) || %s, 0))"
-_LOCK_REMOVALS = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
 class Write:
