@@ -227,6 +227,7 @@ def store_error(
     if name and name not in sqlite:
         sqlite = f"{name}: {sqlite}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, sqlite=sqlite))
+    store.path = path
     store.__cause__ = error
     return store
 
@@ -257,6 +258,7 @@ def _postgres_store_error(
     if state and state not in pg:
         pg = f"{state}: {pg}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, pg=pg))
+    store.path = path
     if shows_secret:  # the driver's error is left out of the chain a traceback prints
         store.__suppress_context__ = True
     else:

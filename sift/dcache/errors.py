@@ -76,6 +76,9 @@ class StoreNotOpen(BatchError, RuntimeError):
 class StoreUnavailable(BatchError):
     """The file cannot be used now: unreadable, an I/O error, or locked past the busy timeout."""
 
+    #: The store (as shown in messages) whose database raised the driver error, when one did.
+    path: str | None = None
+
     @classmethod
     def of_target(cls, problem: str) -> Self:
         """The error for a target (``open_db``'s ``path``) that cannot be a store, and why."""

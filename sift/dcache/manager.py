@@ -219,7 +219,7 @@ def _evictable() -> peewee.Node:
     return Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES))
 
 
-# A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see postgres.py).
+# A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see PostgreSQL's rules).
 # ORDER BY lease: without it PostgreSQL's generic plan (psycopg prepares a statement run 5 times) may guess a
 # third of the jobs expired and pick a sequential scan, reading every row when none is.
 _ANY_EXPIRED = Statement(

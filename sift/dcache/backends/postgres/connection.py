@@ -33,7 +33,10 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
     """A store in a PostgreSQL schema: a pooled connection per thread, statements in autocommit outside
     the store's transactions, every transaction READ COMMITTED with the locks described above."""
 
-    _in_use: dict[int, Any]  # the pool's own state (playhouse.pool)
+    # playhouse.pool's own state (its _in_use, _connections, _pool_lock, _max_connections, _wait_timeout):
+    # the pool has no public way to drop a broken connection, to forget a forked parent's connections, or
+    # to close the ones other threads hold, and its limits are shown in the error that says they were hit.
+    _in_use: dict[int, Any]
     _connections: list[Any]
 
     def __init__(self, target: str, *, timeout: float, readonly: bool, max_connections: int) -> None:
@@ -78,7 +81,7 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
 
     # -- Connections ----------------------------------------------------------------------------------
 
-    def _connect(self) -> Any:
+    def _connect(self) -> Any:  # Peewee's hook for a new connection (its only one for driver options)
         conn = super()._connect()
         conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
         return conn
@@ -238,4 +241,4 @@ def _give_back(ref: weakref.ref[PostgresStore], conn: Any, pid: int) -> None:
     if database is None or os.getpid() != pid or database._pid != pid:
         return
     with contextlib.suppress(Exception):
-        database._close(conn)
+        database._close(conn)  # the pool's: hands a connection of an ended thread back to it

@@ -91,7 +91,8 @@ class WalPolicy(SqliteBase):
         return 0 if self._wal_index_path is not None else WAL_AUTOCHECKPOINT_PAGES
 
     def _set_pragmas(self, conn: sqlite3.Connection) -> None:
-        """The pragmas, on every new connection; and no automatic checkpoint while the store does it."""
+        """The pragmas, on every new connection; and no automatic checkpoint while the store does it.
+        (Peewee's hook after each connect: a public one, ``pragmas=``, cannot depend on the store.)"""
         super()._set_pragmas(conn)  # type: ignore[misc]
         if self._wal_index_path is not None:
             conn.execute("PRAGMA wal_autocheckpoint = 0")
