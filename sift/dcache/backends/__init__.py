@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import peewee
 
@@ -271,3 +271,7 @@ def open_postgres(
         cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ is not None else exc
         raise kind.of_target(f"cannot open {shown!r} as a batch store: {exc}") from cause
     return backend
+
+
+if TYPE_CHECKING:  # the type checker proves that the SQLite backend is a Backend
+    _SQLITE_IS_A_BACKEND: Backend = SQLITE

@@ -165,6 +165,10 @@ class SqliteMaintenance(SqliteBase):
             self.execute_sql(f"PRAGMA auto_vacuum = {INCREMENTAL}")
             self.execute_sql("VACUUM")
 
+    def relation_sizes(self) -> dict[str, tuple[int, int]]:
+        """None: a file has no server tables (see :meth:`page_stats`)."""
+        return {}
+
     # -- Backup ----------------------------------------------------------------------------------------
 
     def backup_source(self) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import peewee
 
@@ -36,7 +36,8 @@ class SqliteRules(SqliteBase):
     total_nbytes_sql = TOTAL_NBYTES_SQL
 
     #: The order rows were inserted in: ties in created_at go to the later insert.
-    insertion_order = peewee.SQL("_rowid_")
+    # cast: Peewee's SQL is a ColumnBase (ordering and comparison work on it); its stubs say otherwise.
+    insertion_order = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
