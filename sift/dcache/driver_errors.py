@@ -300,9 +300,6 @@ class Translation:
                 raise
         self._raise_store_error(exc)
 
-    def __call__(self) -> Translation:
-        return self
-
 
 def _as_they_are(exc: BaseException) -> None:
     """Raise nothing: the error leaves as Peewee's class for it."""

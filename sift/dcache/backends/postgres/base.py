@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from playhouse.pool import PooledPostgresqlDatabase
 
+from ...driver_errors import Translation
+
 __all__ = ["PostgresBase"]
 
 
@@ -21,6 +23,8 @@ class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
     schema: str
     readonly: bool
     timeout: float
+    #: Around Peewee's own execution, BEGIN, COMMIT and ROLLBACK: driver errors as the package's.
+    read_errors: Translation
 
     if TYPE_CHECKING:
 

@@ -46,13 +46,10 @@ class Write:
                 f"database: {database.path!r} is open read-only; "
                 "open_db(target) without readonly=True to write"
             )
-        try:
+        with database.read_errors:
             database.usable_connection()
             self.atomic = peewee.PostgresqlDatabase.atomic(database)
             self.atomic.__enter__()
-        except Exception as exc:
-            database.raise_store_error(exc)
-            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:

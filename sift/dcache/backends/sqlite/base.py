@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import peewee
 
+from ...driver_errors import Translation
 from .writer_queue import WriterQueue
 
 __all__ = ["SqliteBase"]
@@ -27,6 +28,10 @@ class SqliteBase(peewee.SqliteDatabase):
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
     _lock_type: str  # Peewee's: the kind of BEGIN its transactions use (IMMEDIATE here)
     _store_open: bool  # between open_db and close_db: the connection belongs to the store
+    #: Around each statement: driver errors as Peewee's classes, then as the package's (see Translation).
+    statement_errors: Translation
+    #: Around reading a statement's rows, or Peewee's own execution: driver errors as the package's.
+    read_errors: Translation
 
     if TYPE_CHECKING:
 

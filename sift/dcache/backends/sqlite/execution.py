@@ -18,11 +18,6 @@ __all__ = ["SqliteExecution"]
 class SqliteExecution(SqliteBase):
     """Running statements on the shared connection: the lock around each, errors made the package's."""
 
-    #: Around each statement: driver errors as Peewee's classes, then as the package's (see Translation).
-    statement_errors: Translation
-    #: Around reading a statement's rows, or Peewee's own execution: driver errors as the package's.
-    read_errors: Translation
-
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> BufferedCursor:
         with self.lock:
             try:

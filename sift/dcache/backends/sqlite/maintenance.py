@@ -64,7 +64,7 @@ class SqliteMaintenance(SqliteBase):
         if self.deferred or not self.reads_beside:
             with self.lock:
                 return self.fetch_all(sql, ())
-        try:  # self.database is the path, or the mode=ro URI of a read-only store
+        with self.read_errors:  # self.database is the path, or the mode=ro URI of a read-only store
             conn = sqlite3.connect(
                 self.database,
                 timeout=self.timeout,
@@ -77,9 +77,6 @@ class SqliteMaintenance(SqliteBase):
                 return conn.execute(sql).fetchall()
             finally:
                 conn.close()
-        except sqlite3.Error as exc:
-            self.raise_store_error(exc)
-            raise
 
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
