@@ -187,6 +187,15 @@ class SerializedSqliteDatabase(
                 raise kind.of_target(f"cannot open {path!r} as a batch store: {exc}") from cause
             self._store_open = True
 
+    def open_memory_copy(self, image: sqlite3.Connection) -> None:
+        """Open the in-memory store closed last again, holding a copy of ``image`` (an in-memory store's
+        pages, schema included), as ``open_db(":memory:")`` leaves a store: how ``sift.testing`` gives each
+        test a fresh store without creating the schema each time."""
+        with self.lock:
+            self.connect()
+            image.backup(self.connection())
+            self._store_open = True
+
     def close_store(self) -> None:
         """Close the store's connection, waiting for any transaction of another thread to end first."""
         with self.lock:
