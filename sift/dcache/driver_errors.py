@@ -290,7 +290,7 @@ class Translation:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not isinstance(exc, Exception):
+        if exc_type is None or not isinstance(exc, Exception):
             return
         if self._peewee_classes:
             try:

@@ -47,15 +47,21 @@ class SqliteExecution(SqliteBase):
         statement again, and can meet a damaged page or an I/O error too)."""
         with self.lock:
             cursor = self.run_sql(sql, params)
-            with self.read_errors:
+            try:  # not `with self.read_errors`: a try costs nothing until it catches, on every read
                 return cursor.fetchall()
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
 
     def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
         """The first row of a query, or None; errors as in :meth:`fetch_all`."""
         with self.lock:
             cursor = self.run_sql(sql, params)
-            with self.read_errors:
+            try:  # as in fetch_all
                 return cursor.fetchone()
+            except Exception as exc:
+                self.raise_store_error(exc)
+                raise
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for each row, streaming ``rows``; return the rows changed. Errors as in
