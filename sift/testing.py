@@ -38,6 +38,7 @@ import pytest
 
 from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, clock, db
+from sift.dcache.backends import SQLITE
 from sift.dcache.counters import counters
 
 __all__ = ["SiftClock", "check_store_invariants", "make_job", "make_targets"]
@@ -246,9 +247,7 @@ def _open_in_memory() -> dcache.StoreDatabase:
         _connection().backup(template)
         _template, _template_params = template, db.connect_params
         return db
-    db.connect()
-    _template.backup(_connection())
-    db._store_open = True  # as open_db leaves it: the connection is the store's until close_db
+    SQLITE.open_memory_copy(_template)
     counters.reset()
     return db
 
@@ -269,7 +268,7 @@ def _open_postgres(url: str) -> tuple[str, dcache.StoreDatabase]:
 def _drop_schema(url: str, schema: str) -> None:
     import psycopg  # sift[postgres]'s: only a PostgreSQL run gets here
 
-    from sift.dcache.postgres import parse_target
+    from sift.dcache.backends import parse_target
 
     with psycopg.connect(parse_target(url)[0], autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

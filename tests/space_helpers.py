@@ -12,7 +12,7 @@ from pathlib import Path
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache.sqlite import BASE_SCHEMA
+from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 RESULT = "r" * 3000  # most of a 4 KiB page
 

@@ -15,8 +15,10 @@ import pytest
 from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import check
-from sift.dcache.check import Repair, Violation
+from sift.dcache import integrity as check
+from sift.dcache import reports
+from sift.dcache.backends.sqlite import SerializedSqliteDatabase
+from sift.dcache.reports import Repair, Violation
 
 # check_store reads SQLite files only, so far.
 pytestmark = pytest.mark.sqlite_only
@@ -278,7 +280,7 @@ def test_check_needs_an_open_store() -> None:
 
 def test_public_names() -> None:
     assert dcache.check_store is check.check_store
-    assert dcache.StoreReport is check.StoreReport
+    assert dcache.StoreReport is reports.StoreReport
     assert {"check_store", "StoreReport"} <= set(dcache.__all__)
     assert Violation("nbytes", "j", "x").__str__() == "nbytes (job 'j'): x"
     assert str(Repair("total", None, "1 -> 2")) == "total: 1 -> 2"
@@ -326,9 +328,23 @@ def test_no_false_alarm_while_another_process_writes(
 @pytest.mark.parametrize(
     ("sql", "params", "index"),
     [
-        (check._SQLITE.target_groups.format(where="job_id > ? AND job_id <= ?"), ("a", "b"), "batch_target"),
-        (check._SQLITE.target_groups.format(where="job_id > ?"), ("a",), "batch_target"),
-        (check._SQLITE.jobs.format(where="id > ? AND id <= ?"), ("a", "b"), "batch_job"),
+        (
+            check._statements(SerializedSqliteDatabase).target_groups.format(
+                where="job_id > ? AND job_id <= ?"
+            ),
+            ("a", "b"),
+            "batch_target",
+        ),
+        (
+            check._statements(SerializedSqliteDatabase).target_groups.format(where="job_id > ?"),
+            ("a",),
+            "batch_target",
+        ),
+        (
+            check._statements(SerializedSqliteDatabase).jobs.format(where="id > ? AND id <= ?"),
+            ("a", "b"),
+            "batch_job",
+        ),
         ("SELECT id FROM batch_job WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?", ("a", 499), "batch_job"),
         (
             "SELECT job_id FROM batch_target WHERE job_id > ? ORDER BY job_id LIMIT 1 OFFSET ?",
@@ -355,7 +371,7 @@ def test_whole_file_reads_take_no_lock_on_a_file_store(store: Any, monkeypatch: 
         shared.append(sql)
         return run_sql(sql, params)
 
-    monkeypatch.setattr(dcache.db, "run_sql", recording)
+    monkeypatch.setattr(dcache.db.obj, "run_sql", recording)
     assert dcache.check_store().ok
     whole_file = [sql for sql in shared if "quick_check" in sql or "SUM(nbytes)" in sql]
     assert len(whole_file) == (2 if dcache.db.database == ":memory:" else 0)

@@ -138,7 +138,7 @@ def test_the_details_name_what_is_wrong(pg: str) -> None:
 
 
 def test_chunks_cover_every_job_once(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sift.dcache import check
+    from sift.dcache import integrity as check
 
     for n in range(23):
         dcache.create_batch_job(make_job(f"many-{n:02d}", targets_total=2), make_targets(2))
@@ -210,12 +210,12 @@ def test_repair_is_exact_while_others_write(pg: str) -> None:
 
 def test_repair_of_orphans_keeps_a_job_created_since(pg: str) -> None:
     """The orphan delete names only targets whose job is still missing when it runs."""
-    from sift.dcache import check
+    from sift.dcache import integrity as check
 
     foreign(pg, "DELETE FROM batch_job WHERE id = 'job-b'")
     real_fix = check._Chunk.fix
 
-    def fix_after_a_create(self: Any) -> list[dcache.check.Repair]:
+    def fix_after_a_create(self: Any) -> list[dcache.reports.Repair]:
         # Between the check's read and its delete another program makes job-b again, with its targets.
         foreign(
             pg,

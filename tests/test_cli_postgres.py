@@ -15,7 +15,8 @@ from freezegun import freeze_time
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache.backup import JOB_COLUMNS, TARGET_COLUMNS
+from sift.dcache.tables import JOB_COLUMN_LIST as JOB_COLUMNS
+from sift.dcache.tables import TARGET_COLUMN_LIST as TARGET_COLUMNS
 
 pytestmark = pytest.mark.postgres
 

@@ -20,7 +20,7 @@ from space_helpers import fill, old_store
 
 from sift import dcache
 from sift.dcache import manager, space
-from sift.dcache.sqlite import BASE_SCHEMA
+from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 
 def file_size(path: Path) -> int:
@@ -95,8 +95,8 @@ def test_each_chunk_gives_back_a_bounded_number_of_pages(file_store: Path) -> No
     with statements_per_transaction() as transactions:
         assert dcache.sweep_batch(10, now=2_000) == 60
     steps = [sum(sql == "PRAGMA incremental_vacuum" for sql in t) for t in transactions]
-    assert max(steps) == space.PAGES_PER_STEP  # never more pages in one transaction
-    assert sum(steps) > 2 * space.PAGES_PER_STEP  # so the sweep took several steps
+    assert max(steps) == space.FREED_PAGES_PER_STEP  # never more pages in one transaction
+    assert sum(steps) > 2 * space.FREED_PAGES_PER_STEP  # so the sweep took several steps
     assert pragma("freelist_count") == free_before == 0
 
 
@@ -117,7 +117,7 @@ def test_big_results_never_leave_a_long_free_list(file_store: Path, monkeypatch:
         assert dcache.sweep_batch(10, now=2_000) == 30
     assert len(free_at_each_chunk) > 3 and set(free_at_each_chunk) == {0}
     steps = [sum(sql == "PRAGMA incremental_vacuum" for sql in t) for t in transactions]
-    assert max(steps) == space.PAGES_PER_STEP
+    assert max(steps) == space.FREED_PAGES_PER_STEP
     reclaim_only = [
         t for t, n in zip(transactions, steps, strict=True) if n and not any("DELETE" in q for q in t)
     ]
@@ -167,7 +167,7 @@ def test_vacuum_gives_back_free_pages_of_an_incremental_store(file_store: Path) 
     fill(60)
     dcache.db.execute_sql("DELETE FROM batch_target WHERE job_id != 'job-0'")  # not through a sweep
     free = pragma("freelist_count")
-    assert free > 2 * space.PAGES_PER_STEP
+    assert free > 2 * space.FREED_PAGES_PER_STEP
     big = file_size(file_store)
     done = dcache.vacuum_store()
     assert not done.converted

@@ -211,7 +211,7 @@ CALLER_CAUSED: list[tuple[str, Callable[[], object]]] = [
     ("reason-surrogate", lambda: dcache.mark_in_flight_failed("\ud800", now=1)),
     ("idx-huge", lambda: dcache.update_batch_target("job-1", 2**63, "done", now=1)),
     ("now-huge", lambda: dcache.touch_batch_job("job-1", now=2**64)),
-    ("ttl-str", lambda: dcache.sweep_batch("10", now=1)),
+    ("ttl-str", lambda: dcache.sweep_batch("10", now=1)),  # type: ignore[arg-type]
     ("max-bytes-huge", lambda: dcache.evict_batch_oldest(2**64)),
     ("target-idx-huge", lambda: dcache.put_batch_targets("job-2", make_targets(1, start=2**63))),
 ]

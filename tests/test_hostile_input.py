@@ -10,6 +10,7 @@ store exactly as it was (snapshot(), row counts and batch_nbytes() compared befo
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def generated(count: int) -> Iterator[BatchTarget]:
 
 @pytest.mark.parametrize("how", ["put", "create"])
 def test_hundred_thousand_targets_under_variable_limit_999(file_store: Path, how: str) -> None:
-    db.set_variable_limit(999)
+    db.connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
     with pytest.raises(Exception, match="too many SQL variables"):  # the limit is in force
         db.execute_sql("SELECT " + ", ".join(["?"] * 1_000), [0] * 1_000)
     job = make_job(targets_total=100_000)

@@ -60,7 +60,10 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         base = package
         for _ in range(node.level - 1):
             base = base.rpartition(".")[0]
-        source = f"{base}.{node.module}" if node.level and node.module else (base if node.level else node.module)
+        if node.level:
+            source: str | None = f"{base}.{node.module}" if node.module else base
+        else:
+            source = node.module
         if source is None or not source.startswith("sift"):
             continue
         for alias in node.names:

@@ -15,8 +15,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sift import dcache
+from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
 from sift.dcache.metrics import COUNTER_HELP, StoreCollector, register
-from sift.dcache.sqlite import TOTAL_NBYTES_SQL
 
 GAUGES = (
     "sift_batch_nbytes",

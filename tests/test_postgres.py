@@ -18,7 +18,9 @@ from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import db
-from sift.dcache.postgres import CONFLICT_RETRIES, SCHEMA_VERSION, PostgresStore
+from sift.dcache.backends.postgres.connection import PostgresStore
+from sift.dcache.backends.postgres.rules import CONFLICT_RETRIES
+from sift.dcache.backends.postgres.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.postgres
 

@@ -19,7 +19,8 @@ from test_backup import Writers
 
 from sift import dcache
 from sift.dcache import backup
-from sift.dcache.backup import JOB_COLUMNS, TARGET_COLUMNS
+from sift.dcache.tables import JOB_COLUMN_LIST as JOB_COLUMNS
+from sift.dcache.tables import TARGET_COLUMN_LIST as TARGET_COLUMNS
 
 pytestmark = pytest.mark.postgres
 

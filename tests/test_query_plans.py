@@ -29,7 +29,7 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
-from sift.dcache.sqlite import TOTAL_NBYTES_SQL
+from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
 from sift.dcache.statements import Statement
 
 FINISHED = ("done", "partial", "failed", "cancelled")

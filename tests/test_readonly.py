@@ -18,7 +18,7 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 from sift.dcache import BatchJob, BatchTarget
-from sift.dcache.sqlite import BASE_SCHEMA
+from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 pytestmark = pytest.mark.sqlite_only
 

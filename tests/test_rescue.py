@@ -97,8 +97,8 @@ BAD_INPUT = [
     ("stale_after", lambda: dcache.rescue_stale_jobs(-1, "r", now=5)),
     ("stale_after", lambda: dcache.rescue_stale_jobs(math.nan, "r", now=5)),
     ("stale_after", lambda: dcache.rescue_stale_jobs(math.inf, "r", now=5)),
-    ("stale_after", lambda: dcache.rescue_stale_jobs("60", "r", now=5)),
-    ("stale_after", lambda: dcache.rescue_stale_jobs(None, "r", now=5)),
+    ("stale_after", lambda: dcache.rescue_stale_jobs("60", "r", now=5)),  # type: ignore[arg-type]
+    ("stale_after", lambda: dcache.rescue_stale_jobs(None, "r", now=5)),  # type: ignore[arg-type]
     ("stale_after", lambda: dcache.rescue_stale_jobs(datetime.timedelta(seconds=-1), "r", now=5)),
     ("reason", lambda: dcache.rescue_stale_jobs(60, None, now=5)),  # type: ignore[arg-type]
     ("reason", lambda: dcache.rescue_stale_jobs(60, "a\x00b", now=5)),

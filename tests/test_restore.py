@@ -14,7 +14,7 @@ import pytest
 from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import backup
+from sift.dcache import backup, tables
 
 
 @pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -110,12 +110,12 @@ def test_what_the_rules_allow_is_restored_on_either_destination(dest: str, tmp_p
     )
     with closing(sqlite3.connect(source)) as conn:
         expected = conn.execute(
-            f"SELECT {backup.TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+            f"SELECT {tables.TARGET_COLUMN_LIST} FROM batch_target ORDER BY job_id, idx"
         ).fetchall()
     dcache.open_db(dest)
     report = dcache.restore_store(source)
     assert (report.jobs, report.targets) == (3, 9)
-    query = f"SELECT {backup.TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+    query = f"SELECT {tables.TARGET_COLUMN_LIST} FROM batch_target ORDER BY job_id, idx"
     assert dcache.db.execute_sql(query).fetchall() == expected
     assert expected[0][3] == '{"a":"\\u0000"}'
     assert dcache.check_store().ok

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sift import dcache
-from sift.dcache import files
+from sift.dcache.backends.sqlite import files
 
 
 def header(path: Path) -> tuple[int, str]:

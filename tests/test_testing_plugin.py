@@ -360,7 +360,7 @@ PG_SAMPLE = """
     import pytest
 
     from sift import dcache
-    from sift.dcache.postgres import PostgresStore
+    from sift.dcache.backends.postgres.connection import PostgresStore
 
 
     def test_a_store_of_its_own(sift_store, make_job, make_targets):

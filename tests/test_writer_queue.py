@@ -29,6 +29,8 @@ from helpers import make_job, make_targets, session, snapshot
 
 from sift import dcache
 from sift.dcache import db
+from sift.dcache.backends.sqlite import database as sqlite_database
+from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
 pytestmark = pytest.mark.sqlite_only
 
@@ -130,17 +132,30 @@ def test_a_writer_waits_in_the_os_lock_queue_not_in_sqlites_busy_handler(file_st
     assert lock_is_free(file_store)
 
 
-def test_without_the_queue_the_writer_waits_in_the_busy_handler(tmp_path: Path) -> None:
-    """The measurement switch (today's way, for scripts/bench.py): no lock file, no queue."""
+def test_without_the_queue_the_writer_waits_in_the_busy_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the queue (as scripts/bench.py measures it): no lock file, no queue."""
     path = tmp_path / "plain.db"
-    db._queue_writers = False
+    without_queue(monkeypatch)
     try:
         dcache.open_db(path)
         dcache.create_batch_job(make_job("job-1"), make_targets(3))
         assert not os.path.exists(lock_path(path))
     finally:
-        db._queue_writers = True
         dcache.close_db()
+
+
+class NoQueue(WriterQueue):
+    """A writers' queue that is never taken: writers wait in SQLite's busy handler alone."""
+
+    def __init__(self, store_path: str | None, timeout: float) -> None:
+        super().__init__(None, timeout)
+
+
+def without_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stores opened from now on have no writers' queue (as before it, or another program's)."""
+    monkeypatch.setattr(sqlite_database, "WriterQueue", NoQueue)
 
 
 #: An ad-hoc write, for the idioms inside which the rules cannot run (manual commit, a bare begin()).
@@ -385,13 +400,13 @@ def test_reads_never_take_the_lock(file_store: Path) -> None:
 
 def test_a_read_only_store_never_takes_or_makes_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
-    db._queue_writers = False  # a store written by another program: no lock file beside it
-    try:
-        dcache.open_db(path)
-        dcache.create_batch_job(make_job("job-1"), make_targets(3))
-    finally:
-        db._queue_writers = True
-        dcache.close_db()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        without_queue(monkeypatch)  # a store written by another program: no lock file beside it
+        try:
+            dcache.open_db(path)
+            dcache.create_batch_job(make_job("job-1"), make_targets(3))
+        finally:
+            dcache.close_db()
     assert not os.path.exists(lock_path(path))
     dcache.open_db(path, readonly=True)
     try:
@@ -665,13 +680,14 @@ def test_the_checkpoint_runs_once_the_queue_is_released(
     assert frames_pending(file_store) < 1000
 
 
-def test_without_the_queue_sqlite_checkpoints_by_itself(tmp_path: Path) -> None:
-    db._queue_writers = False
+def test_without_the_queue_sqlite_checkpoints_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_queue(monkeypatch)
     try:
         dcache.open_db(tmp_path / "plain.db")
         assert autocheckpoint() == 1000
     finally:
-        db._queue_writers = True
         dcache.close_db()
 
 

@@ -11,7 +11,8 @@ from sift import dcache
 
 # The raw baseline runs on the store's own connection settings, and a bulk-built file starts from the
 # store's base tables: neither is in sift.dcache's public API.
-from sift.dcache.sqlite import BASE_SCHEMA, PRAGMAS
+from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
+from sift.dcache.backends.sqlite.settings import PRAGMAS
 
 from .sizes import FINISHED, OPTIONS
 from .stores import PgServer

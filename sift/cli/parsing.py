@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sift.dcache.checks import MAX_INT
+from sift.dcache.validation import MAX_INT
 
 from .commands import StoreUse
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from sift import dcache
-from sift.dcache.sqlite import SCHEMA_NAMES
+from sift.dcache.backends import BUSY_TIMEOUT_S
+from sift.dcache.backends import missing_schema as missing_schema_parts
 
 __all__ = [
     "DEFAULT_DB",
@@ -25,9 +25,9 @@ __all__ = [
 #: The store used when neither ``--db`` nor ``$SIFT_DB`` names one.
 DEFAULT_DB = "sift.db"
 
-#: How long a command waits for another process's write lock before giving up (seconds). The same value as
-#: the store's own busy timeout, which it has no public name for: a command waits as long as the library.
-OPEN_TIMEOUT_S = 10.0
+#: How long a command waits for another process's write lock before giving up (seconds): as long as the
+#: library itself waits.
+OPEN_TIMEOUT_S = BUSY_TIMEOUT_S
 
 
 class CommandError(Exception):
@@ -47,13 +47,7 @@ def default_db_path() -> str:
 def missing_schema(path: str) -> list[str]:
     """The parts of the store's schema (tables, indexes, triggers) the existing file at ``path`` lacks,
     read without writing to it; ``open_db`` would add them."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    try:
-        with closing(sqlite3.connect(uri, uri=True, timeout=OPEN_TIMEOUT_S)) as conn:
-            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    except sqlite3.DatabaseError:
-        return []  # open_db says what is wrong with the file
-    return sorted(SCHEMA_NAMES - present)
+    return missing_schema_parts(path, timeout=OPEN_TIMEOUT_S)
 
 
 @contextmanager

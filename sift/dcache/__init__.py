@@ -5,8 +5,8 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
-from .backup import BackupReport, RestoreReport, backup_store, restore_store
-from .check import StoreReport, check_store
+from .backends.sqlite import SerializedSqliteDatabase
+from .backup import backup_store, restore_store
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -23,6 +23,7 @@ from .errors import (
     StoreUnavailable,
     TargetNotFound,
 )
+from .integrity import check_store
 from .manager import (
     batch_job,
     batch_job_by_idem,
@@ -45,17 +46,21 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
-from .space import (
+from .reports import (
+    BackupReport,
     RelationSpace,
     RelationVacuumReport,
+    RestoreReport,
+    StoreReport,
     StoreSpace,
     VacuumReport,
+)
+from .space import (
     relation_space,
     store_space,
     vacuum_relations,
     vacuum_store,
 )
-from .sqlite import SerializedSqliteDatabase
 
 __all__ = [
     "BackupReport",

@@ -26,12 +26,11 @@ import sqlite3
 import stat
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import peewee
 
-from . import checks, files
+from . import files, validation
 from .database import db
 from .driver_errors import store_error
 from .errors import (
@@ -43,60 +42,33 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
-from .sqlite import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA, SerializedSqliteDatabase
+from .reports import BackupReport, RestoreReport
+from .tables import JOB_COLUMN_LIST, JOB_COLUMNS, TARGET_COLUMN_LIST, TARGET_COLUMNS
 
 __all__ = [
-    "PAGES_PER_STEP",
+    "COPIED_PAGES_PER_STEP",
     "ROWS_PER_STEP",
     "TEMP_SUFFIX",
-    "BackupReport",
-    "RestoreReport",
     "backup_store",
     "restore_store",
 ]
 
 #: Pages copied per step of the backup (4 MiB of 4 KiB pages); progress is reported after each.
-PAGES_PER_STEP = 1024
+COPIED_PAGES_PER_STEP = 1024
 
-#: Rows read and written per step of a PostgreSQL store's backup; progress is reported after each.
+#: Rows read and written per step of a restore, or of a PostgreSQL store's backup; progress is reported
+#: after each.
 ROWS_PER_STEP = 2000
-
-#: The columns a backup copies, in the order both backends' tables take them.
-JOB_COLUMNS = "id, caller, caller_class, idem_key, status, error, targets_total, targets_done, created_at, "
-JOB_COLUMNS += "lease, nbytes"
-TARGET_COLUMNS = "job_id, idx, url, options, status, result, error, hint"
 
 #: How the temporary file of a backup under way ends; one left behind by a killed backup can be deleted.
 TEMP_SUFFIX = ".sift-backup"
-
-
-@dataclass(frozen=True)
-class BackupReport:
-    """What :func:`backup_store` wrote."""
-
-    dest: str
-    pages: int
-    page_size: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.pages * self.page_size
-
-
-@dataclass(frozen=True)
-class RestoreReport:
-    """What :func:`restore_store` copied."""
-
-    source: str
-    jobs: int
-    targets: int
 
 
 def backup_store(
     dest: str | os.PathLike[str],
     *,
     progress: Callable[[int, int], None] | None = None,
-    pages_per_step: int = PAGES_PER_STEP,
+    pages_per_step: int = COPIED_PAGES_PER_STEP,
 ) -> BackupReport:
     """Copy the open store to ``dest``: the store as it was when the copy started, while other threads
     and processes go on writing. ``dest`` is replaced only once the copy is complete and on disk; a new
@@ -118,10 +90,9 @@ def backup_store(
     try:
         _create(temp, target)
         try:
-            if isinstance(db.backend, SerializedSqliteDatabase):
-                pages, page_size = _copy(source, temp, progress, pages_per_step)
-            else:
-                pages, page_size = _copy_postgres(temp, progress)
+            pages, page_size = db.backend.copy_into(
+                temp, progress, pages_per_step=pages_per_step, rows_per_step=ROWS_PER_STEP
+            )
             _settle(temp, target)
         except BaseException:
             _remove(temp)
@@ -139,12 +110,7 @@ def _source_path() -> str | None:
     """The store file's absolute path; None for a PostgreSQL store."""
     if db.deferred:
         raise StoreNotOpen("no database is open: call sift.dcache.open_db(path) first")
-    if not isinstance(db.backend, SerializedSqliteDatabase):
-        return None
-    path = str(db.path)  # as given to open_db (db.database is a URI when read-only)
-    if path == ":memory:":
-        raise StoreUnavailable("database: an in-memory store has no file to back up")
-    return os.path.abspath(path)
+    return db.backend.backup_source()
 
 
 def _path_argument(field: str, value: str | os.PathLike[str]) -> tuple[str, str]:
@@ -182,94 +148,6 @@ def _create(temp: str, target: str) -> None:
     except FileNotFoundError:
         return
     os.chmod(temp, mode)
-
-
-def _copy(
-    source: str, temp: str, progress: Callable[[int, int], None] | None, pages_per_step: int
-) -> tuple[int, int]:
-    """Copy the store's pages into ``temp`` in steps, all inside one read transaction of the source."""
-    uri = f"file:{urllib.parse.quote(source)}?mode=ro"
-    src = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=db.timeout or 0)
-    try:
-        dst = sqlite3.connect(temp, isolation_level=None)
-        try:
-            dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
-            dst.execute("PRAGMA synchronous = OFF")  # _settle fsyncs the finished file
-            # Without this transaction each step would read the store as it is then, and the backup
-            # would start over whenever another connection wrote between two steps.
-            src.execute("BEGIN")
-            src.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()  # the snapshot starts here
-            pages = src.execute("PRAGMA page_count").fetchone()[0]
-            page_size = src.execute("PRAGMA page_size").fetchone()[0]
-
-            def report(status: int, remaining: int, total: int) -> None:
-                if progress is not None:
-                    progress(total - remaining, total)
-
-            src.backup(dst, pages=pages_per_step, progress=report)
-            src.execute("COMMIT")
-        finally:
-            dst.close()
-    finally:
-        src.close()
-    return int(pages), int(page_size)
-
-
-def _copy_postgres(temp: str, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
-    """Write the PostgreSQL store's rows into a new SQLite store at ``temp``, from one snapshot."""
-    dst = sqlite3.connect(temp, isolation_level=None)
-    try:
-        dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
-        dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
-        dst.execute("PRAGMA synchronous = OFF")  # _settle fsyncs the finished file
-        for statement in BASE_SCHEMA + SPEED_SCHEMA:
-            dst.execute(statement)
-        dst.execute("BEGIN")
-        backend: Any = db.backend
-        conn = backend.usable_connection()
-        if conn.info.transaction_status != 0:  # psycopg's IDLE
-            raise StoreUnavailable("database: backup_store cannot run inside a transaction; call it after")
-        try:
-            backend.run_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ())
-            try:
-                jobs, targets = backend.fetch_one(
-                    "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)", ()
-                )
-                total, done = jobs + targets, 0
-                for table, columns, order in (
-                    ("batch_job", JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ keeps it
-                    ("batch_target", TARGET_COLUMNS, "job_id, idx"),
-                ):
-                    marks = ", ".join("?" * (columns.count(",") + 1))
-                    insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
-                    with conn.cursor(name=f"sift_backup_{table}") as cursor:  # server-side: streamed
-                        cursor.itersize = ROWS_PER_STEP
-                        cursor.execute(f"SELECT {columns} FROM {table} ORDER BY {order}")
-                        while rows := cursor.fetchmany(ROWS_PER_STEP):
-                            dst.executemany(insert, rows)
-                            done += len(rows)
-                            if progress is not None:
-                                progress(done, total)
-                backend.run_sql("COMMIT", ())
-            except BaseException:
-                with contextlib.suppress(Exception):  # the error raised already says more
-                    backend.run_sql("ROLLBACK", ())
-                raise
-        except sqlite3.Error:
-            raise
-        except Exception as exc:
-            backend.raise_store_error(exc)
-            raise
-        if progress is not None and total == 0:
-            progress(0, 0)
-        dst.execute(RECOMPUTE_TOTAL_SQL)
-        dst.execute("COMMIT")
-        dst.execute("PRAGMA journal_mode = WAL").fetchall()  # as the store file itself
-        pages = dst.execute("PRAGMA page_count").fetchone()[0]
-        page_size = dst.execute("PRAGMA page_size").fetchone()[0]
-    finally:
-        dst.close()
-    return int(pages), int(page_size)
 
 
 def _settle(temp: str, target: str) -> None:
@@ -331,7 +209,7 @@ def restore_store(
             ).fetchone()
         except sqlite3.Error as exc:
             raise InvalidBatchInput("source", f"cannot read {path!r} as a batch store: {exc}") from exc
-        mark = "?" if isinstance(db.backend, SerializedSqliteDatabase) else "%s"
+        mark = db.backend.param
         done = 0
         with db.write():
             held = db.fetch_one(
@@ -343,8 +221,8 @@ def restore_store(
                     "store only"
                 )
             for table, columns, order, rules in (
-                ("batch_job", JOB_COLUMNS, "_rowid_", _JOB_RULES),
-                ("batch_target", TARGET_COLUMNS, "job_id, idx", _TARGET_RULES),
+                ("batch_job", JOB_COLUMN_LIST, "_rowid_", _JOB_RULES),
+                ("batch_target", TARGET_COLUMN_LIST, "job_id, idx", _TARGET_RULES),
             ):
                 marks = ", ".join([mark] * (columns.count(",") + 1))
                 insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
@@ -372,8 +250,8 @@ def _source_file(source: str | os.PathLike[str]) -> str:
     shown, path = _path_argument("source", source)
     if not os.path.isfile(path):
         raise InvalidBatchInput("source", f"no store file at {shown!r}")
-    on_file = isinstance(db.backend, SerializedSqliteDatabase) and db.path not in (None, ":memory:")
-    if on_file and os.path.samefile(path, str(db.path)):
+    store_file = db.backend.store_file()
+    if store_file is not None and os.path.samefile(path, store_file):
         raise InvalidBatchInput("source", f"{shown!r} is the open store itself")
     return path
 
@@ -390,31 +268,31 @@ def _batches(src: sqlite3.Connection, sql: str, path: str) -> Iterator[list[Any]
 
 def _integer(field: str, value: Any) -> None:
     if type(value) is not int:
-        checks.invalid(field, f"must be an integer, got {type(value).__name__}")
+        validation.invalid(field, f"must be an integer, got {type(value).__name__}")
 
 
 def _json(field: str, value: str, valid: Any) -> None:
     """``value``, text already checked, is JSON SQLite's json_valid takes (``valid``), not nested too deep."""
     if valid != 1:
-        checks.invalid(field, "is not valid JSON text")
-    if checks.json_too_deep(value):
-        checks.invalid(field, f"is nested deeper than {checks.MAX_JSON_DEPTH} levels")
+        validation.invalid(field, "is not valid JSON text")
+    if validation.json_too_deep(value):
+        validation.invalid(field, f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")
 
 
 def _nonempty(field: str, value: Any) -> None:
-    checks.text(field, value, allow_empty=False)
+    validation.text(field, value, allow_empty=False)
 
 
 def _job_status(field: str, value: Any) -> None:
-    checks.choice(field, value, checks.JOB_STATUS_VALUES)
+    validation.choice(field, value, validation.JOB_STATUS_VALUES)
 
 
 def _target_status(field: str, value: Any) -> None:
-    checks.choice(field, value, checks.TARGET_STATUS_VALUES)
+    validation.choice(field, value, validation.TARGET_STATUS_VALUES)
 
 
 def _caller_class(field: str, value: Any) -> None:
-    checks.choice(field, value, checks.CALLER_CLASS_VALUES)
+    validation.choice(field, value, validation.CALLER_CLASS_VALUES)
 
 
 #: What each column of a restored row must hold, by the rules the store's functions write by (so the row
@@ -424,18 +302,18 @@ _JOB_RULES: tuple[Callable[[str, Any], object], ...] = (
     _nonempty,  # id
     _nonempty,  # caller
     _caller_class,
-    checks.text,  # idem_key
+    validation.text,  # idem_key
     _job_status,
-    checks.text,  # error
+    validation.text,  # error
     *(_integer,) * 5,  # targets_total, targets_done, created_at, lease, nbytes
 )
 _TARGET_RULES: tuple[Callable[[str, Any], object], ...] = (
     _nonempty,  # job_id
     _integer,  # idx
     _nonempty,  # url
-    checks.text,  # options, then _json
+    validation.text,  # options, then _json
     _target_status,
-    *(checks.optional_text,) * 3,  # result, error, hint
+    *(validation.optional_text,) * 3,  # result, error, hint
 )
 
 
@@ -444,7 +322,7 @@ def _check_rows(
 ) -> None:
     """Refuse the first row a rule refuses: ``InvalidBatchInput`` (field ``source``) naming the table, the
     row and the column."""
-    names = (JOB_COLUMNS if table == "batch_job" else TARGET_COLUMNS).split(", ")
+    names = JOB_COLUMNS if table == "batch_job" else TARGET_COLUMNS
     for row in rows:
         try:
             for name, rule, value in zip(names, rules, row, strict=False):  # targets: json_valid last

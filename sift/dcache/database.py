@@ -1,8 +1,7 @@
 """The store's database as users see it, whatever the backend: ``db``, :func:`open_db` and :func:`close_db`.
 
-What is SQLite's (the shared connection and its lock, pragmas, DDL, open-time repair, SQLite's spellings of
-byte length, the JSON check, insertion order and the byte total) lives in :mod:`.sqlite`. This module holds
-only what every backend shares: the object users bind to, and which backend a target names.
+What differs per backend lives in that backend (:mod:`.backends`). This module holds only what every
+backend shares: the object users bind to, and opening and closing a store.
 
 Why ``db`` is a :class:`peewee.DatabaseProxy` subclass that forwards every entry point. The models and the
 users' code (``from sift.dcache import db``, ``with db:``, ``@db.atomic()``, request hooks calling
@@ -27,92 +26,25 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import peewee
 
+from .backends import (
+    BUSY_TIMEOUT_S,
+    SQLITE,
+    Backend,
+    ConnectionBlock,
+    is_postgres_target,
+    open_postgres,
+    sqlite_path,
+)
 from .counters import counters
 from .errors import StoreConflict, StoreUnavailable
-from .sqlite import BUSY_TIMEOUT_S, SerializedSqliteDatabase, StoreConnection
 
-__all__ = ["Backend", "StoreDatabase", "close_db", "db", "open_db", "retried"]
+__all__ = ["StoreDatabase", "close_db", "db", "open_db", "retried"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: Pooled connections per process of a PostgreSQL store, unless open_db says otherwise.
-DEFAULT_MAX_CONNECTIONS = 20
-
-
-class Backend(Protocol):
-    """What the rules ask of the open store's database, beyond Peewee's ``Database`` API."""
-
-    #: Where the store is, as shown in messages; None when nothing is open.
-    path: str | None
-    readonly: bool
-    #: The SQL that reads the byte total (one row, one column).
-    total_nbytes_sql: str
-    #: An expression ordering rows by insertion: ties in created_at go to the later insert.
-    insertion_order: peewee.ColumnBase
-
-    def byte_length(self, expr: peewee.Node) -> peewee.Node:
-        """The UTF-8 byte length of a text expression (NULL stays NULL)."""
-
-    def json_or_null(self, expr: peewee.Node) -> peewee.Node:
-        """``expr`` when it is valid JSON text, else NULL."""
-
-    def write(self) -> AbstractContextManager[None]:
-        """The store's write transaction; driver errors leaving it become the package's errors."""
-
-    def bulk_writes(self) -> AbstractContextManager[None]:
-        """Around many write transactions in a row (a sweep, an eviction)."""
-
-    def checkpoint(self) -> None:
-        """Between bulk write transactions: let the backend do its housekeeping."""
-
-    def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
-        """Execute one statement; return its cursor."""
-
-    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Every row of a query."""
-
-    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
-        """The first row of a query, or None."""
-
-    def executemany(self, sql: str, rows: Any) -> int:
-        """Run one statement per row; return the rows changed."""
-
-    def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None:
-        """Raise the package error for the driver exception ``exc``, if it is one."""
-
-    def close_store(self) -> None:
-        """Close the store's connection(s)."""
-
-    def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
-        """``query`` locking the rows it selects until the transaction ends (skipping rows another
-        transaction holds, with ``skip_locked``), where the backend needs row locks."""
-
-    def require_claims(self) -> None:
-        """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""
-
-    def removals(self) -> AbstractContextManager[None]:
-        """A sweep or eviction chunk's write transaction: one at a time per store, where that matters."""
-
-    def lock_job(self, job_id: str) -> None:
-        """Inside a write: lock the job's row (before its targets), where the backend needs it."""
-
-    def lock_target(self, job_id: str, idx: int) -> None:
-        """Inside a write: lock the job's row, then the target's, where the backend needs it."""
-
-    def lock_key(self, caller: str, idem_key: str) -> None:
-        """Inside a write: hold (caller, idem_key) until the transaction ends, where the backend needs it."""
-
-    def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
-        """After ``conflict`` (a StoreConflict), run the rule's transaction again a bounded number of
-        times, or raise."""
-
-
-#: The one SQLite database object of the process: the backend whenever no other store is open.
-_sqlite = SerializedSqliteDatabase()
 
 
 class StoreDatabase(peewee.DatabaseProxy):
@@ -120,28 +52,23 @@ class StoreDatabase(peewee.DatabaseProxy):
 
     __slots__ = ("backend",)
 
-    #: The open store's database object (a :class:`~sift.dcache.sqlite.SerializedSqliteDatabase` or a
-    #: :class:`~sift.dcache.postgres.PostgresStore`): ``obj`` under the name the rules use, a plain
+    #: The open store's database object (see :mod:`.backends`): ``obj`` under the name the rules use, a plain
     #: attribute so that the hot paths read it at no cost.
     backend: Backend
 
     def __init__(self) -> None:
         super().__init__()
-        self.initialize(_sqlite)
+        self.initialize(SQLITE)
 
     def initialize(self, obj: Any) -> None:
         object.__setattr__(self, "backend", obj)
         super().initialize(obj)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Attributes set on db (a test's monkeypatch, the bench's timed lock) are the backend's.
-        if name in ("obj", "_callbacks", "_Model", "backend"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.obj, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self.obj, name)
+        # Peewee's Proxy checks the most derived class's __slots__ only, which would refuse its own.
+        if name not in ("obj", "_callbacks", "_Model", "backend"):
+            raise AttributeError(f"cannot set {name!r} on db; the open store's database is db.backend")
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return repr(self.obj)
@@ -197,8 +124,8 @@ class StoreDatabase(peewee.DatabaseProxy):
     def connection(self) -> Any:
         return self.obj.connection()
 
-    def connection_context(self) -> StoreConnection:  # type: ignore[override]
-        context: StoreConnection = self.obj.connection_context()
+    def connection_context(self) -> ConnectionBlock:  # type: ignore[override]
+        context: ConnectionBlock = self.obj.connection_context()
         return context
 
     def session_start(self) -> Any:
@@ -237,73 +164,34 @@ def open_db(
     or is damaged, and ``StoreFull`` when the disk is too full to create the schema.
     """
     text = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
-    if isinstance(text, str) and text.startswith(("postgresql://", "postgres://")):
-        _open_postgres(text, timeout=timeout, readonly=readonly, max_connections=max_connections)
+    if is_postgres_target(text):
+        backend = open_postgres(
+            text, timeout=timeout, readonly=readonly, max_connections=max_connections, release=_use_sqlite
+        )
+        db.initialize(backend)
     else:
         if max_connections is not None:
             raise StoreUnavailable("max_connections: only a PostgreSQL store pools connections")
-        if isinstance(text, str) and text.startswith("sqlite://"):
-            text = _sqlite_path(text)
+        text = sqlite_path(text)
         _use_sqlite()
-        _sqlite.open_store(text, timeout=timeout, readonly=readonly)
+        SQLITE.open_store(text, timeout=timeout, readonly=readonly)
     counters.reset()
     return db
-
-
-def _sqlite_path(url: str) -> str:
-    """The path of a ``sqlite:///path`` URL: ``sqlite:///relative.db``, ``sqlite:////absolute.db``
-    (SQLAlchemy's forms), ``sqlite://`` or ``sqlite:///:memory:`` for a private in-memory store."""
-    rest = url[len("sqlite://") :]
-    if rest in ("", "/:memory:"):
-        return ":memory:"
-    if not rest.startswith("/"):
-        raise StoreUnavailable(f"path: {url!r} is not a sqlite:///path URL")
-    return rest[1:]
 
 
 def _use_sqlite() -> None:
     """Close a PostgreSQL store if one is open, and make SQLite's database the backend again."""
     backend = db.obj
-    if backend is not _sqlite:
+    if backend is not SQLITE:
         backend.close_store()
-        db.initialize(_sqlite)
-
-
-def _open_postgres(target: str, *, timeout: float, readonly: bool, max_connections: int | None) -> None:
-    if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
-        raise StoreUnavailable(f"max_connections: must be a positive int, got {max_connections!r}")
-    try:
-        from .postgres import PostgresStore  # only now: psycopg is sift[postgres]'s
-    except ImportError as exc:
-        raise StoreUnavailable(
-            f"path: a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' ({exc})"
-        ) from exc
-    _use_sqlite()
-    _sqlite.init(None)  # closes the SQLite store; db is deferred until the new store is open
-    backend = PostgresStore(
-        target,
-        timeout=timeout,
-        readonly=readonly,
-        max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
-    )
-    try:
-        backend.open_store()
-    except Exception as exc:
-        backend.close_store()
-        shown = backend.path
-        if isinstance(exc, StoreUnavailable) and str(exc).startswith("path:"):
-            raise
-        kind = type(exc) if isinstance(exc, StoreUnavailable) else StoreUnavailable
-        cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ is not None else exc
-        raise kind(f"path: cannot open {shown!r} as a batch store: {exc}") from cause
-    db.initialize(backend)
+        db.initialize(SQLITE)
 
 
 def close_db() -> None:
     """Close the store's connection(s), after any other thread's transaction ends (on SQLite). Safe to
     call when nothing is open, and twice."""
     _use_sqlite()
-    _sqlite.close_store()
+    SQLITE.close_store()
 
 
 def retried(fn: F) -> F:

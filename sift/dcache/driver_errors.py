@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import peewee
 
 from .errors import BatchError, StoreConflict, StoreCorrupt, StoreFull, StoreReadOnly, StoreUnavailable
 
 __all__ = [
     "NOT_NULL",
+    "PEEWEE_CLASSES",
     "POSTGRES_CLASSES",
     "POSTGRES_ERRORS",
     "PRIMARY_KEY",
     "SQLITE_ERRORS",
+    "Translation",
     "failing_idx",
     "is_busy",
     "postgres_error",
@@ -220,6 +227,7 @@ def store_error(
     if name and name not in sqlite:
         sqlite = f"{name}: {sqlite}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, sqlite=sqlite))
+    store.path = path
     store.__cause__ = error
     return store
 
@@ -250,8 +258,52 @@ def _postgres_store_error(
     if state and state not in pg:
         pg = f"{state}: {pg}"
     store = cls("database: " + message.format(path=repr(path), timeout=timeout, pg=pg))
+    store.path = path
     if shows_secret:  # the driver's error is left out of the chain a traceback prints
         store.__suppress_context__ = True
     else:
         store.__cause__ = error
     return store
+
+
+# Peewee's context manager that turns driver errors into peewee.IntegrityError, OperationalError, ...
+# Peewee offers no public name for it; the backends' own statements bypass Peewee's execute_sql yet must
+# raise the same classes as Peewee's queries do.
+_PEEWEE_ERRORS: Any = vars(peewee)["__exception_wrapper__"]
+
+
+class Translation:
+    """A block whose driver errors leave as the package's errors (``raise_store_error`` decides, by code);
+    with ``peewee_classes``, those it leaves as they are go out as Peewee's error classes, as Peewee's
+    own queries raise them. One object serves every block of a backend: entering it costs no more than
+    Peewee's own wrapper, so each statement pays for one ``with`` only."""
+
+    __slots__ = ("_peewee_classes", "_raise_store_error")
+
+    def __init__(self, raise_store_error: Callable[[BaseException], None], *, peewee_classes: bool) -> None:
+        self._raise_store_error = raise_store_error
+        self._peewee_classes = peewee_classes
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None or not isinstance(exc, Exception):
+            return
+        if self._peewee_classes:
+            try:
+                _PEEWEE_ERRORS.__exit__(exc_type, exc, tb)
+            except Exception as wrapped:
+                self._raise_store_error(wrapped)
+                raise
+        self._raise_store_error(exc)
+
+
+def _as_they_are(exc: BaseException) -> None:
+    """Raise nothing: the error leaves as Peewee's class for it."""
+
+
+#: A block whose driver errors leave as Peewee's error classes only (the caller decides what they mean).
+PEEWEE_CLASSES = Translation(_as_they_are, peewee_classes=True)

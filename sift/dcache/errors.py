@@ -7,11 +7,14 @@ A failure of the database itself (disk full, I/O error, a damaged file, a lock h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 
 class BatchError(Exception):
-    """Base class of every error raised by :mod:`sift.dcache`."""
+    """Base class of every error raised by :mod:`sift.dcache`. Each carries its facts as attributes:
+    ``field`` names the argument at fault (the message starts with it), when one is."""
+
+    field: str | None = None
 
 
 class InvalidBatchInput(BatchError, ValueError):
@@ -27,15 +30,43 @@ class InvalidBatchInput(BatchError, ValueError):
 
 
 class JobNotFound(BatchError, LookupError):
-    """A write named a job id that is not in the store."""
+    """A write named a job id that is not in the store: ``job_id``."""
+
+    field = "job_id"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job_id: no job {job_id!r}")
+        self.job_id = job_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.job_id,)
 
 
 class TargetNotFound(BatchError, LookupError):
-    """A write named a (job id, idx) that is not in the store."""
+    """A write named a (``job_id``, ``idx``) that is not in the store."""
+
+    field = "idx"
+
+    def __init__(self, job_id: str, idx: int) -> None:
+        super().__init__(f"idx: job {job_id!r} has no target {idx}")
+        self.job_id = job_id
+        self.idx = idx
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.job_id, self.idx)
 
 
 class DuplicateJob(BatchError):
-    """A job with this id already exists."""
+    """A job with this id (``job_id``) already exists."""
+
+    field = "id"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"id: a job with id {job_id!r} already exists")
+        self.job_id = job_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.job_id,)
 
 
 class StoreNotOpen(BatchError, RuntimeError):
@@ -44,6 +75,16 @@ class StoreNotOpen(BatchError, RuntimeError):
 
 class StoreUnavailable(BatchError):
     """The file cannot be used now: unreadable, an I/O error, or locked past the busy timeout."""
+
+    #: The store (as shown in messages) whose database raised the driver error, when one did.
+    path: str | None = None
+
+    @classmethod
+    def of_target(cls, problem: str) -> Self:
+        """The error for a target (``open_db``'s ``path``) that cannot be a store, and why."""
+        error = cls(f"path: {problem}")
+        error.field = "path"
+        return error
 
 
 class StoreFull(StoreUnavailable):

@@ -1,19 +1,10 @@
-"""The store's files on disk: a store file sift creates is private to its owner, and gives space back.
-
-SQLite creates the ``-wal`` and ``-shm`` files with the permissions of the store file itself, so creating
-the store file with mode 0600 before SQLite opens it makes all three private, whatever the umask.
-``auto_vacuum`` must be chosen before the file's first page is written (the store's own connection writes
-it at once, turning on WAL), so a new file gets its header here too (see :mod:`.space`).
-"""
+"""Files sift creates: private to their owner, and durable once renamed into place."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import sqlite3
 
-__all__ = ["PRIVATE_MODE", "create_private", "create_store_file", "fsync_directory"]
+__all__ = ["PRIVATE_MODE", "create_private", "fsync_directory"]
 
 #: The mode of every file sift creates: read and write for the owner only.
 PRIVATE_MODE = 0o600
@@ -34,43 +25,6 @@ def create_private(path: str) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def create_store_file(path: str) -> bool:
-    """Create the store file ``path`` if it does not exist: mode 0600, incremental auto-vacuum, WAL.
-    Return whether this call created it; an existing file is not touched.
-
-    The header is written to a temporary file that is then hard-linked to ``path``, so the store file
-    appears complete: another process opening the same new path at the same moment (web workers starting
-    together) finds either no file or this one, never an empty file it would give a header of its own.
-    """
-    if os.path.lexists(path):
-        return False
-    folder, name = os.path.split(os.path.abspath(path))
-    temp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.sift-new")
-    if not create_private(temp):
-        return create_private(path)  # the folder refuses the name: let SQLite report why, if it must
-    try:
-        try:
-            conn = sqlite3.connect(temp, isolation_level=None)
-            try:
-                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                conn.execute("PRAGMA journal_mode = WAL").fetchall()  # writes the header
-            finally:
-                conn.close()
-        except sqlite3.Error:
-            return create_private(path)  # a full disk, say: SQLite meets it next and reports it
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            return False  # another process was first: its file is the store
-        except OSError:  # a file system without hard links
-            return create_private(path)
-        return True
-    finally:
-        for leftover in (temp, temp + "-wal", temp + "-shm", temp + "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
 
 
 def fsync_directory(path: str) -> None:

@@ -9,11 +9,11 @@ connection for long; each call still removes everything due before it returns.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import peewee
 
-from . import checks, driver_errors, space
+from . import driver_errors, space, validation
 from .counters import counters
 from .database import db, retried
 from .errors import DuplicateJob, JobNotFound, TargetNotFound
@@ -29,16 +29,18 @@ from .models import (
     JobStatus,
     TargetStatus,
 )
-from .statements import Inline, Slot, Statement, literal
+from .space import TRANSACTIONS_PER_CHECKPOINT
+from .statements import Slot, Statement, literal
+from .validation import Duration
 
 J = BatchJob
 T = BatchTarget
+#: Values written into the SQL as literals, not bound: SQLite matches a partial index only so.
+Inline = peewee.ValueLiterals
 
 #: Roughly how many rows one sweep or eviction transaction deletes (a job and its targets count
 #: together; a single job larger than this is still deleted whole, in one transaction).
 ROWS_PER_TRANSACTION = 500
-#: Sweep and eviction transactions between two checkpoints (run with the lock free).
-TRANSACTIONS_PER_CHECKPOINT = 4
 #: How many candidate jobs one sweep or eviction transaction looks at.
 JOBS_PER_TRANSACTION = 256
 
@@ -131,25 +133,22 @@ _SET_JOB_STATUS = Statement(
     )
 )
 _TOUCH = Statement(lambda: J.update({J.lease: Slot("now")}).where(J.id == Slot("job_id")))
-_MARK_FAILED = Statement(
-    lambda: J.update(
-        {
-            J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
-            J.error: Slot("reason"),
-            J.lease: Slot("now"),
-        }
-    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
-)
 
-_RESCUE = Statement(
-    lambda: J.update(
+
+def _fail_live(where: peewee.ColumnBase | None = None) -> peewee.Node:
+    """Live jobs (also matching ``where``) become failed, with the reason as their error."""
+    live = Inline(J.status.in_(LIVE_JOB_STATUSES))
+    return J.update(
         {
             J.status: Inline(peewee.Value(JobStatus.FAILED.value)),
             J.error: Slot("reason"),
             J.lease: Slot("now"),
         }
-    ).where(Inline(J.status.in_(LIVE_JOB_STATUSES)) & (J.lease <= Slot("cutoff")))
-)
+    ).where(live if where is None else live & where)
+
+
+_MARK_FAILED = Statement(_fail_live)
+_RESCUE = Statement(lambda: _fail_live(J.lease <= Slot("cutoff")))
 
 
 def _pending(target: Any) -> peewee.Node:
@@ -220,7 +219,7 @@ def _evictable() -> peewee.Node:
     return Inline((J.nbytes > 0) & J.status.in_(FINISHED_JOB_STATUSES))
 
 
-# A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see postgres.py).
+# A job a writer holds is being refreshed: sweep skips it. Eviction waits for it (see PostgreSQL's rules).
 # ORDER BY lease: without it PostgreSQL's generic plan (psycopg prepares a statement run 5 times) may guess a
 # third of the jobs expired and pick a sequential scan, reading every row when none is.
 _ANY_EXPIRED = Statement(
@@ -269,13 +268,13 @@ def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None
 
 
 def submit_batch_job(
-    job: BatchJob, targets: Iterable[BatchTarget] | None, ttl: Any, *, now: int | None = None
+    job: BatchJob, targets: Iterable[BatchTarget] | None, ttl: Duration, *, now: int | None = None
 ) -> tuple[str, bool]:
     """The idempotent create, in one write transaction: ``(id, False)`` for the job ``batch_job_by_idem``
     finds for ``(job.caller, job.idem_key)``, writing nothing (``targets`` are not read); otherwise
     ``create_batch_job(job, targets)`` and ``(job.id, True)``. An empty key always creates."""
     values = _job_values(job)
-    cutoff = checks.cutoff(checks.now(now), ttl)
+    cutoff = validation.cutoff(validation.now(now), ttl)
     caller, idem_key = values["caller"], values["idem_key"]
     with db.write():
         if idem_key:
@@ -296,12 +295,12 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
 
     Each idx must lie in ``0..targets_total-1`` and not be stored yet; ``job_id`` and ``status`` may be unset.
     """
-    job_id = checks.job_id(job_id)
+    job_id = validation.job_id(job_id)
     with db.write():
         db.backend.lock_job(job_id)  # a sweep cannot delete the job between these statements
         total = _TARGETS_TOTAL.scalar(job_id=job_id)
         if total is None:
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
         put = _insert_targets(job_id, total, targets)
     counters.add("targets_put", put)
 
@@ -322,17 +321,17 @@ def update_batch_target(
     The job's targets_done counts each target once, on its first move into done/failed; its nbytes
     follows the UTF-8 size of the stored results. A finished target cannot go back to pending/running.
     """
-    job_id = checks.job_id(job_id)
-    idx = checks.count("idx", idx)
-    status = checks.target_status(status)
+    job_id = validation.job_id(job_id)
+    idx = validation.count("idx", idx)
+    status = validation.target_status(status)
     final = status in FINAL_TARGET_STATUSES
     if not final and (result is not None or error is not None or hint is not None):
         field = "result" if result is not None else "error" if error is not None else "hint"
-        checks.invalid(field, f"may only be given with status done or failed, not {status}")
-    size = 0 if result is None else checks.utf8_size("result", result)
-    error = checks.optional_text("error", error)
-    hint = checks.optional_text("hint", hint)
-    now = checks.now(now)
+        validation.invalid(field, f"may only be given with status done or failed, not {status}")
+    size = 0 if result is None else validation.utf8_size("result", result)
+    error = validation.optional_text("error", error)
+    hint = validation.optional_text("hint", hint)
+    now = validation.now(now)
     with db.write():
         db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
         if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now):
@@ -344,31 +343,31 @@ def update_batch_target(
 @retried
 def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int | None = None) -> None:
     """Set the job's status and error, and its lease to ``now``."""
-    job_id = checks.job_id(job_id)
-    status = checks.job_status(status)
-    error = checks.text("error", error)
-    now = checks.now(now)
+    job_id = validation.job_id(job_id)
+    status = validation.job_status(status)
+    error = validation.text("error", error)
+    now = validation.now(now)
     with db.write():
         if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now):
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
 
 
 @retried
 def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
     """Set the job's lease to ``now``: a consumer's read keeps the job alive through this call."""
-    job_id = checks.job_id(job_id)
-    now = checks.now(now)
+    job_id = validation.job_id(job_id)
+    now = validation.now(now)
     with db.write():
         if not _TOUCH.run(job_id=job_id, now=now):
-            _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+            _write_miss(JobNotFound(job_id))
 
 
 @retried
 def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
     """Restart reconciliation: every queued or running job becomes failed with ``error = reason``
     and ``lease = now``. Returns how many jobs changed."""
-    reason = checks.text("reason", reason)
-    now = checks.now(now)
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
     with db.write():
         marked = _MARK_FAILED.run(reason=reason, now=now)
     counters.add("jobs_marked_failed", marked)
@@ -382,9 +381,9 @@ def claim_batch_targets(
     """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
     each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
     claimed from becomes running with ``lease = now``. No target is ever handed to two claimers."""
-    limit = checks.positive("limit", limit)
-    per_job = limit if per_job is None else checks.positive("per_job", per_job)
-    now = checks.now(now)
+    limit = validation.positive("limit", limit)
+    per_job = limit if per_job is None else validation.positive("per_job", per_job)
+    now = validation.now(now)
     db.backend.require_claims()
     claimed: list[Any] = []
     with db.write():
@@ -412,25 +411,25 @@ def _claim_from_job(job_id: str, take: int, now: int) -> list[Any]:
 
 
 @retried
-def rescue_stale_jobs(stale_after: Any, reason: str, *, now: int | None = None) -> int:
+def rescue_stale_jobs(stale_after: Duration, reason: str, *, now: int | None = None) -> int:
     """Every queued or running job whose lease is at least ``stale_after`` old (``lease + stale_after <=
     now``) becomes failed with ``error = reason`` and ``lease = now``; its targets stay as they are.
     Returns how many jobs changed. Safe from every host at any time."""
-    reason = checks.text("reason", reason)
-    now = checks.now(now)
-    cutoff = checks.cutoff(now, stale_after, "stale_after")
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
+    cutoff = validation.cutoff(now, stale_after, "stale_after")
     with db.write():
         rescued = _RESCUE.run(reason=reason, now=now, cutoff=cutoff)
     counters.add("jobs_rescued", rescued)
     return rescued
 
 
-def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
+def sweep_batch(ttl: Duration, *, now: int | None = None) -> int:
     """Delete every job, whatever its status, whose ``lease + ttl <= now``, with its targets.
 
     The only removal by time. Returns the number of jobs deleted.
     """
-    cutoff = checks.cutoff(checks.now(now), ttl)
+    cutoff = validation.cutoff(validation.now(now), ttl)
     if not _ANY_EXPIRED.rows(cutoff=cutoff):  # the usual case: one read, locking nothing
         return 0
     swept = chunks = 0
@@ -451,7 +450,7 @@ def sweep_batch(ttl: Any, *, now: int | None = None) -> int:
 def evict_batch_oldest(max_bytes: int) -> int:
     """Evict whole finished jobs holding bytes, oldest lease first (then created_at, then id),
     until ``batch_nbytes() <= max_bytes``. Queued and running jobs are never evicted."""
-    max_bytes = checks.count("max_bytes", max_bytes)
+    max_bytes = validation.count("max_bytes", max_bytes)
     if batch_nbytes() <= max_bytes:  # the runner's usual case: one read, no transaction
         return 0
     evicted = chunks = 0
@@ -488,28 +487,25 @@ def _evict_chunk(max_bytes: int) -> tuple[int, list[Any]]:
         return deleted, chosen
 
 
-def sweep_candidates(ttl: Any, *, now: int | None = None) -> list[BatchJob]:
+def sweep_candidates(ttl: Duration, *, now: int | None = None) -> list[BatchJob]:
     """The jobs ``sweep_batch(ttl, now=now)`` would delete, oldest lease first. Reads only."""
-    cutoff = checks.cutoff(checks.now(now), ttl)
+    cutoff = validation.cutoff(validation.now(now), ttl)
     return [BatchJob.from_row(JOB_COLUMNS, row) for row in _SWEEP_CANDIDATES.rows(cutoff=cutoff)]
 
 
 def evict_candidates(max_bytes: int) -> list[BatchJob]:
     """The jobs ``evict_batch_oldest(max_bytes)`` would evict, in its order. Reads only."""
-    max_bytes = checks.count("max_bytes", max_bytes)
+    max_bytes = validation.count("max_bytes", max_bytes)
     chosen: list[BatchJob] = []
-    with db.lock:
+    with db.backend.hold():
         excess = batch_nbytes() - max_bytes
         if excess > 0:
-            try:
-                for row in db.run_sql(*_EVICT_CANDIDATES.bind({})):  # streamed: it stops at the excess
+            with db.backend.errors():
+                for row in db.backend.run_sql(*_EVICT_CANDIDATES.bind({})):  # streamed: stops at the excess
                     chosen.append(BatchJob.from_row(JOB_COLUMNS, row))
                     excess -= chosen[-1].nbytes
                     if excess <= 0:
                         break
-            except Exception as exc:
-                db.raise_store_error(exc)
-                raise
     return chosen
 
 
@@ -538,12 +534,12 @@ def batch_targets(job_id: str) -> list[BatchTarget] | None:
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
 
 
-def batch_job_by_idem(caller: str, idem_key: str, ttl: Any, *, now: int | None = None) -> str | None:
+def batch_job_by_idem(caller: str, idem_key: str, ttl: Duration, *, now: int | None = None) -> str | None:
     """The id of this caller's newest job with this idem_key whose ``lease + ttl > now`` and whose
     status is queued, running, done or partial; an empty key never matches."""
-    caller = checks.text("caller", caller)
-    idem_key = checks.text("idem_key", idem_key)
-    cutoff = checks.cutoff(checks.now(now), ttl)
+    caller = validation.text("caller", caller)
+    idem_key = validation.text("idem_key", idem_key)
+    cutoff = validation.cutoff(validation.now(now), ttl)
     found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
     counters.add("batch_idem_miss" if found is None else "batch_idem_hit")
     return None if found is None else str(found)
@@ -551,7 +547,7 @@ def batch_job_by_idem(caller: str, idem_key: str, ttl: Any, *, now: int | None =
 
 def live_batch_jobs(caller: str) -> int:
     """How many of this caller's jobs are queued or running."""
-    return int(_LIVE.scalar(caller=checks.text("caller", caller)))
+    return int(_LIVE.scalar(caller=validation.text("caller", caller)))
 
 
 def live_batch_jobs_total() -> int:
@@ -569,39 +565,39 @@ def batch_nbytes() -> int:
 
 
 def _read_id(job_id: Any) -> str:
-    return checks.text("job_id", job_id)  # the empty id is allowed here: it is simply a miss
+    return validation.text("job_id", job_id)  # the empty id is allowed here: it is simply a miss
 
 
-def _write_miss(exc: LookupError) -> Any:
+def _write_miss(exc: LookupError) -> NoReturn:
     counters.add("batch_write_miss")
     raise exc
 
 
 def _explain_target_miss(job_id: str, idx: int, status: str) -> None:
     if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
-        _write_miss(JobNotFound(f"job_id: no job {job_id!r}"))
+        _write_miss(JobNotFound(job_id))
     current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
     if current is None:
-        _write_miss(TargetNotFound(f"idx: job {job_id!r} has no target {idx}"))
-    checks.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
+        _write_miss(TargetNotFound(job_id, idx))
+    validation.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
 
 
 def _job_values(job: Any) -> dict[str, Any]:
     if not isinstance(job, BatchJob):
-        checks.invalid("job", f"must be a BatchJob, got {type(job).__name__}")
+        validation.invalid("job", f"must be a BatchJob, got {type(job).__name__}")
     data = job.__data__
     values: dict[str, Any] = {
-        "id": checks.text("id", data.get("id"), allow_empty=False),
-        "caller": checks.text("caller", data.get("caller"), allow_empty=False),
-        "caller_class": checks.caller_class(data.get("caller_class")),
-        "idem_key": checks.text("idem_key", data.get("idem_key")),
-        "status": checks.job_status(data.get("status")),
-        "error": checks.text("error", data.get("error")),
+        "id": validation.text("id", data.get("id"), allow_empty=False),
+        "caller": validation.text("caller", data.get("caller"), allow_empty=False),
+        "caller_class": validation.caller_class(data.get("caller_class")),
+        "idem_key": validation.text("idem_key", data.get("idem_key")),
+        "status": validation.job_status(data.get("status")),
+        "error": validation.text("error", data.get("error")),
     }
     for name in ("targets_total", "targets_done", "created_at", "lease", "nbytes"):
-        values[name] = checks.count(name, data.get(name))
+        values[name] = validation.count(name, data.get(name))
     if values["targets_done"] > values["targets_total"]:
-        checks.invalid("targets_done", f"must be at most targets_total ({values['targets_total']})")
+        validation.invalid("targets_done", f"must be at most targets_total ({values['targets_total']})")
     return values
 
 
@@ -611,7 +607,7 @@ def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None) -
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:
         if driver_errors.violated(exc) == driver_errors.PRIMARY_KEY:
-            raise DuplicateJob(f"id: a job with id {values['id']!r} already exists") from exc
+            raise DuplicateJob(values["id"]) from exc
         raise
     return 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
 
@@ -622,21 +618,23 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
     try:
         targets = iter(targets)
     except TypeError:
-        checks.invalid("targets", f"must be an iterable of BatchTarget, got {type(targets).__name__}")
+        validation.invalid("targets", f"must be an iterable of BatchTarget, got {type(targets).__name__}")
     try:
         rows = _target_rows(job_id, total, targets, last)
         inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
     except UnicodeEncodeError:
         _, idx, url, _, _ = last[0]
-        checks.invalid("url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})")
+        validation.invalid(
+            "url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})"
+        )
     except peewee.IntegrityError as exc:
         idx = driver_errors.failing_idx(exc, job_id)
         idx = last[0][1] if idx is None else idx
         violated = driver_errors.violated(exc)
         if violated == driver_errors.NOT_NULL:  # the only NULL a checked row can hold: json_or_null's
-            checks.invalid("options", f"is not valid JSON text (target {idx})")
+            validation.invalid("options", f"is not valid JSON text (target {idx})")
         if violated == driver_errors.PRIMARY_KEY:
-            checks.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
+            validation.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
         raise
     return inserted
 
@@ -647,23 +645,25 @@ def _target_rows(
     """Check each target (cheap checks in Python, JSON and UTF-8 by SQLite) and yield its row."""
     for target in targets:
         if not isinstance(target, BatchTarget):
-            checks.invalid("targets", f"each target must be a BatchTarget, got {type(target).__name__}")
+            validation.invalid("targets", f"each target must be a BatchTarget, got {type(target).__name__}")
         data = target.__data__
         idx = data.get("idx")
         if type(idx) is not int or not 0 <= idx < total:
-            checks.invalid("idx", f"must be an int in 0..{total - 1} (targets_total - 1), got {idx!r}")
+            validation.invalid("idx", f"must be an int in 0..{total - 1} (targets_total - 1), got {idx!r}")
         url = data.get("url")
         if type(url) is not str or not url:
-            checks.invalid("url", f"must be a non-empty str (target {idx})")
+            validation.invalid("url", f"must be a non-empty str (target {idx})")
         if "\x00" in url:
-            checks.invalid("url", f"{checks.NUL_PROBLEM} (target {idx})")
+            validation.invalid("url", f"{validation.NUL_PROBLEM} (target {idx})")
         options = data.get("options")
         if type(options) is not str:
-            options = checks.options_text(options)
+            options = validation.options_text(options)
         elif "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
-            checks.invalid("options", f"is not valid JSON text (target {idx})")
-        if checks.json_too_deep(options):  # one limit for both backends: SQLite's
-            checks.invalid("options", f"is nested deeper than {checks.MAX_JSON_DEPTH} levels (target {idx})")
+            validation.invalid("options", f"is not valid JSON text (target {idx})")
+        if validation.json_too_deep(options):  # one limit for both backends: SQLite's
+            validation.invalid(
+                "options", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels (target {idx})"
+            )
         if len(data) > 3:  # idx, url and options are set, and so is some other field
             _check_unset_fields(data, job_id, idx)
         last[0] = (job_id, idx, url, options, options)
@@ -673,12 +673,12 @@ def _target_rows(
 def _check_unset_fields(data: dict[str, Any], job_id: str, idx: int) -> None:
     """A target to put may name its own job and the pending status, and nothing a run writes."""
     if data.get("job") not in (None, job_id):
-        checks.invalid("job_id", f"target {idx} names job {data['job']!r}, not {job_id!r}")
+        validation.invalid("job_id", f"target {idx} names job {data['job']!r}, not {job_id!r}")
     if data.get("status") not in (None, "pending"):
-        checks.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
+        validation.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
     for name in ("result", "error", "hint"):
         if data.get(name) is not None:
-            checks.invalid(name, f"target {idx} cannot have a {name} before it runs")
+            validation.invalid(name, f"target {idx} cannot have a {name} before it runs")
 
 
 def _encodes(value: str) -> bool:

@@ -1,6 +1,6 @@
 """Disk space that follows the data: free pages go back to the file system a few at a time.
 
-A new store is created with ``auto_vacuum = INCREMENTAL`` (see :func:`.files.create_store_file`): SQLite
+A new store is created with ``auto_vacuum = INCREMENTAL`` (see the SQLite backend's ``files`` module): SQLite
 then keeps a map of every page's parent, so ``PRAGMA incremental_vacuum`` can move the last pages of the
 file into free ones and cut the file short. Sweep and eviction call :func:`reclaim_free_pages` inside
 each chunk's transaction, a bounded number of pages at a time, then :func:`reclaim_all` for whatever the
@@ -20,19 +20,16 @@ of each of the store's tables (with its indexes and TOAST) and the server's coun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .backends import INCREMENTAL
 from .database import db
 from .errors import StoreReadOnly, StoreUnavailable
-from .sqlite import SerializedSqliteDatabase
+from .reports import RelationSpace, RelationVacuumReport, StoreSpace, VacuumReport
+from .tables import STORE_TABLES
 
 __all__ = [
+    "FREED_PAGES_PER_STEP",
+    "TRANSACTIONS_PER_CHECKPOINT",
     "INCREMENTAL",
-    "PAGES_PER_STEP",
-    "RelationSpace",
-    "RelationVacuumReport",
-    "StoreSpace",
-    "VacuumReport",
     "file_backed",
     "reclaim_all",
     "reclaim_free_pages",
@@ -42,76 +39,23 @@ __all__ = [
     "vacuum_store",
 ]
 
-#: The store's tables on PostgreSQL, in the order :func:`relation_space` lists them.
-STORE_RELATIONS = ("batch_job", "batch_target", "batch_totals", "sift_schema")
 
-#: ``PRAGMA auto_vacuum``'s value for INCREMENTAL (0 is NONE, 1 FULL).
-INCREMENTAL = 2
+#: Write transactions in a row between two checkpoints inside ``bulk_writes()`` (sweep and eviction chunks,
+#: and :func:`reclaim_all`'s steps); the checkpoints run with the lock free.
+TRANSACTIONS_PER_CHECKPOINT = 4
 
-#: Most free pages one step gives back, with the lock held (see scripts/bench.py, case disk/evict_90).
-PAGES_PER_STEP = 256
-
-
-@dataclass(frozen=True)
-class StoreSpace:
-    """How the store file's pages are used: read from SQLite's header, without a scan."""
-
-    page_size: int
-    page_count: int
-    free_pages: int
-    auto_vacuum: int  # 0 NONE, 1 FULL, 2 INCREMENTAL
-
-    @property
-    def live_bytes(self) -> int:
-        """Bytes of the pages in use."""
-        return (self.page_count - self.free_pages) * self.page_size
-
-    @property
-    def reclaimable_bytes(self) -> int:
-        """Bytes of the free pages, which :func:`vacuum_store` gives back to the file system."""
-        return self.free_pages * self.page_size
-
-
-@dataclass(frozen=True)
-class VacuumReport:
-    """What :func:`vacuum_store` did."""
-
-    converted: bool  # the file was rewritten to auto_vacuum = INCREMENTAL
-    before: StoreSpace
-    after: StoreSpace
-
-
-@dataclass(frozen=True)
-class RelationSpace:
-    """The store's tables on PostgreSQL: each one's bytes on disk (``pg_total_relation_size``: the table,
-    its indexes and TOAST) and its dead rows as the server's statistics count them (an estimate that
-    autovacuum and ANALYZE refresh)."""
-
-    table_bytes: dict[str, int]
-    dead_rows: dict[str, int]
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of all of the store's tables, with their indexes."""
-        return sum(self.table_bytes.values())
-
-
-@dataclass(frozen=True)
-class RelationVacuumReport:
-    """What :func:`vacuum_relations` did: the tables' space before and after ``VACUUM (ANALYZE)``."""
-
-    before: RelationSpace
-    after: RelationSpace
+#: Most free pages one step gives back, with the lock held (steps of up to 256 took under 5 ms: see above).
+FREED_PAGES_PER_STEP = 256
 
 
 def _pragma(name: str) -> int:
-    return int(db.fetch_one(f"PRAGMA {name}", ())[0])
+    return db.backend.pragma_value(name)
 
 
 def file_backed(call: str | None = None) -> bool:
     """Whether the open store is a SQLite file (or memory): pages and their free list are SQLite's, and
     PostgreSQL's autovacuum gives space back by itself. With ``call``, a PostgreSQL store is refused."""
-    if isinstance(db.backend, SerializedSqliteDatabase):
+    if db.backend.has_pages:
         return True
     if call is not None:
         raise StoreUnavailable(
@@ -126,20 +70,11 @@ def relation_space() -> RelationSpace:
     (the server's statistics). Raises ``StoreUnavailable`` on SQLite (see :func:`store_space`)."""
     if file_backed():
         raise StoreUnavailable("relation_space: a PostgreSQL store's tables; a SQLite file has store_space()")
-    schema = db.backend.schema  # type: ignore[attr-defined]
-    rows = db.fetch_all(_RELATION_SPACE, (schema, list(STORE_RELATIONS)))
-    found = {name: (int(size), int(dead)) for name, size, dead in rows}
+    found = db.backend.relation_sizes()
     return RelationSpace(
-        table_bytes={name: found[name][0] for name in STORE_RELATIONS if name in found},
-        dead_rows={name: found[name][1] for name in STORE_RELATIONS if name in found},
+        table_bytes={name: found[name][0] for name in STORE_TABLES if name in found},
+        dead_rows={name: found[name][1] for name in STORE_TABLES if name in found},
     )
-
-
-# The tables of the store's schema: size with indexes and TOAST, and the statistics' dead rows.
-_RELATION_SPACE = """SELECT c.relname, pg_total_relation_size(c.oid), COALESCE(s.n_dead_tup, 0)
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
-    WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r'"""
 
 
 def vacuum_relations() -> RelationVacuumReport:
@@ -156,7 +91,7 @@ def vacuum_relations() -> RelationVacuumReport:
     if db.in_transaction():
         raise StoreUnavailable("vacuum_relations: VACUUM cannot run inside a transaction; call it after")
     before = relation_space()
-    db.run_sql(f"VACUUM (ANALYZE) {', '.join(STORE_RELATIONS)}", ())
+    db.run_sql(f"VACUUM (ANALYZE) {', '.join(STORE_TABLES)}", ())
     return RelationVacuumReport(before=before, after=relation_space())
 
 
@@ -164,30 +99,16 @@ def store_space() -> StoreSpace:
     """The open store's page size, pages, free pages and auto_vacuum mode (of the main file as of its
     last commit: pages still only in the -wal file included)."""
     file_backed("store_space")
-    with db.lock:
-        return StoreSpace(
-            page_size=_pragma("page_size"),
-            page_count=_pragma("page_count"),
-            free_pages=_pragma("freelist_count"),
-            auto_vacuum=_pragma("auto_vacuum"),
-        )
+    page_size, page_count, free_pages, auto_vacuum = db.backend.page_stats()
+    return StoreSpace(
+        page_size=page_size, page_count=page_count, free_pages=free_pages, auto_vacuum=auto_vacuum
+    )
 
 
 def reclaim_free_pages(limit: int | None = None) -> int:
     """Give back up to ``limit`` free pages, in the caller's write transaction; return how many. Does
     nothing on a file without incremental auto_vacuum."""
-    if not file_backed():
-        return 0
-    limit = PAGES_PER_STEP if limit is None else limit
-    with db.lock:
-        if _pragma("auto_vacuum") != INCREMENTAL:
-            return 0
-        pages = min(limit, _pragma("freelist_count"))
-        # Each execution moves one page: the pragma yields a row per page, with no columns, and the
-        # sqlite3 module steps a statement without columns only once.
-        for _ in range(pages):
-            db.run_sql("PRAGMA incremental_vacuum", ())
-        return pages
+    return db.backend.reclaim_free_pages(FREED_PAGES_PER_STEP if limit is None else limit)
 
 
 def reclaim_all(limit: int | None = None) -> int:
@@ -198,7 +119,8 @@ def reclaim_all(limit: int | None = None) -> int:
     freed = steps = 0
     while _pragma("freelist_count") > 0:  # the usual case after a chunk: 0 already, no transaction
         steps += 1
-        if steps % 4 == 0:  # inside bulk_writes() no COMMIT checkpoints: keep the -wal file short
+        # Inside bulk_writes() no COMMIT checkpoints: keep the -wal file short.
+        if steps % TRANSACTIONS_PER_CHECKPOINT == 0:
             db.checkpoint()
         with db.write():
             step = reclaim_free_pages(limit)
@@ -218,9 +140,7 @@ def vacuum_store() -> VacuumReport:
     before = store_space()
     converted = before.auto_vacuum != INCREMENTAL
     if converted:
-        with db.lock:
-            db.execute_sql(f"PRAGMA auto_vacuum = {INCREMENTAL}")
-            db.execute_sql("VACUUM")
+        db.backend.convert_to_incremental()
     else:
         with db.bulk_writes():
             reclaim_all()

@@ -1,7 +1,9 @@
 """Peewee queries compiled to SQL once, run on the shared connection with only their parameters bound.
 
 Compiling a query costs several times what SQLite needs to run a one-row update, so the manager builds
-each query once, with :class:`Slot` placeholders, and binds values by name on every call.
+each query once, with :class:`Slot` placeholders, and binds values by name on every call. Where a value
+must be written into the SQL instead (so SQLite can match a partial index, or a constant LIMIT is costed as
+itself: see :func:`literal`), the manager wraps it in Peewee's ``ValueLiterals``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Any
 
 import peewee
 
-from .database import Backend, db
+from .backends import Backend
+from .database import db
 
-__all__ = ["Inline", "Slot", "Statement", "literal"]
+__all__ = ["Slot", "Statement", "literal"]
 
 
 class _SlotValue:
@@ -36,25 +39,11 @@ class Slot(peewee.ColumnBase):
         return ctx
 
 
-class Inline(peewee.Node):
-    """Renders its expression with values as SQL literals, so SQLite can match a partial index (and a
-    constant LIMIT is costed as itself: see :func:`literal`)."""
-
-    def __init__(self, node: peewee.Node) -> None:
-        super().__init__()
-        self.node = node
-
-    def __sql__(self, ctx: peewee.Context) -> peewee.Context:
-        with ctx(value_literals=True):
-            ctx.sql(self.node)  # type: ignore[no-untyped-call]
-        return ctx
-
-
-def literal(value: int) -> Inline:
+def literal(value: int) -> peewee.ValueLiterals:
     """``value`` written into the SQL, not bound. For a LIMIT: with ``LIMIT $1`` PostgreSQL's generic plan
     guesses a tenth of the rows, costs far more than a custom plan, and so is never chosen: the statement is
     planned again on every run (``tests/test_postgres_plans.py``)."""
-    return Inline(peewee.Value(value))
+    return peewee.ValueLiterals(peewee.Value(value))
 
 
 class _Compiled:

@@ -71,7 +71,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     """Run a sweep or eviction with db.lock timed and a reader thread polling batch_job."""
     os.sync()  # no writeback of earlier groups' files (or their deletion) left to stall the timed run
     lock = TimedLock(dcache.db.lock)
-    dcache.db.lock = lock  # no public hook times the store's lock: the proxy stands in for this run only
+    dcache.db.obj.lock = lock  # no public hook times the store's lock: the proxy stands in for this run only
     reader = Reader("keep-0000000")
     try:
         reader.start()
@@ -82,7 +82,7 @@ def timed_removal(label: str, run: Callable[[], int], expect: int) -> dict[str, 
     finally:
         reader.stop.set()
         reader.join()
-        dcache.db.lock = lock.inner
+        dcache.db.obj.lock = lock.inner
     if removed != expect:
         raise AssertionError(f"{label}: removed {removed} jobs, expected {expect}")
     mine = threading.get_ident()

@@ -13,7 +13,7 @@ from sift.dcache import manager, statements
 
 # The baselines send the store's own statement texts (manager's compiled statements, the total's read), so
 # that only the package's own work differs; no public API exposes them.
-from sift.dcache.sqlite import TOTAL_NBYTES_SQL
+from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
 from sift.testing import make_job, make_targets
 
 from ..fixtures import Builder, PgBuilder, raw_connect
@@ -285,13 +285,14 @@ class PgBaseline:
     package opens its write transaction."""
 
     def __init__(self, conn: Any) -> None:
-        from sift.dcache import postgres  # the row lock and total's read it sends: private texts
+        # The row lock it sends: a private text.
+        from sift.dcache.backends.postgres import rules
 
         self.conn = conn
-        self.lock_target_sql = postgres._LOCK_TARGET
+        self.lock_target_sql = rules._LOCK_TARGET
         self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
         self.set_target_sql = manager._SET_TARGET.sql
-        self.total_sql = postgres.PostgresStore.total_nbytes_sql
+        self.total_sql = dcache.db.total_nbytes_sql
         #: What one runner step sends, besides BEGIN and COMMIT.
         self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from sift import dcache
+from sift.dcache.backends.sqlite import database as sqlite_database
+from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 from sift.testing import make_job, make_targets
 
 from ..harness import Report, alternate, perf_ns
@@ -18,9 +20,16 @@ from ..sizes import T0, Sizes
 #: Processes writing at once.
 TAIL_PROCESSES = 4
 TAIL_WORKLOADS = ("update_batch_target", "mix")
-#: The two ways a writer waits for another process's transaction: SQLite's busy handler alone (the store's
-#: private switch ``_queue_writers`` off: no public API chooses it), and the writers' queue.
+#: The two ways a writer waits for another process's transaction: SQLite's busy handler alone (a queue
+#: that is never taken stands in for the writers' queue: no public API turns it off), and the queue.
 TAIL_SIDES = {"busy_handler": False, "queue": True}
+
+
+class NoQueue(WriterQueue):
+    """A writers' queue that is never taken: writers wait in SQLite's busy handler alone."""
+
+    def __init__(self, store_path: str | None, timeout: float) -> None:
+        super().__init__(None, timeout)
 
 
 def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, barrier: Any, out: Any) -> None:
@@ -28,7 +37,8 @@ def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, ba
     in µs, error) on ``out``. ``mix``: 60% target results, 20% creates of 10 targets, 20% idempotent
     submits of 5 (a key in two repeats)."""
     try:
-        dcache.db._queue_writers = queued
+        if not queued:  # this process only: each writer is a process of its own
+            sqlite_database.WriterQueue = NoQueue  # type: ignore[attr-defined]
         dcache.open_db(path)
         rng = random.Random(tag)
         latencies: list[float] = []

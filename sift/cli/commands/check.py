@@ -10,7 +10,8 @@ import argparse
 import os
 
 from sift import dcache
-from sift.dcache.check import REPAIRABLE, Repair, Violation
+from sift.dcache.integrity import REPAIRABLE
+from sift.dcache.reports import Repair, Violation
 
 from ..progress import bars_enabled, make_bar
 from ..report import emit_json, format_count, plural

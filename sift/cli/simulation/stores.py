@@ -16,6 +16,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from sift.dcache import tables
+
 from ..store import OPEN_TIMEOUT_S, CommandError, is_postgres
 
 __all__ = [
@@ -26,11 +28,10 @@ __all__ = [
     "shown_store",
 ]
 
-# TODO(merge): tables
 #: The tables of a store file; on PostgreSQL also its schema's version table. A file or schema with any
 #: other table is someone else's database.
-STORE_TABLES = frozenset({"batch_job", "batch_target", "batch_totals"})
-POSTGRES_STORE_TABLES = STORE_TABLES | {"sift_schema"}
+POSTGRES_STORE_TABLES = frozenset(tables.STORE_TABLES)
+STORE_TABLES = POSTGRES_STORE_TABLES - {tables.VERSION_TABLE}
 
 
 def new_simulation_store() -> str:
@@ -81,7 +82,7 @@ def postgres_simulation_store(target: str, source: str) -> tuple[str, str | None
     """
     import psycopg  # the CLI reaches here only for a postgresql:// target
 
-    from sift.dcache.postgres import parse_target
+    from sift.dcache.backends import parse_target
 
     url, schema = parse_target(target)  # StoreUnavailable ("schema: ...") for a name sift does not use
     query = urllib.parse.parse_qsl(urllib.parse.urlsplit(target).query, keep_blank_values=True)
@@ -127,7 +128,7 @@ def shown_store(target: str) -> str:
     """The store as the summary names it: a PostgreSQL URL without its password."""
     if not is_postgres(target):
         return target
-    from sift.dcache.postgres import shown_url
+    from sift.dcache.backends import shown_url
 
     return shown_url(target)
 

@@ -111,7 +111,11 @@ def now(value: Any) -> int:
     return unix_now() if value is None else count("now", value)
 
 
-def cutoff(now: int, ttl: Any, field: str = "ttl") -> int:
+#: A time to live or a staleness bound: seconds (int or float), or a timedelta.
+Duration = float | datetime.timedelta
+
+
+def cutoff(now: int, ttl: Duration, field: str = "ttl") -> int:
     """The largest lease with ``lease + ttl <= now``; a job is expired iff ``lease <= cutoff``.
 
     Comparing the bare column lets SQLite use the lease index; ``lease + ttl <= now`` could not.

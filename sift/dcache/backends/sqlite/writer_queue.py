@@ -1,17 +1,15 @@
 """The writers' queue of a SQLite store: an OS file lock that processes take before ``BEGIN IMMEDIATE``.
 
-SQLite's busy handler does not queue: a writer that finds the file locked sleeps 1, 2, 5, 10, … up to
-100 ms between tries, while the process holding the lock commits and begins again at once. With four
-processes writing one file, most calls took under a millisecond and the unlucky ones 84 to 574 ms. Here a
-write transaction first takes an exclusive ``flock`` on ``<store>-lock``, and holds it until its COMMIT
-or ROLLBACK: waiting writers sleep in the kernel and wake the moment it is released, instead of
-sleeping out a back-off. SQLite's own locks stay the truth; the queue only orders sift's writers.
-
-The decisions, and why:
+SQLite's busy handler does not queue: a writer that finds the file locked sleeps 1, 2, 5, 10, ... up to
+100 ms between tries, while the process holding the lock commits and begins again at once, so the unlucky
+writers of several processes wait hundreds of milliseconds. Here a write transaction first takes an
+exclusive ``flock`` on ``<store>-lock``, and holds it until its COMMIT or ROLLBACK: waiting writers sleep
+in the kernel and wake the moment it is released. SQLite's own locks stay the truth; the queue only orders
+sift's writers.
 
 - **Around the whole transaction**, not only its ``BEGIN IMMEDIATE``: a writer that held the queue only
   while taking SQLite's lock would then sleep in the busy handler behind the transaction before it,
-  leaving the file idle (``scripts/bench.py --only tail`` compared them).
+  leaving the file idle.
 - **A file of its own**, ``<store>-lock``, never the store file: a process's ``fcntl`` locks on the store
   file vanish when any descriptor of it is closed, which would drop SQLite's own locks; on NFS ``flock``
   is emulated with such locks. The file holds no data: deleting it while nobody writes is harmless.
@@ -34,12 +32,9 @@ The decisions, and why:
   opened (a directory this user may not write, say), or is not a regular file, the store works as before:
   on SQLite's busy handler alone.
 - **No hand-over**: a writer that releases the lock may take it again at once (its next call tries
-  without blocking first), as under the busy handler. Yielding the CPU after each release, so that the
-  woken writer runs first, shortened the tail further in a one-off comparison but cost about a quarter
-  of the throughput; so did spinning briefly before blocking; keeping the lock up to a few milliseconds
-  after COMMIT for the process's next write did not win throughput back either. None is done. Handing
-  the file over after every transaction costs throughput against the busy handler on an idle machine
-  (README, Performance, "The tail with several processes").
+  without blocking first), as under the busy handler. Yielding the CPU after each release, spinning before
+  blocking, or keeping the lock for the process's next write each cost throughput for little gain in the
+  tail; handing the file over after every transaction costs throughput on an idle machine.
 - **fork**: the child closes the descriptor it inherited (closing does not release the parent's lock)
   and opens its own; a child thus never holds its parent's lock after the parent ends.
 """
@@ -52,7 +47,7 @@ import os
 import stat
 import threading
 
-from .errors import StoreUnavailable
+from ...errors import StoreUnavailable
 
 __all__ = ["LOCK_SUFFIX", "WriterQueue"]
 

@@ -1,0 +1,244 @@
+"""PostgreSQL's backend: pooled connections (one per thread), each statement's errors made the package's.
+
+The byte total is 16 slot rows kept by a trigger, each connection adding to the slot of its backend pid,
+so writers do not queue on one row. The class is put together from one layer per concern: connections and
+statements (here), the schema (:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules'
+spellings and locks (:mod:`.rules`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from playhouse.pool import MaxConnectionsExceeded
+from psycopg.types.string import TextLoader
+
+from ...driver_errors import Translation, store_error
+from ...errors import StoreNotOpen, StoreUnavailable
+from .maintenance import PostgresMaintenance
+from .rules import PostgresRules
+from .schema import PostgresSchema
+from .urls import parse_target, shown_target, url_secrets
+
+__all__ = ["PostgresStore"]
+
+
+class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
+    """A store in a PostgreSQL schema: a pooled connection per thread, statements in autocommit outside
+    the store's transactions, every transaction READ COMMITTED with the locks described above."""
+
+    # playhouse.pool's own state (its _in_use, _connections, _pool_lock, _max_connections, _wait_timeout):
+    # the pool has no public way to drop a broken connection, to forget a forked parent's connections, or
+    # to close the ones other threads hold, and its limits are shown in the error that says they were hit.
+    _in_use: dict[int, Any]
+    _connections: list[Any]
+
+    def __init__(self, target: str, *, timeout: float, readonly: bool, max_connections: int) -> None:
+        url, self.schema = parse_target(target)
+        self.path = shown_target(url, self.schema)
+        self._secrets = url_secrets(url)
+        self.readonly = readonly
+        self.timeout = timeout
+        self._pid = os.getpid()
+        self._threads = threading.local()
+        #: Around each statement: driver errors as Peewee's classes, then as the package's.
+        self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
+        #: Around Peewee's own execution, BEGIN, COMMIT and ROLLBACK: driver errors as the package's.
+        self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
+        # Connections a forked child inherited: never used, never closed (closing one would end the
+        # parent's session on the shared socket).
+        self._inherited: list[Any] = []
+        options = f"-c search_path={self.schema} -c lock_timeout={max(1, int(timeout * 1000))}"
+        if readonly:
+            options += " -c default_transaction_read_only=on"
+        super().__init__(
+            url,
+            max_connections=max_connections,
+            timeout=max(1, math.ceil(timeout)),  # whole seconds: the pool reads 0 as "wait for ever"
+            prefer_psycopg3=True,
+            autoconnect=True,
+            connect_timeout=max(1, math.ceil(timeout)),
+            options=options,
+        )
+        this = weakref.ref(self)
+
+        def after_fork() -> None:
+            database = this()
+            if database is not None:
+                database._after_fork()
+
+        os.register_at_fork(after_in_child=after_fork)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.deferred else "open"
+        return f"<{type(self).__name__} {self.path!r}: {state}{', read-only' if self.readonly else ''}>"
+
+    # -- Connections ----------------------------------------------------------------------------------
+
+    def _connect(self) -> Any:  # Peewee's hook for a new connection (its only one for driver options)
+        conn = super()._connect()
+        conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
+        return conn
+
+    def connect(self, reuse_if_open: bool = False) -> bool:
+        """This thread's connection, from the pool; it stays with the thread until the thread ends (then it
+        goes back to the pool) or the store closes. While the store is open this returns False when the
+        thread already has one (never "Connection already opened")."""
+        if self.deferred:
+            raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
+        if not self._state.closed:
+            return False
+        try:
+            opened = bool(super().connect())
+        except MaxConnectionsExceeded as exc:
+            raise StoreUnavailable(
+                f"database: all {self._max_connections} pooled connections to {self.path!r} stayed in use "
+                f"for {self._wait_timeout:g} s; set open_db(max_connections=) to the threads using it"
+            ) from exc
+        except Exception as exc:
+            self.raise_store_error(exc, connecting=True)
+            raise
+        conn = self._state.conn
+        # Give the connection back when the thread ends: its thread-local sentinel is freed then.
+        sentinel = _Sentinel()
+        self._threads.sentinel = sentinel
+        weakref.finalize(sentinel, _give_back, weakref.ref(self), conn, os.getpid())
+        return opened
+
+    def close(self) -> bool:
+        """Does nothing and returns False: the thread keeps its pooled connection while the store is open
+        (a request hook's ``db.close()`` must not cost a reconnect); ``close_db()`` closes them all."""
+        return False
+
+    def usable_connection(self) -> Any:
+        """This thread's connection, replacing one that a server restart or a network cut broke."""
+        conn = self._state.conn
+        if conn is not None and (conn.closed or conn.broken) and not self._state.transactions:
+            with self._pool_lock:
+                self._in_use.pop(self.conn_key(conn), None)
+            self._state.reset()
+            conn = None
+        if conn is None:
+            self.connect()
+            conn = self._state.conn
+        return conn
+
+    # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable
+    # there too, and BEGIN replaces a connection a server restart broke, as every statement does.
+
+    def begin(self, isolation_level: Any = None) -> None:
+        with self.read_errors:
+            self.usable_connection()
+            super().begin(isolation_level)
+
+    def commit(self) -> None:
+        with self.read_errors:
+            super().commit()
+
+    def rollback(self) -> None:
+        """ROLLBACK; nothing to send when the connection was lost: the server ended the transaction with the
+        session (and the error that lost it is the one the caller sees)."""
+        conn = self._state.conn
+        if conn is not None and (conn.closed or conn.broken):
+            return
+        with self.read_errors:
+            super().rollback()
+
+    def _after_fork(self) -> None:
+        """In a forked child: keep the parent's connections referenced and unusable, start an empty pool."""
+        self._inherited.extend(pc.connection for pc in self._in_use.values())
+        self._inherited.extend(conn for _, _, conn in self._connections)
+        for conn in self._inherited:
+            with contextlib.suppress(Exception):
+                # The child's copy of the socket now points at /dev/null, so nothing the child does with
+                # it (psycopg's own cleanup at exit included) reaches the parent's session.
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, conn.pgconn.socket)
+                os.close(null)
+        self._pid = os.getpid()
+        self.dispose()
+
+    def close_store(self) -> None:
+        """Close every pooled connection of this process."""
+        if os.getpid() == self._pid:
+            with contextlib.suppress(Exception):
+                self.close_all_connections()
+
+    def close_all_connections(self) -> None:
+        with self._pool_lock:
+            conns = [pc.connection for pc in self._in_use.values()] + [c for _, _, c in self._connections]
+            self._in_use = {}
+            self._connections = []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._state.reset()
+
+    # -- Statements -------------------------------------------------------------------------------------
+
+    def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
+        """Execute on this thread's connection; rows are fetched by the caller. A constraint violation is
+        Peewee's IntegrityError; any other driver error is the package's StoreUnavailable (or subclass)."""
+        with self.statement_errors:
+            cursor = self.usable_connection().cursor()
+            cursor.execute(sql, params or None)
+            return cursor
+
+    def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        rows: list[Any] = self.run_sql(sql, params).fetchall()
+        return rows
+
+    def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
+        return self.run_sql(sql, params).fetchone()
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        with self.statement_errors:
+            cursor = self.usable_connection().cursor()
+            cursor.executemany(sql, rows)
+            return int(cursor.rowcount)
+
+    def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        with self.read_errors:
+            self.usable_connection()
+            return super().execute_sql(sql, params)
+
+    def hold(self) -> contextlib.nullcontext[None]:
+        """Nothing to hold: each thread has its own connection."""
+        return contextlib.nullcontext()
+
+    def errors(self) -> Translation:
+        """A block whose driver errors become the package's (see :meth:`raise_store_error`)."""
+        return self.read_errors
+
+    def raise_store_error(
+        self, exc: BaseException, *, constraints: bool = False, connecting: bool = False
+    ) -> None:
+        """Raise the package error for the driver exception ``exc`` (see :mod:`.driver_errors`)."""
+        error = store_error(
+            exc,
+            path=self.path or "",
+            timeout=self.timeout,
+            constraints=constraints,
+            connecting=connecting,
+            hidden=self._secrets,
+        )
+        if error is not None:
+            raise error
+
+
+class _Sentinel:
+    """Lives in a thread's local storage; freed when the thread ends."""
+
+
+def _give_back(ref: weakref.ref[PostgresStore], conn: Any, pid: int) -> None:
+    database = ref()
+    if database is None or os.getpid() != pid or database._pid != pid:
+        return
+    with contextlib.suppress(Exception):
+        database._close(conn)  # the pool's: hands a connection of an ended thread back to it

@@ -1,0 +1,133 @@
+"""PostgreSQL's spellings of what the rules need (see :class:`sift.dcache.backends.Backend`), and the row
+and advisory locks that keep the rules exact under concurrent writers.
+
+Why these locks: under READ COMMITTED a statement's subqueries read rows as of the statement's start, so a
+target write first locks its job, then its target (the one order every rule uses: job before target);
+sweep and eviction run each chunk under one advisory transaction lock, the sweep's lease-ordered select
+taking its jobs ``FOR UPDATE SKIP LOCKED`` (a job a writer holds is being refreshed) and eviction's
+``FOR UPDATE``; ``submit_batch_job`` holds an advisory lock on its (caller, key) so a burst makes one job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import peewee
+
+from ...errors import StoreConflict, StoreReadOnly
+from ...sqlfiles import load_sql
+from .base import PostgresBase
+
+__all__ = ["CONFLICT_RETRIES", "PostgresRules", "Removals", "Write"]
+
+#: How many times a transaction that met a deadlock or a serialization failure runs again.
+CONFLICT_RETRIES = 5
+
+_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS = (
+    load_sql(__package__, "queries.sql")[name][0]
+    for name in ("lock_job", "lock_target", "lock_key", "lock_removals")
+)
+
+
+class Write:
+    """The store's write transaction on this thread's connection (a savepoint inside another one)."""
+
+    __slots__ = ("atomic", "database")
+
+    def __init__(self, database: PostgresBase) -> None:
+        self.database = database
+
+    def __enter__(self) -> None:
+        database = self.database
+        if database.readonly:
+            raise StoreReadOnly(
+                f"database: {database.path!r} is open read-only; "
+                "open_db(target) without readonly=True to write"
+            )
+        with database.read_errors:
+            database.usable_connection()
+            self.atomic = peewee.PostgresqlDatabase.atomic(database)
+            self.atomic.__enter__()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.atomic.__exit__(exc_type, exc, tb)
+        except Exception as end_error:
+            self.database.raise_store_error(end_error, constraints=True)
+            raise
+        if exc is not None:
+            self.database.raise_store_error(exc, constraints=True)
+
+
+class Removals(Write):
+    """A sweep or eviction chunk: the write transaction, holding the store's removal advisory lock."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        try:
+            self.database.run_sql(_LOCK_REMOVALS, (f"sift removals {self.database.schema}",))
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+
+class PostgresRules(PostgresBase):
+    """What the rules ask of the PostgreSQL store's database."""
+
+    total_nbytes_sql = "SELECT COALESCE(SUM(nbytes), 0) FROM batch_totals"
+    insertion_order = peewee.SQL("seq")
+
+    @staticmethod
+    def byte_length(expr: peewee.Node) -> peewee.Node:
+        return peewee.fn.octet_length(expr)
+
+    @staticmethod
+    def json_or_null(expr: peewee.Node) -> peewee.Node:
+        return peewee.Case(None, [(peewee.fn.sift_json_valid(expr), peewee.fn.sift_json(expr))], None)
+
+    @staticmethod
+    def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
+        locked: peewee.Node = query.for_update(skip_locked=skip_locked)  # type: ignore[attr-defined]
+        return locked
+
+    @staticmethod
+    def require_claims() -> None:
+        """Every PostgreSQL that sift supports can claim."""
+
+    def write(self) -> Write:
+        return Write(self)
+
+    def removals(self) -> Removals:
+        return Removals(self)
+
+    def bulk_writes(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def checkpoint(self) -> None:
+        """Nothing to do: PostgreSQL checkpoints and vacuums on its own."""
+
+    def lock_job(self, job_id: str) -> None:
+        self.run_sql(_LOCK_JOB, (job_id,))
+
+    def lock_target(self, job_id: str, idx: int) -> None:
+        self.run_sql(_LOCK_TARGET, (job_id, idx))
+
+    def lock_key(self, caller: str, idem_key: str) -> None:
+        self.run_sql(_LOCK_KEY, (self.schema, caller, idem_key))
+
+    def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
+        """Run a rule's transaction again after a deadlock or serialization failure, up to
+        :data:`CONFLICT_RETRIES` more times; inside a caller's transaction, never (that one failed)."""
+        if self.in_transaction():
+            raise conflict
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return run()
+            except StoreConflict:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+        raise conflict

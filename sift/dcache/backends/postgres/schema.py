@@ -1,0 +1,101 @@
+"""The PostgreSQL store's schema: its DDL, created at open in one transaction, upgraded from an earlier
+version, and checked read-only."""
+
+from __future__ import annotations
+
+import re
+
+from ...errors import StoreUnavailable
+from ...sqlfiles import load_sql
+from .base import PostgresBase
+
+__all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
+
+#: The version the ``sift_schema`` row records; a store of an earlier version is migrated at open.
+SCHEMA_VERSION = 2
+
+#: The byte-total slot rows: writers add to ``pg_backend_pid() % TOTAL_SLOTS``.
+TOTAL_SLOTS = 16
+
+_DDL = {
+    name: tuple(
+        statement.format(total_slots=TOTAL_SLOTS, last_slot=TOTAL_SLOTS - 1, schema_version=SCHEMA_VERSION)
+        for statement in statements
+    )
+    for name, statements in load_sql(__package__, "schema.sql").items()
+}
+
+#: Version 2: what claim_batch_targets and rescue_stale_jobs read.
+VERSION_2_INDEXES = _DDL["version_2"]
+
+#: What takes a store from the version given to the next one, in the transaction that records the next.
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES}
+
+#: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
+SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + _DDL["totals"]
+
+_CREATED = re.compile(r"CREATE (?:OR REPLACE )?(TABLE|INDEX|TRIGGER|FUNCTION) (?:IF NOT EXISTS )?(\w+)")
+#: The schema's objects as (kind, name), as the DDL creates them (the tables' primary keys come with them).
+SCHEMA_OBJECTS = frozenset(
+    (match.group(1).lower(), match.group(2))
+    for statement in SCHEMA
+    if (match := _CREATED.match(statement)) is not None
+)
+
+
+class PostgresSchema(PostgresBase):
+    """The schema's part of the PostgreSQL store's database."""
+
+    def open_store(self) -> None:
+        """Connect, and create what is missing of the schema or migrate it from an earlier version (or
+        check it, read-only)."""
+        with self.connection_context():
+            present = self.fetch_one("SELECT to_regclass('sift_schema') IS NOT NULL", ())[0]
+            if not present:
+                if self.readonly:
+                    raise StoreUnavailable.of_target(
+                        f"{self.path!r} holds no batch store; open it once without readonly=True"
+                    )
+                self.create_schema()
+            version = self._version()
+            if version in MIGRATIONS and not self.readonly:
+                self._migrate()
+                version = self._version()
+            if version != SCHEMA_VERSION:
+                upgrade = (
+                    "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
+                )
+                raise StoreUnavailable.of_target(
+                    f"{self.path!r} has schema version {version}; "
+                    f"this sift knows version {SCHEMA_VERSION}{upgrade}"
+                )
+
+    def _version(self) -> int | None:
+        row = self.fetch_one("SELECT version FROM sift_schema WHERE id = 0", ())
+        return None if row is None else int(row[0])
+
+    def _lock_schema(self) -> None:
+        """Inside a write: hold the store's schema until the transaction ends."""
+        self.run_sql("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"sift schema {self.schema}",))
+
+    def create_schema(self) -> None:
+        """Create the schema in one transaction, under an advisory lock: several processes opening a new
+        database at once wait for the first, then find everything there."""
+        with self.write():
+            self._lock_schema()
+            self.run_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"', ())
+            for statement in SCHEMA:
+                self.run_sql(statement, ())
+
+    def _migrate(self) -> None:
+        """Bring an earlier version's schema up to this one, in one transaction under the schema's advisory
+        lock: several processes opening it at once wait for the first, then find the new version. The new
+        indexes are built inside it (not CONCURRENTLY), so writers of the store wait while they build."""
+        with self.write():
+            self._lock_schema()
+            version = self._version()  # read again under the lock: another process may have migrated
+            while version in MIGRATIONS:
+                for statement in MIGRATIONS[version]:
+                    self.run_sql(statement, ())
+                version += 1
+                self.run_sql("UPDATE sift_schema SET version = %s WHERE id = 0", (version,))

@@ -1,0 +1,74 @@
+-- The PostgreSQL store's schema, created in one transaction under an advisory lock. Loaded by schema.py,
+-- which fills in {total_slots}, {last_slot} and {schema_version}; the schema check reads the names it
+-- creates from here too.
+
+-- name: tables
+CREATE TABLE IF NOT EXISTS batch_job (
+    id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, idem_key TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', targets_total BIGINT NOT NULL,
+    targets_done BIGINT NOT NULL DEFAULT 0, created_at BIGINT NOT NULL, lease BIGINT NOT NULL,
+    nbytes BIGINT NOT NULL DEFAULT 0, seq BIGSERIAL NOT NULL);
+
+-- options is json, not jsonb: json keeps the caller's text verbatim (jsonb rewrites it).
+CREATE TABLE IF NOT EXISTS batch_target (
+    job_id TEXT NOT NULL, idx BIGINT NOT NULL, url TEXT NOT NULL, options JSON NOT NULL,
+    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx));
+
+CREATE INDEX IF NOT EXISTS batch_job_idem ON batch_job(caller, idem_key);
+
+CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease);
+
+CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled');
+
+-- name: version_2
+-- Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
+-- what rescue_stale_jobs reads (live jobs by lease; batch_job_lease holds the history too).
+CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
+
+CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
+
+-- name: totals
+-- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
+CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+INSERT INTO batch_totals (slot, nbytes) SELECT g, 0 FROM generate_series(0, {last_slot}) g ON CONFLICT (slot) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION batch_totals_track() RETURNS trigger LANGUAGE plpgsql
+    SET search_path FROM CURRENT AS $$
+    DECLARE delta BIGINT;
+    BEGIN
+        IF TG_OP = 'INSERT' THEN delta := NEW.nbytes;
+        ELSIF TG_OP = 'DELETE' THEN delta := -OLD.nbytes;
+        ELSE delta := NEW.nbytes - OLD.nbytes;
+        END IF;
+        IF delta <> 0 THEN
+            UPDATE batch_totals SET nbytes = nbytes + delta WHERE slot = mod(pg_backend_pid(), {total_slots});
+        END IF;
+        RETURN NULL;
+    END $$;
+
+CREATE OR REPLACE TRIGGER batch_totals_track AFTER INSERT OR DELETE OR UPDATE OF nbytes ON batch_job FOR EACH ROW EXECUTE FUNCTION batch_totals_track();
+
+-- SQLite's json_valid: whether text parses as JSON (PostgreSQL 15 has no pg_input_is_valid).
+CREATE OR REPLACE FUNCTION sift_json_valid(value TEXT) RETURNS BOOLEAN LANGUAGE plpgsql IMMUTABLE AS $$
+    BEGIN
+        PERFORM value::json;
+        RETURN TRUE;
+    EXCEPTION WHEN invalid_text_representation THEN
+        RETURN FALSE;
+    END $$;
+
+-- The text as json, in a VOLATILE function: a plain cast of a parameter is folded when the statement is
+-- planned, and would fail on invalid JSON even where sift_json_valid said no.
+CREATE OR REPLACE FUNCTION sift_json(value TEXT) RETURNS JSON LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        RETURN value::json;
+    END $$;
+
+CREATE TABLE IF NOT EXISTS sift_schema (id SMALLINT PRIMARY KEY CHECK (id = 0), version BIGINT NOT NULL);
+
+INSERT INTO sift_schema (id, version) VALUES (0, {schema_version}) ON CONFLICT (id) DO NOTHING;

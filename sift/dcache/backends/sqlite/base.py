@@ -1,0 +1,66 @@
+"""What the layers of :class:`~.database.SerializedSqliteDatabase` share: the lock, where the store is, and
+(for the type checker) the methods one layer calls on another."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import peewee
+
+from ...driver_errors import Translation
+from .writer_queue import WriterQueue
+
+__all__ = ["SqliteBase"]
+
+
+class SqliteBase(peewee.SqliteDatabase):
+    """The base every layer of the SQLite store's database extends (each layer is a mixin of one concern)."""
+
+    #: Held from BEGIN to COMMIT and around every single statement: one connection serves every thread.
+    lock: threading.RLock
+    #: Where the store is, as shown in messages; None when nothing is open.
+    path: str | None
+    readonly: bool
+    #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
+    writers: WriterQueue
+    _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
+    _lock_type: str  # Peewee's: the kind of BEGIN its transactions use (IMMEDIATE here)
+    _store_open: bool  # between open_db and close_db: the connection belongs to the store
+    #: Around each statement: driver errors as Peewee's classes, then as the package's (see Translation).
+    statement_errors: Translation
+    #: Around reading a statement's rows, or Peewee's own execution: driver errors as the package's.
+    read_errors: Translation
+
+    if TYPE_CHECKING:
+
+        def run_sql(self, sql: str, params: Sequence[Any]) -> Any: ...
+
+        def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
+
+        def connection(self) -> Any: ...
+
+        def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
+
+        def fetch_one(self, sql: str, params: Sequence[Any]) -> Any: ...
+
+        def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None: ...
+
+        def rollback_if_open(self) -> None: ...
+
+        def write(self) -> Any: ...
+
+        def enter_writers(self) -> None: ...
+
+        def settle_writers(self) -> None: ...
+
+        def checkpoint(self) -> None: ...
+
+        def autocheckpoint_pages(self) -> int: ...
+
+        def close_wal_files(self) -> None: ...
+
+        def close_store(self) -> None: ...
+
+        def refuse_inside_transaction(self, call: str) -> None: ...

@@ -1,0 +1,72 @@
+"""Where a SQLite store is: what to hand SQLite for a path given to ``open_db``, refused with the reason
+when it cannot be a store file."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+from ...errors import StoreUnavailable
+
+__all__ = ["is_wal_file", "sqlite_url_path", "store_target"]
+
+
+def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str]:
+    """What to hand SQLite for ``path`` (a ``mode=ro`` URI when read-only), and the path to show; a
+    path that cannot be a store file is refused with the reason."""
+    shown = os.fspath(path)
+    if not isinstance(shown, str):
+        raise StoreUnavailable.of_target(f"must be a str or os.PathLike of str, got {type(path).__name__}")
+    if not shown:
+        raise StoreUnavailable.of_target(
+            "is empty; give the store file's path, or ':memory:' for a private one"
+        )
+    if shown == ":memory:":
+        if readonly:
+            raise StoreUnavailable.of_target("a read-only store must be a file, not ':memory:'")
+        return shown, shown
+    full = os.path.abspath(shown)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise StoreUnavailable.of_target(f"{shown!r} is a directory, not a store file")
+    if not os.path.isdir(folder):
+        raise StoreUnavailable.of_target(f"the directory {folder!r} of {shown!r} does not exist")
+    if not readonly:
+        return full, shown  # absolute: a reconnection or a side connection after a chdir finds the same file
+    if not os.path.isfile(full):
+        raise StoreUnavailable.of_target(f"no store at {shown!r}")
+    uri = f"file:{urllib.parse.quote(full)}?mode=ro"
+    if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not is_wal_file(full):
+        return uri, shown
+    # SQLite reads a WAL file only with a -shm file beside it, which a folder we cannot write cannot get.
+    # On a read-only file system nobody can write the file, so it can be read as it stands ("immutable");
+    # elsewhere another user may write it while we read, and SQLite would then read torn pages.
+    if not os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise StoreUnavailable.of_target(
+            f"{shown!r} is a WAL store in a directory this process cannot write, where SQLite cannot "
+            "make the -shm file it needs to read it; read it as a user who can write there, or copy it"
+        )
+    if os.path.exists(full + "-wal") and os.path.getsize(full + "-wal") > 0:
+        raise StoreUnavailable.of_target(
+            f"{shown!r} has writes in its -wal file, and its read-only file system cannot hold the "
+            "-shm file that reading them needs; copy the file and its -wal file to a writable directory"
+        )
+    return uri + "&immutable=1", shown
+
+
+def is_wal_file(path: str) -> bool:
+    """Whether the SQLite file at ``path`` is in WAL mode (its header's read and write versions are 2)."""
+    with open(path, "rb") as file:
+        header = file.read(20)
+    return header[18:20] == b"\x02\x02"
+
+
+def sqlite_url_path(url: str) -> str:
+    """The path of a ``sqlite:///path`` URL: ``sqlite:///relative.db``, ``sqlite:////absolute.db``
+    (SQLAlchemy's forms), ``sqlite://`` or ``sqlite:///:memory:`` for a private in-memory store."""
+    rest = url[len("sqlite://") :]
+    if rest in ("", "/:memory:"):
+        return ":memory:"
+    if not rest.startswith("/"):
+        raise StoreUnavailable.of_target(f"{url!r} is not a sqlite:///path URL")
+    return rest[1:]

@@ -1,0 +1,85 @@
+"""SQLite's spellings of what the rules need (see :class:`sift.dcache.backends.Backend`): byte length, the
+JSON check, insertion order, the byte total; and its write transactions.
+
+BEGIN IMMEDIATE holds the whole file from the first statement, so no rule needs a row lock, and no
+transaction meets a deadlock: the row and key locks are no-ops here (PostgreSQL's backend does the work).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any, cast
+
+import peewee
+
+from ...errors import StoreUnavailable
+from .base import SqliteBase
+from .schema import TOTAL_NBYTES_SQL
+from .settings import CLAIMS_NEED_SQLITE
+from .transactions import WriteTransaction
+
+__all__ = ["SqliteRules"]
+
+
+class SqliteRules(SqliteBase):
+    """What the rules ask of the SQLite store's database."""
+
+    def write(self) -> WriteTransaction:
+        """The store's write transaction: BEGIN IMMEDIATE under the lock. Inside another transaction it
+        is a savepoint. Any driver error leaving the block, a constraint violation included, becomes the
+        package's error: StoreUnavailable (a lock held by another process past the busy timeout, say) or
+        one of its subclasses."""
+        return WriteTransaction(self)
+
+    #: The running byte total kept by the triggers.
+    total_nbytes_sql = TOTAL_NBYTES_SQL
+
+    #: The order rows were inserted in: ties in created_at go to the later insert.
+    # cast: Peewee's SQL is a ColumnBase (ordering and comparison work on it); its stubs say otherwise.
+    insertion_order = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
+
+    @staticmethod
+    def byte_length(expr: peewee.Node) -> peewee.Node:
+        """The UTF-8 byte length of a TEXT expression (NULL stays NULL)."""
+        return peewee.fn.length(peewee.Cast(expr, "BLOB"))
+
+    @staticmethod
+    def json_or_null(expr: peewee.Node) -> peewee.Node:
+        """``expr`` when it is valid JSON text, else NULL (which the NOT NULL column then rejects)."""
+        return peewee.Case(None, [(peewee.fn.json_valid(expr), expr)], None)
+
+    # BEGIN IMMEDIATE holds the whole file from the first statement, so no rule needs a row lock, and no
+    # transaction meets a deadlock: these are no-ops here (PostgreSQL's backend does the work).
+
+    @staticmethod
+    def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
+        """``query`` as it is: SQLite has no ``FOR UPDATE``."""
+        return query
+
+    @staticmethod
+    def require_claims() -> None:
+        """A claim's statement uses ``UPDATE … FROM``, ``RETURNING`` and a ``MATERIALIZED`` CTE: an older
+        SQLite library is refused by name, not with the syntax error it would give."""
+        if sqlite3.sqlite_version_info < CLAIMS_NEED_SQLITE:
+            raise StoreUnavailable(
+                f"database: claim_batch_targets needs SQLite {'.'.join(map(str, CLAIMS_NEED_SQLITE[:2]))} "
+                f"or later; this Python's sqlite3 module uses SQLite {sqlite3.sqlite_version}"
+            )
+
+    def removals(self) -> WriteTransaction:
+        """A sweep or eviction chunk's transaction: the write transaction."""
+        return WriteTransaction(self)
+
+    def lock_job(self, job_id: str) -> None:
+        pass
+
+    def lock_target(self, job_id: str, idx: int) -> None:
+        pass
+
+    def lock_key(self, caller: str, idem_key: str) -> None:
+        pass
+
+    def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
+        """SQLite raises no StoreConflict; should one arrive, it is not retried."""
+        raise conflict

@@ -1,0 +1,102 @@
+"""The SQLite store's schema: its DDL, created and repaired at open time, and checked read-only."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+from ...errors import StoreUnavailable
+from ...sqlfiles import load_sql
+from .base import SqliteBase
+
+__all__ = [
+    "BASE_SCHEMA",
+    "READ_SCHEMA_NAMES",
+    "RECOMPUTE_TOTAL_SQL",
+    "SCHEMA_NAMES",
+    "SPEED_SCHEMA",
+    "TOTAL_NBYTES_SQL",
+    "SqliteSchema",
+    "missing_in_file",
+]
+
+_DDL = load_sql(__package__, "schema.sql")
+
+#: The original schema, verbatim. Files written by the Go service have exactly these tables.
+BASE_SCHEMA = _DDL["base"]
+#: What the hot paths need to stay flat in history, and the byte total's table and triggers.
+SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
+
+#: The running byte total kept by the triggers above.
+TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
+RECOMPUTE_TOTAL_SQL = (
+    "INSERT OR REPLACE INTO batch_totals (id, nbytes) SELECT 0, COALESCE(SUM(nbytes), 0) FROM batch_job"
+)
+
+
+def _names(statements: tuple[str, ...]) -> frozenset[str]:
+    """The tables, indexes and triggers ``statements`` create."""
+    return frozenset(match.group(1) for statement in statements if (match := _CREATED.match(statement)))
+
+
+_CREATED = re.compile(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
+#: Every part of the schema, by name, as the DDL creates them.
+SCHEMA_NAMES = _names(BASE_SCHEMA + SPEED_SCHEMA)
+#: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
+#: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
+READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
+
+
+class SqliteSchema(SqliteBase):
+    """The schema's part of the SQLite store's database: made whole at open, checked when read-only."""
+
+    def prepare_schema(self) -> None:
+        """Create what is missing, and recompute the byte total if anything was missing. Opening reads only
+        the schema and the total's row, whatever the size of the store: a complete file is only read (so
+        opening does not wait on another process's write), and a total another writer made drift is for
+        ``check_store(repair=True)`` (``sift check --repair``) to find and mend."""
+        present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
+        if present >= SCHEMA_NAMES and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None:
+            return
+        with self.atomic():
+            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+                self.execute_sql(statement)
+            self.execute_sql(RECOMPUTE_TOTAL_SQL)
+
+    def check_schema(self) -> None:
+        """A read-only store cannot add what is missing: refuse a file that lacks part of the schema."""
+        present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
+        if {"batch_job", "batch_target"} <= present:
+            self.check_columns()  # tables another program made are the first thing to name
+        if missing := sorted(READ_SCHEMA_NAMES - present):
+            raise StoreUnavailable.of_target(
+                f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
+            )
+
+    def check_columns(self) -> None:
+        """Refuse a file whose batch tables were made by someone else with other columns."""
+        reference = sqlite3.connect(":memory:")
+        try:
+            for statement in BASE_SCHEMA:
+                reference.execute(statement)
+            for table in ("batch_job", "batch_target"):
+                want = [row[1] for row in reference.execute(f"PRAGMA table_info({table})")]
+                have = {row[1] for row in self.execute_sql(f"PRAGMA table_info({table})")}
+                if missing := [name for name in want if name not in have]:
+                    raise StoreUnavailable(f"table {table} lacks the column(s) {', '.join(missing)}")
+        finally:
+            reference.close()
+
+
+def missing_in_file(path: str, *, timeout: float) -> list[str]:
+    """The parts of the schema (tables, indexes, triggers) the existing SQLite file at ``path`` lacks, read
+    without writing to it; [] when it cannot be read as a database (opening it says why)."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    try:
+        with closing(sqlite3.connect(uri, uri=True, timeout=timeout)) as conn:
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.DatabaseError:
+        return []
+    return sorted(SCHEMA_NAMES - present)

@@ -1,0 +1,48 @@
+-- The SQLite store's schema. Every statement is idempotent: open_db runs the lot on a store that lacks any part.
+-- Loaded by schema.py; the schema check reads the names it creates from here too.
+
+-- name: base
+-- The original schema, verbatim: files written by the Go service have exactly these tables.
+CREATE TABLE IF NOT EXISTS batch_job (
+    id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, idem_key TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', targets_total INTEGER NOT NULL,
+    targets_done INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, lease INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL DEFAULT 0);
+
+CREATE TABLE IF NOT EXISTS batch_target (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, url TEXT NOT NULL, options TEXT NOT NULL,
+    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx));
+
+CREATE INDEX IF NOT EXISTS batch_job_idem  ON batch_job(caller, idem_key);
+
+CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease);
+
+-- name: speed
+-- What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only jobs
+-- that eviction may take.
+CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled');
+
+-- name: claims
+-- claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
+-- with), and each job's pending targets in idx order, so a claim reads neither history nor done targets.
+-- rescue_stale_jobs: live jobs by lease. batch_job_lease holds the history too, which a rescue would read
+-- through (every finished job with an older lease) while holding the write lock. A read-only open may
+-- lack these: only claims and rescues (writes) read them.
+CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
+
+CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
+
+-- name: totals
+-- Triggers keep the byte total whoever writes the file, and open_db recomputes it, so a file written by a
+-- program that never knew of this table is still right.
+CREATE TABLE IF NOT EXISTS batch_totals (id INTEGER PRIMARY KEY CHECK (id = 0), nbytes INTEGER NOT NULL);
+
+CREATE TRIGGER IF NOT EXISTS batch_totals_insert AFTER INSERT ON batch_job BEGIN UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes WHERE id = 0; END;
+
+CREATE TRIGGER IF NOT EXISTS batch_totals_delete AFTER DELETE ON batch_job BEGIN UPDATE batch_totals SET nbytes = nbytes - OLD.nbytes WHERE id = 0; END;
+
+CREATE TRIGGER IF NOT EXISTS batch_totals_update AFTER UPDATE OF nbytes ON batch_job WHEN NEW.nbytes IS NOT OLD.nbytes BEGIN UPDATE batch_totals SET nbytes = nbytes + NEW.nbytes - OLD.nbytes WHERE id = 0; END;

@@ -1,0 +1,135 @@
+"""The SQLite store's writers' queue and checkpoint policy.
+
+Across processes, every write transaction of a file store first takes its place in the writers' queue, an
+OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it when the connection is out of
+the transaction again (:meth:`WalPolicy.settle_writers`, after every statement). SQLite's automatic
+checkpoint would run inside the COMMIT that takes the ``-wal`` file past 1,000 pages, with the queue still
+held: every other process's writer would wait for its copy and fsyncs. So a queued store turns it off and
+applies the same rule itself, once the queue is released (:meth:`WalPolicy.checkpoint_if_due`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import sys
+import threading
+
+from ...driver_errors import is_busy
+from ...errors import BatchError
+from .base import SqliteBase
+from .settings import WAL_AUTOCHECKPOINT_PAGES
+from .transactions import BulkWrites
+
+__all__ = ["WalPolicy"]
+
+
+class WalPolicy(SqliteBase):
+    """The writers' queue around each write transaction, and checkpoints outside it."""
+
+    #: ``<store>-shm`` (SQLite's WAL index), whose header says how many -wal frames await a checkpoint;
+    #: None when SQLite checkpoints by itself (in memory, read-only, without the queue, or the index
+    #: could not be read).
+    _wal_index_path: str | None
+    _wal_index: int | None
+    _changes_seen: int  # the connection's total_changes at the last look at the -wal file
+    _checkpointer: sqlite3.Connection | None
+    _checkpoint_lock: threading.Lock
+
+    def enter_writers(self) -> None:
+        """Take this store's place in the writers' queue, the connection opened first (so a process that
+        cannot use the store fails at once, not after waiting its turn)."""
+        if self._state.closed:
+            self.connect()
+        self.writers.acquire()
+
+    def settle_writers(self) -> None:
+        """Leave the writers' queue once the connection is out of its transaction, however it ended
+        (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``); then, if
+        something was written, checkpoint if due."""
+        conn = self._state.conn
+        if conn is not None and conn.in_transaction:
+            return
+        if self.writers.held:
+            self.writers.release()
+        if self._wal_index_path is not None and conn is not None and conn.total_changes != self._changes_seen:
+            self._changes_seen = conn.total_changes
+            self.checkpoint_if_due()
+
+    def checkpoint_if_due(self) -> None:
+        """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
+        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint. It never
+        fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself again."""
+        pending = self._wal_frames_pending()
+        if pending is None:
+            self._wal_index_path = None
+            with contextlib.suppress(Exception):
+                self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
+        elif pending >= WAL_AUTOCHECKPOINT_PAGES:
+            with contextlib.suppress(BatchError):  # retried after the next write
+                self.checkpoint()
+
+    def _wal_frames_pending(self) -> int | None:
+        """Frames in the -wal file not yet checkpointed, from the WAL index header (sqlite.org/walformat:
+        ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order), or None if unreadable."""
+        try:
+            if self._wal_index is None:
+                assert self._wal_index_path is not None
+                self._wal_index = os.open(self._wal_index_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            header = os.pread(self._wal_index, 100, 0)
+        except OSError:
+            return None
+        if len(header) < 100:
+            return None
+        max_frame = int.from_bytes(header[16:20], sys.byteorder)
+        backfilled = int.from_bytes(header[96:100], sys.byteorder)
+        return max_frame - backfilled if max_frame >= backfilled else max_frame
+
+    def autocheckpoint_pages(self) -> int:
+        """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
+        return 0 if self._wal_index_path is not None else WAL_AUTOCHECKPOINT_PAGES
+
+    def _set_pragmas(self, conn: sqlite3.Connection) -> None:
+        """The pragmas, on every new connection; and no automatic checkpoint while the store does it.
+        (Peewee's hook after each connect: a public one, ``pragmas=``, cannot depend on the store.)"""
+        super()._set_pragmas(conn)  # type: ignore[misc]
+        if self._wal_index_path is not None:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+
+    def checkpoint(self) -> None:
+        """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
+        nothing else, without taking the lock, so other threads go on using the store meanwhile."""
+        if self.deferred or self.readonly or self.database == ":memory:":
+            return
+        with self._checkpoint_lock:
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = sqlite3.connect(
+                        self.database, isolation_level=None, check_same_thread=False
+                    )
+                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as exc:
+                if is_busy(exc):  # another process is checkpointing, which does the same work
+                    return
+                self.raise_store_error(exc)
+                raise
+
+    def bulk_writes(self) -> BulkWrites:
+        """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
+        lock; call ``checkpoint()`` between them, and one runs at the end."""
+        return BulkWrites(self)
+
+    def close_wal_files(self) -> None:
+        """Close the checkpoints' connection and the WAL index."""
+        with self._checkpoint_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
+        self.close_wal_index()
+
+    def close_wal_index(self) -> None:
+        if self._wal_index is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wal_index)
+            self._wal_index = None

@@ -1,0 +1,325 @@
+"""The store's invariant check (``sift check``, and ``check_store_invariants`` in tests): one implementation.
+
+It reads the jobs in chunks of consecutive ids, each chunk with its targets in one read transaction, so
+another thread waits at most one chunk for the shared connection and another process is never blocked.
+The integrity check and the byte total, which read the whole file in one statement, run on a private
+connection for a file store, so they hold no lock at all; without repair, the integrity check runs in a
+thread of its own beside the chunks (its findings, if any, replace theirs). ``repair=True`` rewrites only
+derived data (``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan
+targets, each chunk in one short write transaction; a bad status or an idx out of range is data a person
+must decide about, so it is reported and left as it is.
+
+Written once for every backend: what differs (the page check, snapshots, the schema check, the byte
+total's keeping and repair, SQL spellings) is asked of the open backend (see its ``maintenance`` module).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .database import db
+from .errors import StoreConflict, StoreCorrupt
+from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
+from .reports import Repair, StoreReport, Violation
+from .sqlfiles import load_sql
+
+__all__ = ["REPAIRABLE", "check_store"]
+
+#: Jobs read (and, with repair, fixed) per transaction.
+JOBS_PER_CHUNK = 500
+#: About how many targets one chunk reads, so a chunk of big jobs holds the lock no longer.
+TARGETS_PER_CHUNK = 5_000
+
+#: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
+#: target_idx) are left for a person to decide.
+REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
+
+_JOB_STATUSES = frozenset(s.value for s in JobStatus)
+
+
+def _sql_list(values: Any) -> str:
+    return ", ".join(f"'{v.value}'" for v in values)
+
+
+_FINAL = _sql_list(FINAL_TARGET_STATUSES)
+_VALID_TARGET = _sql_list(TargetStatus)
+
+
+def check_store(*, repair: bool = False, progress: Callable[[int], None] | None = None) -> StoreReport:
+    """Check every invariant of the open store and name each violation with the job it affects;
+    with ``repair``, recompute the derived fields and delete orphan targets, reporting each change.
+    ``progress`` is called after each chunk with the number of jobs it read."""
+    report = StoreReport()
+    if not db.backend.has_pages:  # PostgreSQL keeps its files whole: there is no page check to run
+        _check_data(report, repair, progress)
+        return report
+    if repair or not db.backend.reads_beside:
+        # Nothing else can be trusted on a damaged file, and repair must not write into it.
+        report.violations += _page_check()
+        if not report.violations:
+            _check_data(report, repair, progress)
+        return report
+    # Reading only, on a file: the integrity check reads the whole file on a connection of its own, in a
+    # thread of its own, while the chunks go by on the shared one (SQLite runs without the GIL).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sift-check") as pool:
+        integrity = pool.submit(_page_check)
+        try:
+            _check_data(report, repair, progress)
+            failure: StoreCorrupt | None = None
+        except StoreCorrupt as exc:
+            failure = exc
+        damage = integrity.result()
+    if damage:  # what the chunks found on a damaged file cannot be trusted
+        return StoreReport(violations=damage)
+    if failure is not None:
+        raise failure
+    return report
+
+
+def _page_check() -> list[Violation]:
+    return [Violation("quick_check", None, problem) for problem in db.backend.page_check()]
+
+
+def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], None] | None) -> None:
+    """Everything but the integrity check, into ``report``."""
+    missing = _missing_schema(report)
+    report.violations += [Violation("schema", None, f"{name} is missing") for name in missing]
+    if {"batch_job", "batch_target"} & set(missing) and not repair:
+        return
+    if missing and repair:
+        db.backend.create_missing_schema()
+        report.repairs += [Repair("schema", None, f"created {name}") for name in missing]
+    if "batch_totals" not in missing:
+        report.violations += [Violation("total", None, detail) for detail in db.backend.total_problems()]
+        kept, actual = db.backend.read_whole(db.backend.sql_totals)[0]
+        if kept != actual:
+            shown = "no row" if kept is None else repr(kept)
+            report.violations.append(
+                Violation("total", None, f"batch_totals holds {shown}, but SUM(nbytes) is {actual}")
+            )
+    low: Any = None
+    while True:
+        with db.backend.read_snapshot():
+            high = _chunk_end(low)
+            chunk = _Chunk(low, high)
+        report.jobs += chunk.jobs
+        report.targets += chunk.targets
+        report.violations += chunk.violations
+        if progress is not None:
+            progress(chunk.jobs)
+        if repair and chunk.fixes:
+            report.repairs += _fix_chunk(low, high)
+        if high is None:
+            break
+        low = high
+    if repair and report.violations:
+        report.repairs += [Repair("total", None, detail) for detail in db.backend.repair_total()]
+
+
+def _missing_schema(report: StoreReport) -> list[str]:
+    """The parts of the schema the store lacks; also a recorded schema version that is not this sift's
+    (into ``report``: a person decides, as for a status)."""
+    missing = db.backend.missing_schema()
+    if "sift_schema" not in missing and (problem := db.backend.schema_version_problem()) is not None:
+        report.violations.append(Violation("schema_version", None, problem))
+    return missing
+
+
+def _fix_chunk(low: Any, high: Any) -> list[Repair]:
+    """Repair one chunk in one write transaction, reading it again there: another writer may have changed
+    it since the check read it. On PostgreSQL its jobs are locked first (job before target, as every
+    writer does) under the removal lock (no sweep or eviction meanwhile), so what it writes is exact."""
+
+    def run() -> list[Repair]:
+        with db.backend.removals():
+            db.backend.lock_job_range(*_id_range("id", low, high))
+            return _Chunk(low, high).fix()
+
+    try:
+        return run()
+    except StoreConflict as conflict:
+        result: list[Repair] = db.backend.retry(conflict, run)
+        return result
+
+
+class _Chunk:
+    """The jobs with ``low < id <= high`` (None: no bound) and the targets in that range of job ids:
+    what is wrong with them, and the fixes for what repair may fix."""
+
+    def __init__(self, low: Any, high: Any) -> None:
+        self.violations: list[Violation] = []
+        self.fixes: list[tuple[str, Any, Any, Any]] = []  # (kind, job id, stored value, right value)
+        target_range, target_params = _id_range("job_id", low, high)
+        job_range, job_params = _id_range("id", low, high)
+        sql = _sql()
+        groups = db.fetch_all(sql.target_groups.format(where=target_range), target_params)
+        jobs = db.fetch_all(sql.jobs.format(where=job_range), job_params)
+        by_job = {group[0]: group for group in groups}
+        self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
+        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None)
+        for job in jobs:
+            job_id, status, total, done, nbytes = job
+            group = by_job.pop(job_id, no_targets)
+            _, _, final, size, bad, idx_min, idx_max = group
+            # The usual case, decided here without a call: every check passes.
+            if (
+                status in valid
+                and done == final
+                and nbytes == size
+                and not bad
+                and (
+                    idx_min is None
+                    or (
+                        type(idx_min) is int
+                        and type(idx_max) is int
+                        and type(total) is int
+                        and idx_min >= 0
+                        and idx_max < total
+                    )
+                )
+            ):
+                continue
+            self._check_job(job, group)
+        for job_id, count, *_ in by_job.values():  # targets whose job is not there
+            self._add("orphan_targets", _name(job_id), f"{_targets(count)} without their job")
+            self.fixes.append(("orphan_targets", job_id, count, 0))
+
+    def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
+        job_id, status, total, done, nbytes = job
+        _, _, final, size, bad_statuses, idx_min, idx_max = group
+        name = _name(job_id)
+        if status not in _JOB_STATUSES:
+            self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
+        if done != final:
+            verb = "is" if final == 1 else "are"
+            detail = f"targets_done is {done!r}, but {_targets(final)} {verb} done or failed"
+            self._add("targets_done", name, detail)
+            self.fixes.append(("targets_done", job_id, done, final))
+        if nbytes != size:
+            self._add("nbytes", name, f"nbytes is {nbytes!r}, but its results hold {size} bytes (UTF-8)")
+            self.fixes.append(("nbytes", job_id, nbytes, size))
+        if bad_statuses:
+            status_min, status_max = db.fetch_one(_sql().bad_statuses, (job_id,))
+            shown = repr(status_min) if status_min == status_max else f"{status_min!r} to {status_max!r}"
+            detail = f"{_targets(bad_statuses)} with a status not in {', '.join(TargetStatus)}: {shown}"
+            self._add("target_status", name, detail)
+        if idx_min is not None and _outside(idx_min, idx_max, total):
+            self._add("target_idx", name, _idx_detail(job_id, total))
+
+    def _add(self, kind: str, job_id: str, detail: str) -> None:
+        self.violations.append(Violation(kind, job_id, detail))
+
+    def fix(self) -> list[Repair]:
+        """Apply the fixes (inside the caller's write transaction) and describe each change."""
+        repairs = []
+        sql = _sql()
+        for kind, job_id, stored, right in self.fixes:
+            if kind == "orphan_targets":
+                # Only while the job is still missing: a job created since the read keeps its targets.
+                db.run_sql(sql.delete_orphans, (job_id,))
+                repairs.append(Repair(kind, _name(job_id), f"deleted {_targets(stored)}"))
+            else:
+                db.run_sql(sql.fix_job.format(column=kind), (right, job_id))
+                repairs.append(Repair(kind, _name(job_id), f"{stored!r} -> {right}"))
+        return repairs
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The check's statements in one backend's spelling."""
+
+    target_groups: str
+    jobs: str
+    bad_statuses: str
+    chunk_end: str
+    idx_outside: str
+    fix_job: str
+    delete_orphans: str
+    mark: str  # the parameter placeholder
+    true: str  # a condition that always holds
+
+
+#: The check's statements, each with the slots of one backend's spellings (see the file).
+_QUERIES = {name: statements[0] for name, statements in load_sql(__package__, "integrity.sql").items()}
+
+
+class _Slots(dict[str, str]):
+    """Fills a statement's spellings, leaving the slots a run fills ({where}, {column}, ...) as they are."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _statements(backend: Any) -> _Statements:
+    """The check's statements in the spelling of ``backend`` (a backend class, or one open)."""
+    count_if = backend.sql_count_if
+    slots = _Slots(
+        mark=backend.param,
+        count_final=count_if.format(f"status IN ({_FINAL})"),
+        count_invalid=count_if.format(f"status NOT IN ({_VALID_TARGET})"),
+        result_bytes=backend.sql_result_bytes,
+        least_bound=backend.sql_least.format(a="j", b="t"),
+        integer_idx=backend.sql_integer_idx,
+        valid_target=_VALID_TARGET,
+    )
+    spelled = {name: sql.format_map(slots) for name, sql in _QUERIES.items()}
+    return _Statements(**spelled, mark=backend.param, true=backend.sql_true)
+
+
+#: Each backend class's statements, made on first use.
+_BY_BACKEND: dict[type[Any], _Statements] = {}
+
+
+def _sql() -> _Statements:
+    kind = type(db.backend)
+    statements = _BY_BACKEND.get(kind)
+    if statements is None:
+        statements = _BY_BACKEND[kind] = _statements(kind)
+    return statements
+
+
+def _chunk_end(low: Any) -> Any:
+    """The last job id of the chunk after ``low``, or None when the chunk reaches the end: at most
+    JOBS_PER_CHUNK jobs and about TARGETS_PER_CHUNK targets (one job with more is a chunk of its own)."""
+    jobs, job_params = _id_range("id", low, None)
+    targets, target_params = _id_range("job_id", low, None)
+    sql = _sql().chunk_end.format(jobs=jobs, targets=targets)
+    row = db.fetch_one(sql, (*job_params, JOBS_PER_CHUNK - 1, *target_params, TARGETS_PER_CHUNK - 1))
+    return row[0]
+
+
+def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
+    sql = _sql()
+    clauses, params = [], []
+    if low is not None:
+        clauses.append(f"{column} > {sql.mark}")
+        params.append(low)
+    if high is not None:
+        clauses.append(f"{column} <= {sql.mark}")
+        params.append(high)
+    return " AND ".join(clauses) or sql.true, tuple(params)
+
+
+def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:
+    # SQLite sorts text after every number, so a text idx written by another program shows in idx_max.
+    if not all(type(v) is int for v in (idx_min, idx_max, total)):
+        return True
+    return bool(idx_min < 0 or idx_max >= total)
+
+
+def _idx_detail(job_id: Any, total: Any) -> str:
+    rows = db.fetch_all(_sql().idx_outside, (job_id, total))
+    shown = ", ".join(repr(row[0]) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
+    last = total - 1 if type(total) is int else f"{total!r} - 1"
+    return f"target idx outside 0..{last} (targets_total - 1): {shown}"
+
+
+def _targets(n: int) -> str:
+    return f"{n} target" if n == 1 else f"{n} targets"
+
+
+def _name(job_id: Any) -> str:
+    return job_id if isinstance(job_id, str) else repr(job_id)

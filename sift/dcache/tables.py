@@ -1,0 +1,47 @@
+"""The store's table and column names, written once: every module and both backends read them here."""
+
+from __future__ import annotations
+
+__all__ = [
+    "JOB_COLUMNS",
+    "JOB_COLUMN_LIST",
+    "JOB_TABLE",
+    "STORE_TABLES",
+    "TARGET_COLUMNS",
+    "TARGET_COLUMN_LIST",
+    "TARGET_TABLE",
+    "TOTALS_TABLE",
+    "VERSION_TABLE",
+]
+
+JOB_TABLE = "batch_job"
+TARGET_TABLE = "batch_target"
+#: The running byte total (one row on SQLite, slot rows on PostgreSQL).
+TOTALS_TABLE = "batch_totals"
+#: PostgreSQL's record of the schema's version.
+VERSION_TABLE = "sift_schema"
+
+#: The store's tables on PostgreSQL, in the order space reports list them; a SQLite store has the first
+#: three.
+STORE_TABLES = (JOB_TABLE, TARGET_TABLE, TOTALS_TABLE, VERSION_TABLE)
+
+#: A job's columns, in the order the tables (and the models' fields) take them.
+JOB_COLUMNS = (
+    "id",
+    "caller",
+    "caller_class",
+    "idem_key",
+    "status",
+    "error",
+    "targets_total",
+    "targets_done",
+    "created_at",
+    "lease",
+    "nbytes",
+)
+#: A target's columns, in the order the tables (and the models' fields) take them.
+TARGET_COLUMNS = ("job_id", "idx", "url", "options", "status", "result", "error", "hint")
+
+#: The columns as a SELECT or INSERT lists them.
+JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)
+TARGET_COLUMN_LIST = ", ".join(TARGET_COLUMNS)
