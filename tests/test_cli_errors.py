@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -259,20 +260,34 @@ def test_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     proc.stderr.close()
 
 
+#: Starts a command with Ctrl-C's default meaning, as a terminal does: a test run started in the background
+#: by a shell without job control (``pytest &``) ignores SIGINT, and a child inherits that.
+WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
 def test_interrupt_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "sim.db"
     proc = subprocess.Popen(
-        [str(sift_script()), "simulate", "--jobs", "100000", "--db", str(path)],
+        [*WITH_DEFAULT_SIGINT, str(sift_script()), "simulate", "--jobs", "100000", "--db", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while not path.exists() and time.monotonic() < deadline:  # wait until the store is open
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:  # wait until the store is open
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a failed run leaves no simulation of 100,000 jobs behind
+        proc.wait()
     assert proc.returncode == 130
     assert err == "sift: interrupted\n"
     assert out == ""
