@@ -13,6 +13,7 @@ from sift import dcache
 # store's base tables: neither is in sift.dcache's public API.
 from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 from sift.dcache.backends.sqlite.settings import PRAGMAS
+from sift.dcache.tables import JOB_COLUMN_LIST
 
 from .sizes import FINISHED, OPTIONS
 from .stores import PgServer
@@ -63,8 +64,7 @@ class Builder:
         )
         self.conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
-            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
-            "targets_done, created_at, lease, nbytes) "
+            f"INSERT INTO batch_job ({JOB_COLUMN_LIST}) "
             f"SELECT ? || printf('%07d', i), 'caller-' || (i % ?), 'fleet', ? || 'idem-' || i, {status_sql}, "
             "'', ?, ?, ? + i, ? + i, ? FROM n",
             (count, prefix, callers, prefix, targets, done, lease0, lease0, nbytes),
@@ -78,8 +78,7 @@ class Builder:
         """One job, created at ``lease``, with its targets as in :meth:`jobs`."""
         done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
         self.conn.execute(
-            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
-            "targets_done, created_at, lease, nbytes) VALUES (?, ?, 'fleet', '', ?, '', ?, ?, ?, ?, ?)",
+            f"INSERT INTO batch_job ({JOB_COLUMN_LIST}) VALUES (?, ?, 'fleet', '', ?, '', ?, ?, ?, ?, ?)",
             (job_id, caller, status, targets, done, lease, lease, nbytes),
         )
         if targets:
@@ -148,8 +147,7 @@ class PgBuilder:
         done = 0 if result_bytes is None else targets
         nbytes = 0 if result_bytes is None else targets * result_bytes
         self.conn.execute(
-            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
-            "targets_done, created_at, lease, nbytes) "
+            f"INSERT INTO batch_job ({JOB_COLUMN_LIST}) "
             "SELECT %s || lpad(i::text, 7, '0'), 'caller-' || (i %% %s), 'fleet', %s || 'idem-' || i, "
             "(%s::text[])[i %% %s + 1], '', %s, %s, %s + i, %s + i, %s "
             "FROM generate_series(0, %s - 1) AS i",
@@ -176,8 +174,7 @@ class PgBuilder:
         """One job, created at ``lease``, with its targets as in :meth:`jobs`."""
         done, nbytes = (0, 0) if result_bytes is None else (targets, targets * result_bytes)
         self.conn.execute(
-            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
-            "targets_done, created_at, lease, nbytes) "
+            f"INSERT INTO batch_job ({JOB_COLUMN_LIST}) "
             "VALUES (%s, %s, 'fleet', '', %s, '', %s, %s, %s, %s, %s)",
             (job_id, caller, status, targets, done, lease, lease, nbytes),
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sift import dcache
-from sift.dcache import manager, statements
+from sift.dcache import manager, statements, tables
 
 # The baselines send the store's own statement texts (manager's compiled statements, the total's read), so
 # that only the package's own work differs; no public API exposes them.
@@ -43,19 +43,7 @@ LAYOUTS: dict[str, list[object]] = {
         1,
     ],
     "_SET_TARGET": ["status", "result", "error", "hint", "job_id", "idx"],
-    "_INSERT_JOB": [
-        "id",
-        "caller",
-        "caller_class",
-        "idem_key",
-        "status",
-        "error",
-        "targets_total",
-        "targets_done",
-        "created_at",
-        "lease",
-        "nbytes",
-    ],
+    "_INSERT_JOB": list(tables.JOB_COLUMNS),
     "_INSERT_TARGET": ["job_id", "idx", "url", "options", "options"],
     "_TARGETS_TOTAL": ["job_id"],
     "_SELECT_TARGETS": ["job_id"],
