@@ -277,3 +277,18 @@ def test_show_holds_a_bounded_part_of_a_big_job_in_memory(target: str) -> None:
     assert peak < count * size / 20, (
         f"peak {peak:,} bytes of Python objects for {count * size:,} bytes of options"
     )
+
+
+def test_show_lists_a_target_a_foreign_writer_stored_below_idx_0(target: str) -> None:
+    dcache.open_db(target)
+    try:
+        dcache.create_batch_job(make_job("j", targets_total=1), make_targets(1))
+        T = dcache.BatchTarget
+        T.insert(job_id="j", idx=-1, url="https://foreign/", options="{}", status="pending").execute()
+    finally:
+        dcache.close_db()
+    rows = ok(sift(target, "show", "j")).splitlines()[10:]
+    assert [row.split()[:3] for row in rows] == [
+        ["-1", "pending", "https://foreign/"],
+        ["0", "pending", "https://example.com/0"],
+    ]

@@ -29,15 +29,6 @@ from . import Command, StoreUse
 
 __all__ = ["COMMAND"]
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
-    parser.add_argument("job_id", metavar="JOB_ID")
-    parser.add_argument(
-        "--result", metavar="IDX", type=count(0), help="print the result of target IDX instead"
-    )
-
-
 #: How many targets text output reads per statement: memory stays bounded whatever the job's size.
 PAGE = 1000
 
@@ -50,6 +41,14 @@ COLUMNS = [
     Column("error", "error", width=40),
     Column("hint", "hint", width=30),
 ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
+    parser.add_argument("job_id", metavar="JOB_ID")
+    parser.add_argument(
+        "--result", metavar="IDX", type=count(0), help="print the result of target IDX instead"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,9 +108,10 @@ def _targets(job_id: str) -> Iterator[dict[str, Any]]:
         width = widths[key]
         selected.append(field if width is None else peewee.fn.SUBSTR(field, 1, width + 1).alias(key))
     selected.append(result_size(T.result).alias("result_bytes"))
-    after = -1
+    after: int | None = None  # no lower bound at first: a foreign writer's idx may be negative
     while True:
-        query: Any = T.select(*selected).where((T.job_id == job_id) & (T.idx > after)).order_by(T.idx)
+        where = T.job_id == job_id if after is None else (T.job_id == job_id) & (T.idx > after)
+        query: Any = T.select(*selected).where(where).order_by(T.idx)
         page: list[dict[str, Any]] = list(query.limit(PAGE).dicts())
         yield from page
         if len(page) < PAGE:
