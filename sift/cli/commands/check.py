@@ -14,7 +14,7 @@ from sift.dcache.integrity import REPAIRABLE
 from sift.dcache.reports import Repair, Violation
 
 from ..progress import bars_enabled, make_bar
-from ..report import emit_json, format_count, plural
+from ..report import emit_json, format_count, plural, terminal_safe
 from ..store import CommandError, is_postgres, missing_schema, opened
 from . import Command
 
@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{plural(len(report.violations), 'problem')} in {args.db} ({read}):")
     for violation in report.violations:
-        print(f"  {violation}")
+        print(f"  {terminal_safe(str(violation))}")
     if report.repairs:
         print(f"repaired ({format_count(len(report.repairs))}):")
         for repair in report.repairs:
-            print(f"  {repair}")
+            print(f"  {terminal_safe(str(repair))}")
     elif any(v.kind in REPAIRABLE for v in report.violations):
         print("`sift check --repair` recomputes targets_done, nbytes and the total, deletes orphan targets")
     if any(v.kind not in REPAIRABLE for v in report.violations):

@@ -11,7 +11,17 @@ from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
 from sift.dcache.space import file_backed
 
-from ..report import Column, emit_json, format_age, format_count, format_size, format_time, key_values, table
+from ..report import (
+    Column,
+    emit_json,
+    format_age,
+    format_count,
+    format_size,
+    format_time,
+    key_values,
+    table,
+    utc_text,
+)
 from ..rows import counts_by_status
 from ..space import space_lines, space_report
 from ..store import file_sizes
@@ -26,9 +36,10 @@ def _sizes_before(args: argparse.Namespace) -> None:
 
 
 def _lease_info(unix: int | None, now: int) -> dict[str, Any] | None:
+    """A lease as its number, its UTC text (None when no date can show it) and its age in seconds."""
     if unix is None:
         return None
-    return {"unix": unix, "utc": format_time(unix), "age_s": now - unix}
+    return {"unix": unix, "utc": utc_text(unix), "age_s": now - unix}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     def lease_text(info: dict[str, Any] | None) -> str:
-        return "-" if info is None else f"{info['utc']}  ({format_age(info['unix'], now)})"
+        return "-" if info is None else f"{format_time(info['unix'])}  ({format_age(info['unix'], now)})"
 
     def size_text(n: int | None) -> str:
         return "-" if n is None else f"{format_size(n)} ({format_count(n)} bytes)"
