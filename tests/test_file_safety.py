@@ -1,7 +1,7 @@
 """The files beside a SQLite store cannot be turned against their owner: the writers' lock file is never
-opened through a symlink nor given the store's mode unless it is the store owner's own; SQLite's -wal and
--shm files are refused when they are symlinks or have other names; the store path is resolved once, and a
-dangling symlink is refused, naming it."""
+opened through a symlink nor given the store's mode unless it is the store owner's own; a -wal, -shm or
+-journal file that is a symlink or not a regular file is refused, naming it; the store path is resolved
+once, and a dangling symlink is refused, naming it."""
 
 from __future__ import annotations
 
@@ -57,22 +57,28 @@ def test_the_lock_file_never_gives_the_stores_mode_to_a_planted_file(tmp_path: P
     assert secret.read_bytes() == PRIVATE_KEY
 
 
-@pytest.mark.parametrize("end", ["-wal", "-shm"])
-@pytest.mark.parametrize("plant", ["symlink", "hard link"])
-def test_a_planted_wal_or_shm_file_is_refused_naming_it(tmp_path: Path, end: str, plant: str) -> None:
+@pytest.mark.parametrize("end", ["-wal", "-shm", "-journal"])
+def test_a_symlinked_companion_file_is_refused_naming_it(tmp_path: Path, end: str) -> None:
     secret = private_file(tmp_path / "victim_private_key")
     store = shared_store(tmp_path / "shared")
     companion = Path(f"{store}{end}")
-    if plant == "symlink":
-        companion.symlink_to(secret)
-    else:
-        os.link(secret, companion)
-    with pytest.raises(dcache.StoreUnavailable) as info:
+    companion.symlink_to(secret)
+    with pytest.raises(dcache.StoreUnavailable, match="is a symlink; sift does not follow") as info:
         dcache.open_db(store)
-        dcache.create_batch_job(make_job("job-1"), make_targets(3))
     assert info.value.field == "path" and str(companion) in str(info.value)
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert secret.read_bytes() == PRIVATE_KEY
+
+
+@pytest.mark.parametrize("end", ["-wal", "-shm", "-journal"])
+def test_a_companion_that_is_not_a_regular_file_is_refused_naming_it(tmp_path: Path, end: str) -> None:
+    store = shared_store(tmp_path / "shared")
+    companion = Path(f"{store}{end}")
+    companion.mkdir()
+    with pytest.raises(dcache.StoreUnavailable, match="is not a regular file") as info:
+        dcache.open_db(store)
+    assert info.value.field == "path" and str(companion) in str(info.value)
+    assert companion.is_dir()
 
 
 def test_a_dangling_symlink_is_refused_as_a_store_path(tmp_path: Path) -> None:

@@ -75,9 +75,9 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
 
 
 def _refuse_odd_companions(full: str, shown: str) -> None:
-    """Refuse a ``-wal``, ``-shm`` or ``-journal`` file that is a symlink, not a regular file, or a regular
-    file with another name too: SQLite opens them following symlinks, writes them, and gives an empty one
-    the store file's mode, so such a file would turn its writes against a file that is not the store's."""
+    """Refuse a ``-wal``, ``-shm`` or ``-journal`` file that is a symlink or not a regular file: SQLite
+    writes these files, and gives an empty one the store file's mode, so it must not reach another file
+    through them; such a file holds nothing of the store's, and removing it loses nothing."""
     for suffix in SQLITE_COMPANIONS:
         try:
             info = os.lstat(full + suffix)
@@ -87,8 +87,6 @@ def _refuse_odd_companions(full: str, shown: str) -> None:
             why = "a symlink; sift does not follow the store's companion files through symlinks"
         elif not stat.S_ISREG(info.st_mode):
             why = "not a regular file"
-        elif info.st_nlink != 1:
-            why = f"a file with {info.st_nlink} names (hard links); SQLite would write it through all of them"
         else:
             continue
         raise StoreUnavailable.of_target(
