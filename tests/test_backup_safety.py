@@ -265,3 +265,11 @@ def test_a_directory_beside_dest_is_refused(shared_store: str, tmp_path: Path) -
         dcache.backup_store(dest)
     assert info.value.field == "dest"
     assert folder_state(tmp_path) == state
+
+
+def test_a_replaced_regular_file_gives_its_permission_bits_only(shared_store: str, tmp_path: Path) -> None:
+    dest = tmp_path / "copy.db"
+    dest.write_bytes(b"an older backup")
+    dest.chmod(0o4750)  # a set-user-ID bit means nothing on a store file
+    dcache.backup_store(dest)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o750

@@ -155,7 +155,8 @@ def _dest_path(dest: str | os.PathLike[str], source: str | None) -> tuple[str, i
         )
     if source is not None and any(_same_file(target, found, source + end) for end in _STORE_FILES):
         raise InvalidBatchInput("dest", f"{shown!r} is the store itself; back it up to another file")
-    return target, files.PRIVATE_MODE if found is None else stat.S_IMODE(found.st_mode)
+    # Permission bits only: a set-user-ID bit of what stood there has no meaning on a store file.
+    return target, files.PRIVATE_MODE if found is None else stat.S_IMODE(found.st_mode) & 0o777
 
 
 def _stale_beside(dest: str | os.PathLike[str], target: str, source: str | None) -> list[str]:
@@ -185,7 +186,7 @@ def _stale_beside(dest: str | os.PathLike[str], target: str, source: str | None)
 def _stat(path: str, *, follow: bool = True) -> os.stat_result | None:
     try:
         return os.stat(path, follow_symlinks=follow)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # absent, or not ours to see: what cannot be seen is compared by name, then written
         return None
 
 
@@ -226,7 +227,11 @@ def _create(temp: str, mode: int) -> None:
         fd = os.open(temp, flags, files.PRIVATE_MODE)  # to raise why
         os.close(fd)
     if mode != files.PRIVATE_MODE:
-        os.chmod(temp, mode, follow_symlinks=False)
+        fd = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 def _settle(temp: str, target: str, stale: list[str]) -> None:
