@@ -242,7 +242,9 @@ def _settle(temp: str, target: str, stale: list[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    for path in stale:  # the -wal first: without it, a -shm or journal alone replays nothing
+    # Removed only now, the copy complete: a backup that fails earlier leaves the old DEST whole. The -wal
+    # goes first: a -shm left without it (a removal failing half-way) is rebuilt, never replayed.
+    for path in stale:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     os.replace(temp, target)
