@@ -6,6 +6,12 @@ on meanwhile (their commits wait in the -wal file until the copy ends). The copy
 beside the destination and is renamed over it only once complete and on disk, so a backup that is killed
 leaves no file at the destination's name, only a ``.<name>.<pid>.sift-backup`` file beside it.
 
+The destination is a regular file or nothing: a device, a FIFO, a socket or a directory is refused, as is
+the store itself or any file beside it, compared by device and inode after every symlink is resolved (a
+symlink to a regular file is written through, as ``cp`` does). A ``-wal``, ``-shm`` or ``-journal`` file
+left beside the destination by an earlier store there is removed before the rename, so that what the
+backup wrote is what the next open reads.
+
 A PostgreSQL store is backed up to the same thing: a SQLite store file, written from one REPEATABLE READ
 READ ONLY snapshot of the store's schema (so the copy is consistent while others write, and blocks no one).
 Jobs are copied in insertion order (``seq``), so the copy's ``_rowid_`` keeps the newest-wins tiebreak, and
@@ -72,28 +78,29 @@ def backup_store(
 ) -> BackupReport:
     """Copy the open store to ``dest``: the store as it was when the copy started, while other threads
     and processes go on writing. ``dest`` is replaced only once the copy is complete and on disk; a new
-    ``dest`` gets mode 0600, an existing one keeps its mode. ``progress(done, total)`` is called with
-    pages after each step of ``pages_per_step`` pages. A PostgreSQL store is copied to a SQLite store file
-    from one snapshot; ``progress`` then counts rows (jobs and targets), :data:`ROWS_PER_STEP` a step.
+    ``dest`` gets mode 0600, an existing regular file keeps its mode. ``progress(done, total)`` is called
+    with pages after each step of ``pages_per_step`` pages. A PostgreSQL store is copied to a SQLite store
+    file from one snapshot; ``progress`` then counts rows (jobs and targets), :data:`ROWS_PER_STEP` a step.
 
-    Raises ``InvalidBatchInput`` (field ``dest``) for a destination that cannot be a backup, and
-    ``StoreUnavailable`` or a subclass (``StoreFull``, ...) when the copy cannot be made; nothing is
-    then left at ``dest`` or beside it.
+    Raises ``InvalidBatchInput`` (field ``dest``) for a destination that cannot be a backup (not a regular
+    file, the store or a file beside it), and ``StoreUnavailable`` or a subclass (``StoreFull``, ...) when
+    the copy cannot be made; nothing is then left at ``dest`` or beside it.
     """
     source = _source_path()
-    target = _dest_path(dest, source)
+    target, kept_mode = _dest_path(dest, source)
+    stale = _stale_beside(dest, target, source)
     folder, name = os.path.split(target)
     temp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     if not isinstance(pages_per_step, int) or isinstance(pages_per_step, bool) or pages_per_step < 1:
         raise InvalidBatchInput("pages_per_step", f"must be an int >= 1, got {pages_per_step!r}")
     source = source or str(db.path)
     try:
-        _create(temp, target)
+        _create(temp, kept_mode)
         try:
             pages, page_size = db.backend.copy_into(
                 temp, progress, pages_per_step=pages_per_step, rows_per_step=ROWS_PER_STEP
             )
-            _settle(temp, target)
+            _settle(temp, target, stale)
         except BaseException:
             _remove(temp)
             raise
@@ -124,39 +131,122 @@ def _path_argument(field: str, value: str | os.PathLike[str]) -> tuple[str, str]
     return shown, os.path.abspath(shown)
 
 
-def _dest_path(dest: str | os.PathLike[str], source: str | None) -> str:
-    shown, target = _path_argument("dest", dest)
+#: The files SQLite keeps beside a store file; ``-lock`` is the writers' queue's.
+_COMPANIONS = ("-wal", "-shm", "-journal")
+_STORE_FILES = ("", *_COMPANIONS, "-lock")
+
+
+def _dest_path(dest: str | os.PathLike[str], source: str | None) -> tuple[str, int]:
+    """The resolved path to write the backup to, and the mode to give it: 0600, or the mode of the
+    regular file it replaces. Refuses a destination that is not a regular file (a dangling symlink
+    included), or is the store ``source`` or a file beside it, by device and inode."""
+    shown, given = _path_argument("dest", dest)
+    if os.path.islink(given) and not os.path.exists(given):
+        raise InvalidBatchInput("dest", f"{shown!r} is a symlink to nothing ({os.readlink(given)!r})")
+    target = os.path.realpath(given)
     if os.path.isdir(target):
         raise InvalidBatchInput("dest", f"{shown!r} is a directory; name the backup file")
     if not os.path.isdir(os.path.dirname(target)):
         raise InvalidBatchInput("dest", f"the directory of {shown!r} does not exist")
-    if source is None:
-        return target
-    store_files = {source + suffix for suffix in ("", "-wal", "-shm", "-journal", "-lock")}
-    if target in store_files or (os.path.exists(target) and os.path.samefile(target, source)):
+    found = _stat(target)
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        raise InvalidBatchInput(
+            "dest", f"{shown!r} is {_kind(found)}, not a regular file; a backup replaces only a regular file"
+        )
+    if source is not None and any(_same_file(target, found, source + end) for end in _STORE_FILES):
         raise InvalidBatchInput("dest", f"{shown!r} is the store itself; back it up to another file")
-    return target
+    # Permission bits only: a set-user-ID bit of what stood there has no meaning on a store file.
+    return target, files.PRIVATE_MODE if found is None else stat.S_IMODE(found.st_mode) & 0o777
 
 
-def _create(temp: str, target: str) -> None:
-    """The empty temporary file: 0600, or the mode of the backup it replaces."""
-    if not files.create_private(temp):
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, files.PRIVATE_MODE)  # to raise why
-        os.close(fd)
+def _stale_beside(dest: str | os.PathLike[str], target: str, source: str | None) -> list[str]:
+    """The ``-wal``, ``-shm`` and ``-journal`` files an earlier store at ``target`` left beside it, which
+    the next open of the backup would replay onto it: to be removed just before the rename. Refuses one
+    that is not a regular file or a symlink (removing a symlink leaves what it points to), or that is one
+    of the store's own files."""
+    stale = []
+    for end in _COMPANIONS:
+        path = target + end
+        found = _stat(path, follow=False)
+        if found is None:
+            continue
+        if not (stat.S_ISREG(found.st_mode) or stat.S_ISLNK(found.st_mode)):
+            raise InvalidBatchInput(
+                "dest", f"{path!r}, left beside {os.fspath(dest)!r}, is {_kind(found)}; remove it first"
+            )
+        followed = _stat(path)
+        if source is not None and any(_same_file(path, followed, source + own) for own in _STORE_FILES):
+            raise InvalidBatchInput(
+                "dest", f"{path!r}, beside {os.fspath(dest)!r}, is one of the store's own files"
+            )
+        stale.append(path)
+    return stale
+
+
+def _stat(path: str, *, follow: bool = True) -> os.stat_result | None:
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        return
-    os.chmod(temp, mode)
+        return os.stat(path, follow_symlinks=follow)
+    except OSError:  # absent, or not ours to see: what cannot be seen is compared by name, then written
+        return None
 
 
-def _settle(temp: str, target: str) -> None:
-    """Put the finished copy on disk, then at ``target``'s name, then make the rename durable."""
-    fd = os.open(temp, os.O_RDONLY)
+def _same_file(path: str, found: os.stat_result | None, other: str) -> bool:
+    """Whether ``path`` (resolved; ``found`` its stat, None if absent) is the file ``other`` or would be
+    once created: the same inode, or the same name in the same directory (by inode), however reached."""
+    if found is not None:
+        known = _stat(other)
+        if known is not None and (known.st_dev, known.st_ino) == (found.st_dev, found.st_ino):
+            return True
+    if os.path.basename(path) != os.path.basename(other):
+        return False
+    here, there = _stat(os.path.dirname(path)), _stat(os.path.dirname(os.path.realpath(other)))
+    if here is None or there is None:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _kind(info: os.stat_result) -> str:
+    mode = info.st_mode
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _create(temp: str, mode: int) -> None:
+    """The empty temporary file, with ``mode``."""
+    if not files.create_private(temp):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(temp, flags, files.PRIVATE_MODE)  # to raise why
+        os.close(fd)
+    if mode != files.PRIVATE_MODE:
+        fd = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+
+def _settle(temp: str, target: str, stale: list[str]) -> None:
+    """Put the finished copy on disk, remove what an earlier store left beside ``target``, then put the
+    copy at ``target``'s name, and make it durable."""
+    fd = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    # Removed only now, the copy complete: a backup that fails earlier leaves the old DEST whole. The -wal
+    # goes first: a -shm left without it (a removal failing half-way) is rebuilt, never replayed.
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     os.replace(temp, target)
     files.fsync_directory(os.path.dirname(target))
 

@@ -13,11 +13,11 @@ PRIVATE_MODE = 0o600
 def create_private(path: str) -> bool:
     """Create ``path`` empty with mode 0600 if it does not exist; return whether it was created.
 
-    An existing file keeps its mode. A failure to create is left to SQLite, which opens the file next and
-    reports why it cannot.
+    An existing file keeps its mode, and a symlink at ``path`` is never followed. A failure to create is
+    left to SQLite, which opens the file next and reports why it cannot.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_MODE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE_MODE)
     except OSError:
         return False
     try:

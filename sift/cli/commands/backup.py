@@ -16,7 +16,9 @@ __all__ = ["COMMAND"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
-    parser.add_argument("dest", metavar="DEST", help="the backup file to write (replaced if it exists)")
+    parser.add_argument(
+        "dest", metavar="DEST", help="the backup file to write (a regular file, replaced if it exists)"
+    )
 
 
 def _backup_postgres(args: argparse.Namespace) -> int:

@@ -22,6 +22,8 @@ class SqliteBase(peewee.SqliteDatabase):
     lock: threading.RLock
     #: Where the store is, as shown in messages; None when nothing is open.
     path: str | None
+    #: The store file's resolved path, or ":memory:"; None when nothing is open.
+    file: str | None
     readonly: bool
     #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
     writers: WriterQueue

@@ -58,6 +58,7 @@ class SerializedSqliteDatabase(
         self.lock = threading.RLock()
         self._store_open = False  # between open_db and close_db: the connection belongs to the store
         self.path: str | None = None
+        self.file: str | None = None  # resolved once by open_db: every companion is named from it
         self.readonly = False
         self.contexts = ThreadContexts()
         self._raw_init = True  # Peewee's constructor calls init(None)
@@ -144,9 +145,9 @@ class SerializedSqliteDatabase(
             self.refuse_inside_transaction("open_db")
             self.close_store()
             try:
-                target, shown = store_target(path, readonly)
+                target, shown, file = store_target(path, readonly)
                 if not readonly and shown != ":memory:":
-                    create_store_file(shown)  # 0600, not the umask's mode; see files.py
+                    create_store_file(target)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
                 # Only a file's writers queue: nobody else can write a private in-memory store, and a
                 # read-only store never writes.
@@ -161,7 +162,7 @@ class SerializedSqliteDatabase(
                     check_same_thread=False,
                     uri=readonly,
                 )
-                self.path, self.readonly = shown, readonly
+                self.path, self.file, self.readonly = shown, file, readonly
                 self.connect()
                 if readonly:
                     self.check_schema()
@@ -178,7 +179,7 @@ class SerializedSqliteDatabase(
             ) as exc:
                 self.close_store()
                 self._init_raw(None)
-                self.path, self.readonly = None, False
+                self.path, self.file, self.readonly = None, None, False
                 if isinstance(exc, StoreUnavailable) and exc.field == "path":  # already says what is wrong
                     raise
                 # Keep the kind (StoreCorrupt, StoreFull, ...) and the driver's error as the cause.

@@ -8,7 +8,6 @@ What :mod:`sift.dcache.integrity`, :mod:`sift.dcache.space` and :mod:`sift.dcach
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -169,15 +168,14 @@ class SqliteMaintenance(SqliteBase):
     # -- Backup ----------------------------------------------------------------------------------------
 
     def backup_source(self) -> str | None:
-        """The store file's absolute path, which a backup copies page by page."""
-        path = str(self.path)  # as given to open_db (self.database is a URI when read-only)
-        if path == ":memory:":
+        """The store file's resolved path, which a backup copies page by page."""
+        if self.file in (None, ":memory:"):
             raise StoreUnavailable("database: an in-memory store has no file to back up")
-        return os.path.abspath(path)
+        return self.file
 
     def store_file(self) -> str | None:
-        """The store file's path (as given to open_db), or None in memory."""
-        return None if self.path in (None, ":memory:") else self.path
+        """The store file's resolved path, or None in memory."""
+        return None if self.file in (None, ":memory:") else self.file
 
     def copy_into(
         self,

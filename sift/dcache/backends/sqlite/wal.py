@@ -76,7 +76,8 @@ class WalPolicy(SqliteBase):
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
-                self._wal_index = os.open(self._wal_index_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # only the store's own
+                self._wal_index = os.open(self._wal_index_path, flags)
             header = os.pread(self._wal_index, 100, 0)
         except OSError:
             return None

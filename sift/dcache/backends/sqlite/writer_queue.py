@@ -28,9 +28,11 @@ sift's writers.
 - **Files**: created on the first write with the store file's mode (0600 for a store sift made), owned
   by the store file's owner when root creates it, as SQLite does for ``-wal``; after a ``chmod`` of the
   store, its owner's next ``open_db`` and write give the lock file the same mode. It is opened read-only
-  (``flock`` needs no more), without blocking (a FIFO's open would wait for a writer). If it cannot be
-  opened (a directory this user may not write, say), or is not a regular file, the store works as before:
-  on SQLite's busy handler alone.
+  (``flock`` needs no more), without blocking (a FIFO's open would wait for a writer), and never through a
+  symlink (``O_NOFOLLOW``): whoever can write the store's directory cannot point it at another file. Its
+  mode is changed only on a regular, empty file with one name, owned by the store file's owner. If it
+  cannot be opened (a directory this user may not write, a symlink, say), or is not a regular file, the
+  store works as before: on SQLite's busy handler alone.
 - **No hand-over**: a writer that releases the lock may take it again at once (its next call tries
   without blocking first), as under the busy handler. Yielding the CPU after each release, spinning before
   blocking, or keeping the lock for the process's next write each cost throughput for little gain in the
@@ -160,13 +162,13 @@ class WriterQueue:
         try:
             info = os.stat(self.store_path)
             mode = stat.S_IMODE(info.st_mode) & 0o666
+            safe = os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # never a file a symlink points to
             try:
-                flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK
-                fd = os.open(self.path, flags, mode)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | safe, mode)
                 created = True
             except FileExistsError:
                 # flock needs no write access; O_NONBLOCK: opening a FIFO would wait for its writer.
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = os.open(self.path, os.O_RDONLY | safe)
                 created = False
         except OSError:
             self._unusable = True
@@ -185,7 +187,8 @@ class WriterQueue:
     @staticmethod
     def _match_store(fd: int, info: os.stat_result, mode: int, created: bool) -> bool:
         """Give the lock file the store file's mode (and, made by root, its owner). False if the file found
-        at its path is not a regular file; an OSError of fchmod or fchown propagates."""
+        at its path is not a regular file; one that is not the store owner's own keeps its mode. An
+        OSError of fchmod or fchown propagates."""
         if created:
             os.fchmod(fd, mode)  # the umask may have taken bits away
             if os.geteuid() == 0:
@@ -194,7 +197,10 @@ class WriterQueue:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):  # a directory, a FIFO, …: not ours to chmod
             return False
-        if found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != mode:
+        # Only the store owner's own lock file follows the store's mode: never a file of someone else's,
+        # nor one with data or another name (a hard link to a private file planted beside the store).
+        own = found.st_uid == info.st_uid == os.geteuid() and found.st_nlink == 1 and found.st_size == 0
+        if own and stat.S_IMODE(found.st_mode) != mode:
             os.fchmod(fd, mode)  # the store's mode was changed (chmod 0660 to share it): the lock follows
         return True
 
