@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from ...errors import StoreUnavailable
+from ...errors import StoreMissing, StoreUnavailable
 
 __all__ = ["is_wal_file", "sqlite_url_path", "store_target"]
 
 
-def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str]:
+def store_target(path: str | os.PathLike[str], readonly: bool, create: bool = True) -> tuple[str, str]:
     """What to hand SQLite for ``path`` (a ``mode=ro`` URI when read-only), and the path to show; a
-    path that cannot be a store file is refused with the reason."""
+    path that cannot be a store file is refused with the reason, and so is a missing file when read-only
+    or not ``create`` (StoreMissing)."""
     shown = os.fspath(path)
     if not isinstance(shown, str):
         raise StoreUnavailable.of_target(f"must be a str or os.PathLike of str, got {type(path).__name__}")
@@ -22,6 +23,8 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
             "is empty; give the store file's path, or ':memory:' for a private one"
         )
     if shown == ":memory:":
+        if not create and not readonly:
+            raise StoreMissing.of_target("':memory:' is always a new store, which create=False refuses")
         if readonly:
             raise StoreUnavailable.of_target("a read-only store must be a file, not ':memory:'")
         return shown, shown
@@ -31,10 +34,10 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
         raise StoreUnavailable.of_target(f"{shown!r} is a directory, not a store file")
     if not os.path.isdir(folder):
         raise StoreUnavailable.of_target(f"the directory {folder!r} of {shown!r} does not exist")
+    if not os.path.isfile(full) and (readonly or not create):
+        raise StoreMissing.of_target(f"no store at {shown!r}")
     if not readonly:
         return full, shown  # absolute: a reconnection or a side connection after a chdir finds the same file
-    if not os.path.isfile(full):
-        raise StoreUnavailable.of_target(f"no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
     if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not is_wal_file(full):
         return uri, shown
