@@ -119,7 +119,7 @@ def test_check_opens_read_only_and_sees_a_drifted_total(
 def test_check_of_a_missing_store_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "check", "--db", tmp_path / "typo.db")
     assert (code, out) == (1, "")
-    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'\n"
+    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'; `sift init` creates one\n"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -154,5 +154,5 @@ def test_repair_of_a_missing_store_creates_nothing(
 ) -> None:
     code, out, err = run(capsys, "check", "--repair", "--db", tmp_path / "typo.db")
     assert (code, out) == (1, "")
-    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'\n"
+    assert err == f"sift: path: no store at '{tmp_path / 'typo.db'}'; `sift init` creates one\n"
     assert list(tmp_path.iterdir()) == []

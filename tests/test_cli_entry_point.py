@@ -44,7 +44,11 @@ def test_entry_point_uses_sift_db_and_the_working_directory(tmp_path: Path, comm
     proc = subprocess.run(
         [*command, "jobs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
-    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "sift: path: no store at 'sift.db'\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        1,
+        "",
+        "sift: path: no store at 'sift.db'; `sift init` creates one\n",
+    )
     assert list(tmp_path.iterdir()) == []  # a read command creates nothing
     dcache.open_db(tmp_path / "sift.db")
     dcache.close_db()

@@ -248,10 +248,7 @@ def test_a_read_command_on_a_schema_without_a_store_creates_nothing(
 ) -> None:
     code, out, err = run(capsys, "--db", pg_target, *argv)
     assert (code, out) == (1, "")
-    assert (
-        one_line(err)
-        == f"sift: path: {pg_target!r} holds no batch store; open it once without readonly=True\n"
-    )
+    assert one_line(err) == f"sift: path: no store at {pg_target!r}; `sift init` creates one\n"
     assert not schema_exists(pg_target)
 
 

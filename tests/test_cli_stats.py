@@ -62,7 +62,7 @@ def test_json_report(store_file: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_human_report(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with freeze_time(FROZEN):
-        code, out, err = run(capsys, "stats", "--db", store_file)
+        code, out, err = run(capsys, "stats", "--db", store_file, "--counters")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     total = sum(e.nbytes for e in EXPECTED.values())

@@ -72,6 +72,7 @@ def test_vacuum_converts_an_old_store_once_with_a_warning(
 
 def test_vacuum_of_a_new_store_warns_of_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "new.db"
+    assert run(capsys, "init", "--db", path)[0] == 0
     code, out, err = run(capsys, "--db", path, "vacuum", "--json")
     assert (code, err) == (0, "")
     assert json.loads(out)["converted"] is False

@@ -85,6 +85,6 @@ def test_the_cli_creates_a_private_store(
     tmp_path: Path, umask: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "cli.db"
-    assert main(["--db", str(path), "reconcile", "--reason", "x"]) == 0  # a write command creates the store
+    assert main(["--db", str(path), "init"]) == 0  # the command that creates a store
     capsys.readouterr()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

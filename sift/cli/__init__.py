@@ -1,10 +1,11 @@
 """The ``sift`` command: inspect, maintain and explore a batch store, and run a simulated workload.
 
 Built on the public functions of :mod:`sift.dcache` and its models; the store is a SQLite file or a
-PostgreSQL URL (simulate there works in a schema of its own). The commands that only read (stats,
-jobs, show, and the dry runs of sweep and evict) open the store read-only and never create it; simulate
-never changes a store holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
-negative duration or size, no store at the path a read command names, a file that is not a store or
+PostgreSQL URL (simulate there works in a schema of its own). Only init, restore and simulate create a
+store; every other command refuses a missing one and creates nothing. The commands that only read (stats,
+jobs, show, and the dry runs of sweep and evict) open the store read-only; simulate never changes a store
+holding jobs it did not make. Errors the user caused (an unknown job id, a bad or
+negative duration or size, no store at the path a command names, a file that is not a store or
 stays locked, a store simulate refuses) and failures of the store (a full disk, a damaged file: the store
 raises them as ``BatchError`` too) print one line on standard error and exit 1; usage errors exit 2,
 as argparse does.
@@ -28,6 +29,7 @@ from .commands import (
     backup,
     check,
     evict,
+    init,
     jobs,
     reconcile,
     restore,
@@ -46,6 +48,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: The commands, in the order ``sift --help`` lists them.
 COMMANDS: tuple[Command, ...] = (
+    init.COMMAND,
     stats.COMMAND,
     jobs.COMMAND,
     show.COMMAND,
@@ -134,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         # A command that only reads opens the store read-only: it never creates the file (a typo in --db
         # would leave a new empty store behind) and never writes to it.
         readonly = command.store is StoreUse.READ or command.readonly(args)
-        with opened(args.db, readonly=readonly) as database:
+        # Only init, restore and simulate make a store: elsewhere a typo in --db must not leave one behind.
+        create = command.store in (StoreUse.CREATE, StoreUse.NEW)
+        with opened(args.db, readonly=readonly, create=create) as database:
             if is_postgres(args.db):
                 args.db = database.path  # as shown in messages: without a password
             return command.run(args)

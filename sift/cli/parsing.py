@@ -88,8 +88,10 @@ def count(minimum: int) -> Callable[[str], int]:
 
 
 _STORE_HELP = {
-    StoreUse.WRITE: "the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); created if "
-    "missing, except by --dry-run",
+    StoreUse.WRITE: "the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); it must "
+    "exist (`sift init` creates one)",
+    StoreUse.CREATE: "the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); created if "
+    "missing",
     StoreUse.READ: "the store file, or a postgresql:// URL (default: $SIFT_DB, else ./sift.db); it must "
     "exist, and is only read",
     StoreUse.NEW: "a new or empty store file; one holding jobs is refused, unchanged (default: $SIFT_DB, "

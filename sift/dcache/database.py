@@ -148,6 +148,7 @@ def open_db(
     timeout: float = BUSY_TIMEOUT_S,
     readonly: bool = False,
     max_connections: int | None = None,
+    create: bool = True,
 ) -> StoreDatabase:
     """Open (creating if missing) the store at ``target``, closing any store opened before.
 
@@ -158,7 +159,10 @@ def open_db(
 
     Creates what is missing of the schema (recomputing a SQLite file's byte total if it was missing),
     and resets the counters. With ``readonly=True`` the store must exist and hold the whole schema;
-    nothing is ever written to it, and every write raises ``StoreReadOnly``. Raises ``StoreUnavailable``
+    nothing is ever written to it, and every write raises ``StoreReadOnly``. With ``create=False`` the
+    store must exist (a SQLite file, or a PostgreSQL schema holding the store's tables; never ``:memory:``):
+    a missing one raises ``StoreMissing`` and nothing is created, for a process that must not make a store
+    from a mistyped target. Raises ``StoreUnavailable``
     for a target that cannot be opened (saying why), one that is not a batch store, or one locked by
     another process past ``timeout`` seconds; ``StoreCorrupt`` for a file that is not a SQLite database
     or is damaged, and ``StoreFull`` when the disk is too full to create the schema.
@@ -166,7 +170,12 @@ def open_db(
     text = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
     if is_postgres_target(text):
         backend = open_postgres(
-            text, timeout=timeout, readonly=readonly, max_connections=max_connections, release=_use_sqlite
+            text,
+            timeout=timeout,
+            readonly=readonly,
+            max_connections=max_connections,
+            release=_use_sqlite,
+            create=create,
         )
         db.initialize(backend)
     else:
@@ -174,7 +183,7 @@ def open_db(
             raise StoreUnavailable("max_connections: only a PostgreSQL store pools connections")
         text = sqlite_path(text)
         _use_sqlite()
-        SQLITE.open_store(text, timeout=timeout, readonly=readonly)
+        SQLITE.open_store(text, timeout=timeout, readonly=readonly, create=create)
     counters.reset()
     return db
 

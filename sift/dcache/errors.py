@@ -87,6 +87,11 @@ class StoreUnavailable(BatchError):
         return error
 
 
+class StoreMissing(StoreUnavailable):
+    """No store where ``open_db`` looked: a missing SQLite file, or a PostgreSQL schema without the store's
+    tables. Raised with ``readonly=True`` or ``create=False``, which never create a store."""
+
+
 class StoreFull(StoreUnavailable):
     """The disk holding the store is full; the failed transaction was rolled back. Free space, retry."""
 

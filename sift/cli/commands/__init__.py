@@ -19,7 +19,8 @@ class StoreUse(Enum):
     """How a command uses the store named by ``--db``, which also chooses that option's help."""
 
     READ = "read"  #: it must exist and is only read
-    WRITE = "write"  #: created if missing (a dry run reads only)
+    WRITE = "write"  #: it must exist (a missing one is refused, not created); a dry run reads only
+    CREATE = "create"  #: created if missing
     NEW = "new"  #: a new or empty store: one holding jobs is refused
 
 

@@ -15,7 +15,7 @@ from sift.dcache.reports import Repair, Violation
 
 from ..progress import bars_enabled, make_bar
 from ..report import emit_json, format_count, plural, terminal_safe
-from ..store import CommandError, is_postgres, missing_schema, opened
+from ..store import CommandError, is_postgres, missing_schema, no_store, opened
 from . import Command
 
 __all__ = ["COMMAND"]
@@ -42,7 +42,7 @@ def prepare(args: argparse.Namespace) -> None:
                 pass
         return
     if args.db != ":memory:" and not os.path.isfile(args.db):
-        raise CommandError(f"path: no store at {args.db!r}")
+        raise no_store(args.db)
     args.missing_schema = missing_schema(args.db) if args.db != ":memory:" else []
     if args.missing_schema and not args.repair:
         raise CommandError(

@@ -8,7 +8,8 @@ from sift import dcache
 
 from ..progress import make_bar
 from ..report import emit_json, format_count
-from . import Command
+from ..store import new_store_remover
+from . import Command, StoreUse
 
 __all__ = ["COMMAND"]
 
@@ -18,7 +19,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE", help="the SQLite store file to copy from (only read)")
 
 
+def prepare(args: argparse.Namespace) -> None:
+    """Note what of the destination is missing now: a failed restore removes the store it created."""
+    args.remove_new_store = new_store_remover(args.db)
+
+
 def run(args: argparse.Namespace) -> int:
+    """Copy SOURCE's rows into the empty store; if that fails, the store it created is removed again."""
+    try:
+        return _copy(args)
+    except BaseException:
+        dcache.close_db()  # a store's files or schema can go only once it is closed
+        args.remove_new_store()
+        raise
+
+
+def _copy(args: argparse.Namespace) -> int:
     """Copy SOURCE's rows into the empty store, with a bar of the rows copied."""
     with make_bar(None, "restore", unit="row") as bar:
 
@@ -42,7 +58,10 @@ COMMAND = Command(
     name="restore",
     help="Copy every job and target of the SQLite store file SOURCE (a backup) into the store, which must "
     "hold none: in one transaction, so a refused row leaves it empty. With --db postgresql://..., "
-    "this moves a SQLite store to PostgreSQL.",
+    "this moves a SQLite store to PostgreSQL. A missing store is created, and removed again if the "
+    "restore fails.",
     run=run,
+    store=StoreUse.CREATE,
     add_arguments=add_arguments,
+    prepare=prepare,
 )

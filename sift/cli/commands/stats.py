@@ -1,4 +1,8 @@
-"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes and counters; reads only."""
+"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes; reads only.
+
+What the store holds comes first; this process's ``stats()`` counters (zero in a fresh ``sift`` process,
+whatever the store holds) are shown only with ``--counters`` or when one is not zero. ``--json`` always
+holds them, under ``counters``."""
 
 from __future__ import annotations
 
@@ -28,6 +32,16 @@ from ..store import file_sizes
 from . import Command, StoreUse
 
 __all__ = ["COMMAND"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
+    parser.add_argument(
+        "--counters",
+        action="store_true",
+        help="also list this process's stats() counters when they are all zero (as in a fresh sift "
+        "process); --json always holds them",
+    )
 
 
 def _sizes_before(args: argparse.Namespace) -> None:
@@ -97,7 +111,11 @@ def run(args: argparse.Namespace) -> int:
             title,
             *table(rows, [Column("status", "status"), Column("count", "count", right=True)], indent="  "),
         ]
-    counter_rows = [{"name": k, "value": format_count(v)} for k, v in report["counters"].items()]
+    counters: dict[str, int] = report["counters"]
+    if not args.counters and not any(counters.values()):
+        print("\n".join(lines))
+        return 0
+    counter_rows = [{"name": k, "value": format_count(v)} for k, v in counters.items()]
     lines += [
         "",
         "Counters (stats(): this process, since it opened the store)",
@@ -109,8 +127,10 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     name="stats",
-    help="Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size, counters.",
+    help="Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size; this "
+    "process's counters with --counters (or when not all zero).",
     run=run,
+    add_arguments=add_arguments,
     store=StoreUse.READ,
     prepare=_sizes_before,
 )

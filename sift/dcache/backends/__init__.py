@@ -241,6 +241,7 @@ def open_postgres(
     readonly: bool,
     max_connections: int | None,
     release: Callable[[], None],
+    create: bool = True,
 ) -> Backend:
     """A new PostgreSQL backend for ``target``, its store open (the schema created or upgraded);
     ``release`` closes the store open before, once the target is known to be usable."""
@@ -259,6 +260,7 @@ def open_postgres(
         timeout=timeout,
         readonly=readonly,
         max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
+        create=create,
     )
     try:
         backend.open_store()

@@ -22,6 +22,8 @@ class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
     #: The PostgreSQL schema the store's tables are in.
     schema: str
     readonly: bool
+    #: Whether opening a schema without the store's tables creates them (else StoreMissing).
+    create: bool
     timeout: float
     #: Around Peewee's own execution, BEGIN, COMMIT and ROLLBACK: driver errors as the package's.
     read_errors: Translation

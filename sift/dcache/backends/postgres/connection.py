@@ -39,11 +39,14 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
     _in_use: dict[int, Any]
     _connections: list[Any]
 
-    def __init__(self, target: str, *, timeout: float, readonly: bool, max_connections: int) -> None:
+    def __init__(
+        self, target: str, *, timeout: float, readonly: bool, max_connections: int, create: bool = True
+    ) -> None:
         url, self.schema = parse_target(target)
         self.path = shown_target(url, self.schema)
         self._secrets = url_secrets(url)
         self.readonly = readonly
+        self.create = create
         self.timeout = timeout
         self._pid = os.getpid()
         self._threads = threading.local()

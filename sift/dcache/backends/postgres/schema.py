@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ...errors import StoreUnavailable
+from ...errors import StoreMissing, StoreUnavailable
 from ...sqlfiles import load_sql
 from .base import PostgresBase
 
@@ -53,9 +53,11 @@ class PostgresSchema(PostgresBase):
             present = self.fetch_one("SELECT to_regclass('sift_schema') IS NOT NULL", ())[0]
             if not present:
                 if self.readonly:
-                    raise StoreUnavailable.of_target(
+                    raise StoreMissing.of_target(
                         f"{self.path!r} holds no batch store; open it once without readonly=True"
                     )
+                if not self.create:
+                    raise StoreMissing.of_target(f"no store at {self.path!r}")
                 self.create_schema()
             version = self._version()
             if version in MIGRATIONS and not self.readonly:

@@ -137,7 +137,12 @@ class SerializedSqliteDatabase(
             self._raw_init = False
 
     def open_store(
-        self, path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, readonly: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        timeout: float = BUSY_TIMEOUT_S,
+        readonly: bool = False,
+        create: bool = True,
     ) -> None:
         """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
         store or on the new one, never in between. See :func:`open_db`."""
@@ -145,7 +150,7 @@ class SerializedSqliteDatabase(
             self.refuse_inside_transaction("open_db")
             self.close_store()
             try:
-                target, shown, file = store_target(path, readonly)
+                target, shown, file = store_target(path, readonly, create)
                 if not readonly and shown != ":memory:":
                     create_store_file(target)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS

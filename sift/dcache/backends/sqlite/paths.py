@@ -12,7 +12,7 @@ import os
 import stat
 import urllib.parse
 
-from ...errors import StoreUnavailable
+from ...errors import StoreMissing, StoreUnavailable
 
 __all__ = ["SQLITE_COMPANIONS", "is_wal_file", "sqlite_url_path", "store_target"]
 
@@ -20,11 +20,12 @@ __all__ = ["SQLITE_COMPANIONS", "is_wal_file", "sqlite_url_path", "store_target"
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
 
-def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str, str]:
+def store_target(path: str | os.PathLike[str], readonly: bool, create: bool = True) -> tuple[str, str, str]:
     """What to hand SQLite for ``path`` (its resolved path, or a ``mode=ro`` URI of it when read-only), the
     path to show, and the resolved path (``:memory:`` for a private store). A path that cannot be a store
     file is refused with the reason: a dangling symlink, or a companion file SQLite would follow through a
-    symlink or that is not a regular file."""
+    symlink or that is not a regular file; so is a missing file when read-only or not ``create``
+    (StoreMissing)."""
     shown = os.fspath(path)
     if not isinstance(shown, str):
         raise StoreUnavailable.of_target(f"must be a str or os.PathLike of str, got {type(path).__name__}")
@@ -33,6 +34,8 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
             "is empty; give the store file's path, or ':memory:' for a private one"
         )
     if shown == ":memory:":
+        if not create and not readonly:
+            raise StoreMissing.of_target("':memory:' is always a new store, which create=False refuses")
         if readonly:
             raise StoreUnavailable.of_target("a read-only store must be a file, not ':memory:'")
         return shown, shown, shown
@@ -51,10 +54,10 @@ def store_target(path: str | os.PathLike[str], readonly: bool) -> tuple[str, str
     if not os.path.isdir(folder):
         raise StoreUnavailable.of_target(f"the directory {folder!r} of {shown!r} does not exist")
     _refuse_odd_companions(full, shown)
+    if not os.path.isfile(full) and (readonly or not create):
+        raise StoreMissing.of_target(f"no store at {shown!r}")
     if not readonly:
         return full, shown, full  # absolute: a reconnection or side connection after a chdir finds the file
-    if not os.path.isfile(full):
-        raise StoreUnavailable.of_target(f"no store at {shown!r}")
     uri = f"file:{urllib.parse.quote(full)}?mode=ro"
     if os.access(folder, os.W_OK) or os.path.exists(full + "-shm") or not is_wal_file(full):
         return uri, shown, full
