@@ -48,7 +48,10 @@ HOSTS = [
     "--fetch-ms",
     "10",
 ]
-SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=96 * 1024, seed=4)
+#: The budget keeps about a third of the jobs (the rest are evicted): eviction goes oldest lease first, and a
+#: rescue gives the jobs it fails a new lease, so a budget of a few jobs could keep only failed ones, and the
+#: tampering tests need finished jobs that are still findable.
+SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=320 * 1024, seed=4)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
