@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import create_partial, make_job, make_targets
+from helpers import make_job, make_targets
 
 from sift import dcache
 
@@ -66,7 +66,7 @@ def test_failed_writes_leave_the_total(store: Any) -> None:
     with pytest.raises(dcache.DuplicateJob):
         dcache.create_batch_job(make_job("a", nbytes=99))
     with pytest.raises(dcache.InvalidBatchInput):
-        create_partial(make_job("b", nbytes=99), make_targets(1, start=5))
+        dcache.create_batch_job(make_job("b", nbytes=99), make_targets(1, start=5))
     assert dcache.batch_nbytes() == 3 == column_sum()
 
 
