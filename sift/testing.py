@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, clock, db
+from sift.dcache import BatchJob, BatchTarget, clock, db, jsontext
 from sift.dcache.backends import SQLITE
 from sift.dcache.counters import counters
 
@@ -71,7 +71,11 @@ def make_job(**fields: Any) -> BatchJob:
 
 def make_targets(n: int, **fields: Any) -> list[BatchTarget]:
     """``n`` valid unsaved pending targets, idx ``0..n-1``, each with its own URL; ``fields`` override any
-    column of every target (set ``job_id`` or leave it to ``create_batch_job``)."""
+    column of every target (set ``job_id`` or leave it to ``create_batch_job``). ``options`` follows the
+    store's rule: a dict or list becomes compact JSON text, other text must be JSON, anything else is
+    ``InvalidBatchInput`` (field ``options``)."""
+    if "options" in fields:
+        fields = {**fields, "options": jsontext.checked_options(fields["options"])}
     targets = []
     for idx in range(n):
         values: dict[str, Any] = {

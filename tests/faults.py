@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 
@@ -114,7 +114,7 @@ def populate(jobs: int = 40, *, results: bool = True) -> None:
             if results and (n, idx) != (1, 1):
                 dcache.update_batch_target(f"job-{n}", idx, "done", result=RESULT, now=1_000 + n)
     dcache.set_batch_job_status("job-2", "running", now=1_500)
-    dcache.create_batch_job(make_job("job-live", created_at=1_600, lease=1_600), make_targets(2))  # to claim
+    create_partial(make_job("job-live", created_at=1_600, lease=1_600), make_targets(2))  # to claim
 
 
 # -- Faults ----------------------------------------------------------------------------------------------

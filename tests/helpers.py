@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sift import testing
+from sift import dcache, testing
 from sift.dcache import BatchJob, BatchTarget, db
 
 
@@ -82,3 +82,10 @@ def _process_entry(
     except BaseException as exc:  # reported, so the test names it instead of timing out
         out = {"errors": [f"{type(exc).__name__}: {exc}"]}
     results.put(out)
+
+
+def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
+    """The two-call path: ``job`` alone, then ``targets``, fewer than its ``targets_total`` (a
+    ``create_batch_job`` given targets must give all of them)."""
+    dcache.create_batch_job(job)
+    dcache.put_batch_targets(job.id, targets)

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import make_job, make_target, make_targets, snapshot
+from helpers import create_partial, make_job, make_target, make_targets, snapshot
 
 from sift import dcache
 
@@ -30,7 +30,7 @@ class Case:
 
 def setup_store() -> None:
     """job-1: targets 0 and 1 of 3, target 0 done; job-2: no targets yet; big: room for 100,000 targets."""
-    dcache.create_batch_job(make_job("job-1", idem_key="k", status="running"), make_targets(2))
+    create_partial(make_job("job-1", idem_key="k", status="running"), make_targets(2))
     dcache.update_batch_target("job-1", 0, "done", result="abc", now=1_000)
     dcache.create_batch_job(make_job("job-2", targets_total=3))
     dcache.create_batch_job(make_job("big", targets_total=BIG))
@@ -542,7 +542,7 @@ METACHARS = {
 def write_and_read(field: str, value: str) -> tuple[Any, Any]:
     """Store ``value`` in ``field`` through the functions; return (value read back, expected)."""
     if field == "id":
-        dcache.create_batch_job(make_job(value), make_targets(1))
+        create_partial(make_job(value), make_targets(1))
         job = dcache.batch_job(value)
         assert job is not None
         dcache.update_batch_target(value, 0, "done", result="r", now=5)

@@ -167,6 +167,8 @@ def test_every_corruption_at_once_is_named(file_store: Path) -> None:
         "nbytes (job 'job-d'): nbytes is 99, but its results hold 0 bytes (UTF-8)",
         "target_idx (job 'job-d'): target idx outside 0..1 (targets_total - 1): 5",
         "nbytes (job 'job-e'): nbytes is 7, but its results hold 0 bytes (UTF-8)",
+        "missing_targets (job 'job-e'): holds 0 of its 1 targets more than 3600 s after it was created: "
+        "it can never finish (put_batch_targets the rest, or delete it)",
         "orphan_targets (job 'job-b'): 2 targets without their job",
     ]
     assert (report.jobs, report.targets) == (4, 8)
@@ -181,7 +183,7 @@ def test_every_corruption_at_once_is_named(file_store: Path) -> None:
         "total: 3 -> 10",
     ]
     left = dcache.check_store()
-    assert found(left) == {("job_status", "job-c"), ("target_idx", "job-d")}
+    assert found(left) == {("job_status", "job-c"), ("target_idx", "job-d"), ("missing_targets", "job-e")}
     assert dcache.batch_nbytes() == 10
     dcache.create_batch_job(make_job("job-f", nbytes=5))  # the recreated trigger counts it
     assert dcache.batch_nbytes() == 15

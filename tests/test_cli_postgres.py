@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import EXPECTED, FROZEN, NEWEST_FIRST, RESULT_A0, RESULT_A1, RESULT_A2, populate, run, utf8
 from conftest import POSTGRES_URL
 from freezegun import freeze_time
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 from sift.dcache.tables import JOB_COLUMN_LIST as JOB_COLUMNS
@@ -107,8 +107,8 @@ def test_jobs_lists_newest_first_and_a_tie_goes_to_the_later_insert(
 ) -> None:
     populate(pg_target)
     dcache.open_db(pg_target)
-    dcache.create_batch_job(make_job("tie-z", created_at=1_900_000_000), make_targets(1))
-    dcache.create_batch_job(make_job("tie-a", created_at=1_900_000_000), make_targets(1))
+    create_partial(make_job("tie-z", created_at=1_900_000_000), make_targets(1))
+    create_partial(make_job("tie-a", created_at=1_900_000_000), make_targets(1))
     dcache.close_db()
     code, out, _ = run(capsys, "--db", pg_target, "jobs", "--json", "--limit", "0")
     assert code == 0

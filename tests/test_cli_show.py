@@ -19,7 +19,7 @@ from cli_helpers import (
     utf8,
 )
 from freezegun import freeze_time
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 
@@ -74,7 +74,7 @@ def test_errors_hints_and_the_job_error(store_file: Path, capsys: pytest.Capture
 def test_pending_targets_and_no_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "s.db"
     dcache.open_db(path)
-    dcache.create_batch_job(make_job("j", targets_total=4), make_targets(2))
+    create_partial(make_job("j", targets_total=4), make_targets(2))
     dcache.create_batch_job(make_job("empty", targets_total=0))
     dcache.close_db()
     code, out, _ = run(capsys, "show", "j", "--db", path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import create_partial, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -158,9 +158,7 @@ def test_pending_and_running_move_freely_before_finishing(job: str) -> None:
 
 
 def test_batch_targets_in_idx_order_when_put_out_of_order(store: Any) -> None:
-    dcache.create_batch_job(
-        make_job("job-1", targets_total=10), make_targets(1, start=7) + make_targets(1, start=3)
-    )
+    create_partial(make_job("job-1", targets_total=10), make_targets(1, start=7) + make_targets(1, start=3))
     dcache.put_batch_targets("job-1", [make_targets(1, start=i)[0] for i in (9, 0, 5)])
     dcache.put_batch_targets("job-1", [make_targets(1, start=i)[0] for i in (8, 1, 6, 2, 4)])
     targets = dcache.batch_targets("job-1")
@@ -207,7 +205,7 @@ def test_counts_are_per_job(store: Any) -> None:
 
 def test_created_counts_are_stored_as_given_and_then_moved(store: Any) -> None:
     """create stores targets_done and nbytes exactly; later writes move them by their delta."""
-    dcache.create_batch_job(make_job("job-1", targets_total=5, targets_done=2, nbytes=100), make_targets(3))
+    create_partial(make_job("job-1", targets_total=5, targets_done=2, nbytes=100), make_targets(3))
     assert counts() == (2, 100)
     dcache.update_batch_target("job-1", 0, "done", result="abc", now=1)
     assert counts() == (3, 103)

@@ -10,7 +10,7 @@ from typing import Any
 
 import peewee
 import pytest
-from helpers import make_job, make_target, make_targets, snapshot
+from helpers import create_partial, make_job, make_target, make_targets, snapshot
 
 from sift import dcache
 
@@ -48,7 +48,7 @@ def test_invalid_input_names_its_field(store: Any) -> None:
 
 
 def test_reads_return_none_on_a_miss(store: Any) -> None:
-    dcache.create_batch_job(make_job("job-1", idem_key="k"), make_targets(1))
+    create_partial(make_job("job-1", idem_key="k"), make_targets(1))
     assert dcache.batch_job("job-2") is None
     assert dcache.batch_job("JOB-1") is None
     assert dcache.batch_targets("job-2") is None
@@ -82,8 +82,8 @@ def test_write_to_unknown_job(store: Any, write: Callable[[], object]) -> None:
 
 @pytest.mark.parametrize("status", ["pending", "running", "done", "failed"])
 def test_write_to_unknown_target(store: Any, status: str) -> None:
-    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(2))
-    dcache.create_batch_job(make_job("job-2", targets_total=3), make_targets(1, start=2))
+    create_partial(make_job("job-1", targets_total=3), make_targets(2))
+    create_partial(make_job("job-2", targets_total=3), make_targets(1, start=2))
     before = snapshot()
     with pytest.raises(dcache.TargetNotFound, match=r"^idx") as info:
         dcache.update_batch_target("job-1", 2, status, now=5)
@@ -95,7 +95,7 @@ def test_write_to_unknown_target(store: Any, status: str) -> None:
 
 
 def test_duplicate_job(store: Any) -> None:
-    dcache.create_batch_job(make_job("job-1"), make_targets(2))
+    create_partial(make_job("job-1"), make_targets(2))
     before = snapshot()
     with pytest.raises(dcache.DuplicateJob, match="id") as info:
         dcache.create_batch_job(make_job("job-1", caller="bob", nbytes=5))
@@ -112,7 +112,7 @@ def test_stats_count_exactly(store: Any) -> None:
     stats = dcache.stats()
     assert all(isinstance(k, str) and type(v) is int for k, v in stats.items())
     assert set(stats.values()) == {0}
-    dcache.create_batch_job(make_job("job-1", idem_key="k", targets_total=5), make_targets(3))
+    create_partial(make_job("job-1", idem_key="k", targets_total=5), make_targets(3))
     dcache.create_batch_job(make_job("job-2", status="running"))
     dcache.put_batch_targets("job-1", make_targets(2, start=3))
     for _ in range(3):
@@ -219,7 +219,7 @@ CALLER_CAUSED: list[tuple[str, Callable[[], object]]] = [
 
 @pytest.mark.parametrize("call", [c for _, c in CALLER_CAUSED], ids=[n for n, _ in CALLER_CAUSED])
 def test_no_driver_exception_escapes(store: Any, call: Callable[[], object]) -> None:
-    dcache.create_batch_job(make_job("job-1"), make_targets(1))
+    create_partial(make_job("job-1"), make_targets(1))
     dcache.create_batch_job(make_job("job-2"))
     before = snapshot()
     with pytest.raises(Exception) as info:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_job, make_target, make_targets, snapshot
+from helpers import create_partial, make_job, make_target, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, db
@@ -85,7 +85,7 @@ def test_nul_in_any_text_is_refused_naming_the_field(
     store: dcache.StoreDatabase, case: tuple[str, Callable[[], Any]]
 ) -> None:
     field, call = case
-    dcache.create_batch_job(make_job("job-1", targets_total=3, idem_key="k"), make_targets(2))
+    create_partial(make_job("job-1", targets_total=3, idem_key="k"), make_targets(2))
     assert_refused(call, field)
 
 
@@ -115,7 +115,7 @@ def test_raw_nul_in_options_text_is_not_json(
 ) -> None:
     with pytest.raises(json.JSONDecodeError):
         json.loads(options)
-    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    create_partial(make_job("job-1", targets_total=3), make_targets(1))
     bad = [make_target(1), make_target(2, options=options)]  # the bad one last: nothing may be half-written
     if how == "put":
         assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
@@ -207,7 +207,7 @@ BAD_OPTIONS: dict[str, Any] = {
 @pytest.mark.parametrize("options", list(BAD_OPTIONS.values()), ids=list(BAD_OPTIONS))
 @pytest.mark.parametrize("how", ["put", "create"])
 def test_nan_and_non_json_options(store: dcache.SerializedSqliteDatabase, how: str, options: Any) -> None:
-    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    create_partial(make_job("job-1", targets_total=3), make_targets(1))
     dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
     bad = [make_target(1), make_target(2, options=options)]
     if how == "put":
@@ -239,7 +239,7 @@ TOO_DEEP_OPTIONS: dict[str, Any] = {
 def test_options_nested_deeper_than_2000_are_refused_on_both_backends(
     store: dcache.StoreDatabase, how: str, options: Any
 ) -> None:
-    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(1))
+    create_partial(make_job("job-1", targets_total=3), make_targets(1))
     dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)
     bad = [make_target(1), make_target(2, options=options)]
     if how == "put":
@@ -299,7 +299,7 @@ def test_drop_table_string_is_stored_verbatim(store: dcache.SerializedSqliteData
 @pytest.mark.parametrize("job_id", ["i" * 10_000, "é☃" * 5_000], ids=["ascii", "non-ascii"])
 def test_ten_thousand_character_id(store: dcache.SerializedSqliteDatabase, job_id: str) -> None:
     assert len(job_id) == 10_000
-    dcache.create_batch_job(make_job(job_id, idem_key="k", targets_total=3), make_targets(2))
+    create_partial(make_job(job_id, idem_key="k", targets_total=3), make_targets(2))
     dcache.put_batch_targets(job_id, [make_target(2)])
     dcache.update_batch_target(job_id, 1, "done", result="r", now=2_000)
     dcache.touch_batch_job(job_id, now=2_001)

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import create_partial, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -41,7 +41,7 @@ def writes_of(call: Callable[[], object]) -> object:
 
 def setup_jobs() -> None:
     dcache.create_batch_job(make_job("job-1", lease=1_000, created_at=900), make_targets(3))
-    dcache.create_batch_job(make_job("job-2", lease=1_500, created_at=950, status="running"), make_targets(2))
+    create_partial(make_job("job-2", lease=1_500, created_at=950, status="running"), make_targets(2))
     dcache.create_batch_job(make_job("job-3", lease=700, created_at=700, status="done"))
 
 
@@ -153,7 +153,7 @@ READS: list[tuple[str, Callable[[], object]]] = [
 def test_reads_never_write(store: Any, read: Callable[[], object]) -> None:
     dcache.create_batch_job(make_job("job-1", idem_key="key", lease=1_000), make_targets(3))
     dcache.update_batch_target("job-1", 1, "done", result="abc", now=1_000)
-    dcache.create_batch_job(make_job("job-2", status="running", lease=800), make_targets(2))
+    create_partial(make_job("job-2", status="running", lease=800), make_targets(2))
     dcache.create_batch_job(make_job("job-3", status="done", lease=600, nbytes=5))
     before = snapshot()
     assert writes_of(lambda: (read(), read())) in (0, None)

@@ -49,3 +49,24 @@ def test_a_target_built_with_job_id_is_put(store: Any) -> None:
     dcache.create_batch_job(make_job("a", targets_total=1))
     dcache.put_batch_targets("a", [BatchTarget(job_id="a", idx=0, url="https://e.x/", options="{}")])
     assert BatchTarget.select().where(BatchTarget.job == "a").count() == 1
+
+
+def test_create_needs_only_the_fields_a_user_gives(store: Any) -> None:
+    """The model defaults what the DDL defaults (``error``, ``targets_done``, ``nbytes``) and a target's
+    ``status`` (pending)."""
+    BatchJob.create(
+        id="a",
+        caller="c",
+        caller_class="fleet",
+        idem_key="",
+        status="queued",
+        targets_total=1,
+        created_at=5,
+        lease=5,
+    )
+    BatchTarget.create(job="a", idx=0, url="https://e.x/", options={"render": False})
+    job, target = BatchJob.get_by_id("a"), BatchTarget.get(BatchTarget.job_id == "a")
+    assert (job.error, job.targets_done, job.nbytes) == ("", 0, 0)
+    assert (target.status, target.options, target.result) == ("pending", '{"render":false}', None)
+    assert dcache.check_store().ok
+    assert [t.idx for t in dcache.claim_batch_targets(5)] == [0]

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
-from helpers import make_job, make_targets, snapshot
+from helpers import create_partial, make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import db
@@ -248,7 +248,7 @@ def test_columns_are_bigint_and_options_json(pg: str) -> None:
 def test_largest_int_and_options_text_round_trip(pg: str) -> None:
     big = 2**63 - 1
     options = '{"b": 1,  "a":2, "a":3, "s":"\\u0000é"}'  # jsonb would rewrite this; json keeps it
-    dcache.create_batch_job(
+    create_partial(
         make_job("job-1", lease=big, created_at=big, targets_total=big, nbytes=big),
         [dcache.BatchTarget(idx=0, url="u", options=options)],
     )
@@ -525,7 +525,7 @@ def test_metrics_replace_the_file_gauges_with_table_bytes(pg: str) -> None:
 
     from sift.dcache.metrics import register
 
-    dcache.create_batch_job(make_job("job-1", status="running"), make_targets(1))
+    create_partial(make_job("job-1", status="running"), make_targets(1))
     dcache.update_batch_target("job-1", 0, "done", result="abcd", now=5)
     registry = CollectorRegistry()
     register(registry)

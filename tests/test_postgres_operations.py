@@ -43,8 +43,12 @@ def fill() -> None:
         [make_target(i, options='{ "b" : [1, 2.50,  {}],"a":"\\u00e9" }') for i in range(2)],
     )
     dcache.create_batch_job(make_job("job-a", created_at=BIG, lease=BIG - 5, idem_key="k"), make_targets(3))
-    dcache.create_batch_job(make_job("tie-z", created_at=5_000, lease=5_000, idem_key="t"), make_targets(1))
-    dcache.create_batch_job(make_job("tie-a", created_at=5_000, lease=5_000, idem_key="t"), make_targets(1))
+    dcache.create_batch_job(
+        make_job("tie-z", created_at=5_000, lease=5_000, idem_key="t", targets_total=1), make_targets(1)
+    )
+    dcache.create_batch_job(
+        make_job("tie-a", created_at=5_000, lease=5_000, idem_key="t", targets_total=1), make_targets(1)
+    )
     dcache.update_batch_target("job-z", 0, "done", result="東京 🙂\nline", now=7)
     dcache.update_batch_target("job-z", 1, "failed", error="timeout", hint="retry later", now=7)
     dcache.set_batch_job_status("job-z", "partial", "1 of 2 failed", now=7)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
@@ -67,7 +67,7 @@ def populate(jobs: int) -> None:
     for k in range(5):
         dcache.create_batch_job(make_job(f"live-{k}", caller=f"caller-{k}", targets_total=0, lease=9_000))
     runner = make_job("runner", status="running", targets_total=30, created_at=9_000, lease=9_000)
-    dcache.create_batch_job(runner, make_targets(20))
+    create_partial(runner, make_targets(20))
 
 
 @pytest.fixture(scope="module", params=HISTORY, ids=[f"history{n}" for n in HISTORY])

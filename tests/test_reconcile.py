@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 
@@ -67,7 +67,7 @@ def test_empty_store(store: Any) -> None:
 
 
 def test_marked_jobs_leave_idempotency_and_become_evictable(store: Any) -> None:
-    dcache.create_batch_job(make_job("job-1", idem_key="k", status="running", lease=100), make_targets(1))
+    create_partial(make_job("job-1", idem_key="k", status="running", lease=100), make_targets(1))
     dcache.update_batch_target("job-1", 0, "done", result="xyz", now=100)
     assert dcache.batch_job_by_idem("alice", "k", 1_000, now=150) == "job-1"
     assert dcache.evict_batch_oldest(0) == 0

@@ -200,15 +200,16 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(job_id=st.sampled_from(JOB_IDS), spec=specs, idxs=idx_lists)
     def create_with_idxs(self, job_id: str, spec: Spec, idxs: list[int]) -> None:
-        """Targets given by idx: often out of range or repeated, which refuses the whole job."""
+        """Targets given by idx: often out of range, repeated or fewer than the total, which refuses the
+        whole job."""
         self.do_create(job_id, spec, idxs)
 
     def do_create(self, job_id: str, spec: Spec, idxs: list[int] | None) -> None:
         allowed: set[type[Exception]] = set()
         if job_id in self.jobs:
             allowed.add(dcache.DuplicateJob)
-        if idxs is not None and bad_idxs(idxs, spec.total, set()):
-            allowed.add(dcache.InvalidBatchInput)
+        if idxs is not None and (bad_idxs(idxs, spec.total, set()) or len(idxs) != spec.total):
+            allowed.add(dcache.InvalidBatchInput)  # targets given must be all the job's
         job = make_job(
             job_id,
             caller=spec.caller,

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
@@ -54,7 +54,7 @@ def test_boundary_and_every_status(store: Any, status: str, now: int, swept: boo
     ],
 )
 def test_ttl_forms(store: Any, ttl: Any, now: int, swept: bool) -> None:
-    dcache.create_batch_job(make_job("job-1", lease=1_000), make_targets(2))
+    create_partial(make_job("job-1", lease=1_000), make_targets(2))
     assert dcache.sweep_batch(ttl, now=now) == int(swept)
     assert job_ids() == (set() if swept else {"job-1"})
 
@@ -62,7 +62,7 @@ def test_ttl_forms(store: Any, ttl: Any, now: int, swept: bool) -> None:
 def test_sweep_deletes_exactly_the_due_jobs_and_their_targets(store: Any) -> None:
     for i, status in enumerate(STATUSES):
         dcache.create_batch_job(make_job(f"due-{status}", status=status, lease=900 + i), make_targets(3))
-        dcache.create_batch_job(make_job(f"kept-{status}", status=status, lease=1_001 + i), make_targets(2))
+        create_partial(make_job(f"kept-{status}", status=status, lease=1_001 + i), make_targets(2))
     dcache.update_batch_target("due-done", 0, "done", result="abcdef", now=950)
     dcache.update_batch_target("kept-done", 0, "done", result="xyz", now=1_050)
     dcache.create_batch_job(make_job("no-targets", lease=0))
@@ -79,7 +79,7 @@ def test_sweep_deletes_exactly_the_due_jobs_and_their_targets(store: Any) -> Non
 
 
 def test_sweep_uses_the_sliding_lease(store: Any) -> None:
-    dcache.create_batch_job(make_job("job-1", lease=1_000), make_targets(2))
+    create_partial(make_job("job-1", lease=1_000), make_targets(2))
     dcache.update_batch_target("job-1", 0, "running", now=1_080)
     assert dcache.sweep_batch(100, now=1_100) == 0
     dcache.touch_batch_job("job-1", now=1_090)
@@ -103,7 +103,7 @@ def test_sweep_in_many_chunks_deletes_everything_due(store: Any) -> None:
             make_job(f"due-{i:04d}", lease=lease, targets_total=per_job), make_targets(per_job)
         )
         if i % 50 == 0:
-            dcache.create_batch_job(make_job(f"kept-{i:04d}", lease=1_000), make_targets(2))
+            create_partial(make_job(f"kept-{i:04d}", lease=1_000), make_targets(2))
     big = ROWS_PER_TRANSACTION + 500
     dcache.create_batch_job(make_job("due-big", lease=0, targets_total=big), make_targets(big))
     kept = {f"kept-{i:04d}" for i in range(0, due_jobs, 50)}

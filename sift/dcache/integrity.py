@@ -6,8 +6,9 @@ The integrity check and the byte total, which read the whole file in one stateme
 connection for a file store, so they hold no lock at all; without repair, the integrity check runs in a
 thread of its own beside the chunks (its findings, if any, replace theirs). ``repair=True`` rewrites only
 derived data (``targets_done``, ``nbytes``, the byte total, a missing index or trigger) and deletes orphan
-targets, each chunk in one short write transaction; a bad status or an idx out of range is data a person
-must decide about, so it is reported and left as it is.
+targets, each chunk in one short write transaction; a bad status, an idx out of range, options that are not
+JSON or a job missing targets past its grace period is data a person must decide about, so it is reported
+and left as it is.
 
 Written once for every backend: what differs (the page check, snapshots, the schema check, the byte
 total's keeping and repair, SQL spellings) is asked of the open backend (see its ``maintenance`` module).
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .clock import unix_now
 from .database import db
 from .errors import StoreConflict, StoreCorrupt
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
@@ -34,8 +36,13 @@ JOBS_PER_CHUNK = 500
 TARGETS_PER_CHUNK = 5_000
 
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
-#: target_idx) are left for a person to decide.
+#: target_idx, target_options, missing_targets) are left for a person to decide.
 REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
+
+#: Seconds after its ``created_at`` (by the store clock) a job may still lack target rows: the time
+#: between ``create_batch_job`` and the ``put_batch_targets`` calls that complete it. Past it, a job with
+#: fewer target rows than ``targets_total`` can never finish, and the check reports it.
+MISSING_TARGETS_GRACE = 3600
 
 _JOB_STATUSES = frozenset(s.value for s in JobStatus)
 
@@ -159,17 +166,20 @@ class _Chunk:
         jobs = db.fetch_all(sql.jobs.format(where=job_range), job_params)
         by_job = {group[0]: group for group in groups}
         self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
-        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None)
+        self.cutoff = unix_now() - MISSING_TARGETS_GRACE  # a job created at or before it is past its grace
+        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None, 0)
         for job in jobs:
-            job_id, status, total, done, nbytes = job
+            job_id, status, total, done, nbytes, _ = job
             group = by_job.pop(job_id, no_targets)
-            _, _, final, size, bad, idx_min, idx_max = group
+            _, rows, final, size, bad, idx_min, idx_max, bad_options = group
             # The usual case, decided here without a call: every check passes.
             if (
                 status in valid
                 and done == final
                 and nbytes == size
                 and not bad
+                and not bad_options
+                and rows == total
                 and (
                     idx_min is None
                     or (
@@ -188,8 +198,8 @@ class _Chunk:
             self.fixes.append(("orphan_targets", job_id, count, 0))
 
     def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
-        job_id, status, total, done, nbytes = job
-        _, _, final, size, bad_statuses, idx_min, idx_max = group
+        job_id, status, total, done, nbytes, created_at = job
+        _, rows, final, size, bad_statuses, idx_min, idx_max, bad_options = group
         name = _name(job_id)
         if status not in _JOB_STATUSES:
             self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
@@ -208,6 +218,14 @@ class _Chunk:
             self._add("target_status", name, detail)
         if idx_min is not None and _outside(idx_min, idx_max, total):
             self._add("target_idx", name, _idx_detail(job_id, total))
+        if bad_options:
+            self._add("target_options", name, f"{_targets(bad_options)} whose options are not valid JSON")
+        if _missing_targets(rows, total, created_at, self.cutoff):
+            detail = (
+                f"holds {rows} of its {total} targets more than {MISSING_TARGETS_GRACE} s after it was "
+                "created: it can never finish (put_batch_targets the rest, or delete it)"
+            )
+            self._add("missing_targets", name, detail)
 
     def _add(self, kind: str, job_id: str, detail: str) -> None:
         self.violations.append(Violation(kind, job_id, detail))
@@ -260,6 +278,7 @@ def _statements(backend: Any) -> _Statements:
         mark=backend.param,
         count_final=count_if.format(f"status IN ({_FINAL})"),
         count_invalid=count_if.format(f"status NOT IN ({_VALID_TARGET})"),
+        count_invalid_options=count_if.format(backend.sql_invalid_options),
         result_bytes=backend.sql_result_bytes,
         least_bound=backend.sql_least.format(a="j", b="t"),
         integer_idx=backend.sql_integer_idx,
@@ -301,6 +320,13 @@ def _id_range(column: str, low: Any, high: Any) -> tuple[str, tuple[Any, ...]]:
         clauses.append(f"{column} <= {sql.mark}")
         params.append(high)
     return " AND ".join(clauses) or sql.true, tuple(params)
+
+
+def _missing_targets(rows: int, total: Any, created_at: Any, cutoff: int) -> bool:
+    """Whether a job past its grace period holds fewer target rows than its total."""
+    if type(total) is not int or type(created_at) is not int:  # another program's text: job_status's
+        return False
+    return rows < total and created_at <= cutoff
 
 
 def _outside(idx_min: Any, idx_max: Any, total: Any) -> bool:

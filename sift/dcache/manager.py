@@ -258,7 +258,8 @@ _DELETE_JOB = Statement(lambda: J.delete().where(J.id == Slot("job_id")))
 def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None) -> None:
     """Store the unsaved ``job`` exactly as given (lease, created_at, targets_done and nbytes included).
 
-    With ``targets``, the job and its targets are stored in one transaction: all or nothing.
+    With ``targets``, the job and its targets are stored in one transaction, all or nothing, and they must
+    be all ``targets_total`` of them. Without, ``put_batch_targets`` adds them later.
     """
     values = _job_values(job)
     with db.write():
@@ -272,7 +273,9 @@ def submit_batch_job(
 ) -> tuple[str, bool]:
     """The idempotent create, in one write transaction: ``(id, False)`` for the job ``batch_job_by_idem``
     finds for ``(job.caller, job.idem_key)``, writing nothing (``targets`` are not read); otherwise
-    ``create_batch_job(job, targets)`` and ``(job.id, True)``. An empty key always creates."""
+    ``create_batch_job(job, targets)`` and ``(job.id, True)``. An empty key always creates. ``targets``
+    may be None (they follow through ``put_batch_targets``); given, they must be all ``targets_total`` of
+    the job's, and at least one."""
     values = _job_values(job)
     cutoff = validation.cutoff(validation.now(now), ttl)
     caller, idem_key = values["caller"], values["idem_key"]
@@ -280,7 +283,7 @@ def submit_batch_job(
         if idem_key:
             db.backend.lock_key(caller, idem_key)  # one submit of this (caller, key) at a time
         found = _IDEM.scalar(caller=caller, idem_key=idem_key, cutoff=cutoff) if idem_key else None
-        put = _insert_job(values, targets) if found is None else 0
+        put = _insert_job(values, targets, whole=True) if found is None else 0
     if found is not None:
         counters.add("batch_idem_hit")
         return str(found), False
@@ -601,15 +604,31 @@ def _job_values(job: Any) -> dict[str, Any]:
     return values
 
 
-def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None) -> int:
-    """Insert the job and its targets inside the caller's transaction; return how many targets."""
+def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None, *, whole: bool = False) -> int:
+    """Insert the job and its targets inside the caller's transaction; return how many targets. Targets
+    given must be all of the job's; ``whole`` (a submit) also refuses an empty iterable."""
     try:
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:
         if driver_errors.violated(exc) == driver_errors.PRIMARY_KEY:
             raise DuplicateJob(values["id"]) from exc
         raise
-    return 0 if targets is None else _insert_targets(values["id"], values["targets_total"], targets)
+    if targets is None:
+        return 0
+    total = values["targets_total"]
+    put = _insert_targets(values["id"], total, targets)
+    # Checked after the rows, so a bad row is named first; raising here rolls the job back too.
+    if put == 0 and whole:
+        validation.invalid("targets", "must not be empty: a job without targets never finishes")
+    if put != total:
+        validation.invalid(
+            "targets_total", f"is {total}, but {_plural(put)} given: a job's targets come together"
+        )
+    return put
+
+
+def _plural(n: int) -> str:
+    return f"{n} target was" if n == 1 else f"{n} targets were"
 
 
 def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
@@ -664,7 +683,8 @@ def _target_rows(
             validation.invalid(
                 "options", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels (target {idx})"
             )
-        if len(data) > 3:  # idx, url and options are set, and so is some other field
+        # idx, url, options and status (the model's default) are set; anything more is checked
+        if len(data) > 4 or data.get("status") != "pending":
             _check_unset_fields(data, job_id, idx)
         last[0] = (job_id, idx, url, options, options)
         yield last[0]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any, TypeVar
 
 import peewee
 
+from . import jsontext
 from .database import db
 
 
@@ -65,6 +67,16 @@ class _StoreModel(peewee.Model):
         return obj
 
 
+class JSONTextField(peewee.TextField):
+    """JSON text: a dict or list written through the model is stored as compact JSON, a str must already
+    be JSON; anything else is ``InvalidBatchInput`` naming ``options``. Reads give the stored text."""
+
+    def db_value(self, value: Any) -> Any:
+        # Every Peewee write (create, save, insert, insert_many, update) converts its values here; the
+        # store's functions bind theirs directly and check JSON text in SQL on their hot path.
+        return jsontext.checked_options(value)
+
+
 class BatchJob(_StoreModel):
     """One submitted batch: who sent it, its status, progress, lease (unix seconds) and stored bytes."""
 
@@ -93,8 +105,8 @@ class BatchTarget(_StoreModel):
     job_id: Any  # Peewee's accessor for the raw column: BatchTarget.job_id == "…", target.job_id
     idx = peewee.IntegerField()
     url = peewee.TextField()
-    options = peewee.TextField()
-    status = peewee.TextField()
+    options = JSONTextField()
+    status = peewee.TextField(default=TargetStatus.PENDING.value)
     result = peewee.TextField(null=True)
     error = peewee.TextField(null=True)
     hint = peewee.TextField(null=True)
@@ -102,6 +114,11 @@ class BatchTarget(_StoreModel):
     class Meta:
         table_name = "batch_target"
         primary_key = peewee.CompositeKey("job", "idx")
+
+    def parsed_options(self) -> Any:
+        """``options`` parsed from its JSON (a new object on each call); unsaved options a dict or list
+        are checked and copied as storing them would. Python's parser stops at about 1,000 levels."""
+        return json.loads(jsontext.checked_options(self.options))
 
 
 JOB_COLUMNS: tuple[str, ...] = tuple(BatchJob._meta.sorted_field_names)

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import datetime
-import json
 import math
-import re
 from typing import Any, NoReturn
 
 from .clock import unix_now
 from .counters import counters
 from .errors import InvalidBatchInput
+from .jsontext import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from .jsontext import json_too_deep as json_too_deep
+from .jsontext import options_text as options_text
 from .models import CallerClass, JobStatus, TargetStatus
 
 MAX_INT = 2**63 - 1  # SQLite INTEGER
-
-#: The deepest nesting of arrays and objects ``options`` may have on both backends: SQLite's ``json_valid``
-#: refuses deeper text, PostgreSQL's ``json`` stores it (and fails with "stack depth" far deeper still).
-MAX_JSON_DEPTH = 2000
-
-_JSON_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 JOB_STATUS_VALUES = {s.value: s.value for s in JobStatus}
 TARGET_STATUS_VALUES = {s.value: s.value for s in TargetStatus}
@@ -131,34 +126,3 @@ def cutoff(now: int, ttl: Duration, field: str = "ttl") -> int:
             invalid(field, f"must be a finite non-negative number of seconds, got {_show(ttl)}")
         return max(-1, math.floor(now - ttl))
     invalid(field, f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")
-
-
-def json_too_deep(text: str) -> bool:
-    """Whether JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH` (brackets inside
-    strings do not count). Cheap unless the text holds that many opening brackets."""
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return False
-    depth = 0
-    for match in _JSON_STRING_OR_BRACKET.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        elif token in "]}":
-            depth -= 1
-    return False
-
-
-def options_text(value: Any) -> str:
-    """JSON text as given (SQLite checks it on insert), or a dict/list dumped as compact JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list)):
-        try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            invalid("options", f"cannot be stored as JSON: {exc}")
-        except RecursionError:
-            invalid("options", "cannot be stored as JSON: it is nested too deeply")
-    invalid("options", f"must be JSON text or a dict or list, got {type(value).__name__}")

@@ -134,11 +134,13 @@ class Backend(Protocol):
     param: str
     #: The integrity check's SQL spellings: a count of rows where ``{}`` holds, the UTF-8 bytes of
     #: ``result``, the lesser of ``{a}`` and ``{b}`` (either may be NULL), the test that ``idx`` is an
-    #: integer (followed by AND, or empty), a condition that always holds, and (byte total kept, SUM).
+    #: integer (followed by AND, or empty), that ``options`` is not JSON, a condition that always holds, and
+    #: (byte total kept, SUM).
     sql_count_if: str
     sql_result_bytes: str
     sql_least: str
     sql_integer_idx: str
+    sql_invalid_options: str
     sql_true: str
     sql_totals: str
 

@@ -44,6 +44,7 @@ class PostgresMaintenance(PostgresBase):
     sql_result_bytes = "octet_length(result)"
     sql_least = "LEAST({a}, {b})"
     sql_integer_idx = ""  # the column holds only integers
+    sql_invalid_options = "FALSE"  # the column's json type holds only JSON
     sql_true = "TRUE"
     # The slot rows summed, in the same statement (one snapshot) as the jobs' sum.
     sql_totals = (

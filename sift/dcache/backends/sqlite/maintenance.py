@@ -39,6 +39,8 @@ class SqliteMaintenance(SqliteBase):
     sql_least = "min(coalesce({a}, {b}), coalesce({b}, {a}))"
     #: The condition that ``idx`` holds an integer (another program may have written text).
     sql_integer_idx = "typeof(idx) = 'integer' AND "
+    #: The condition that ``options`` is not JSON (a column of TEXT holds what another program wrote).
+    sql_invalid_options = "NOT json_valid(options)"
     #: A condition that always holds.
     sql_true = "1"
     #: The byte total kept and the total of the jobs, in one statement.
