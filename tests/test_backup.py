@@ -305,3 +305,16 @@ def test_cli_backup_shows_progress_on_a_terminal(file_store: Path, tmp_path: Pat
     assert "backup" in terminal and "100%" in terminal
     assert out.startswith("backed up ")
     assert check_problems(dest) == []
+
+
+def test_cli_restore_shows_its_rows_on_a_terminal(file_store: Path, tmp_path: Path) -> None:
+    fill(50)
+    dcache.close_db()
+    dest = tmp_path / "restored.db"
+    code, out, terminal = run_on_terminal(
+        [str(sift_script()), "restore", str(file_store), "--db", str(dest)], cwd=tmp_path
+    )
+    assert code == 0, terminal
+    assert "restore" in terminal and "100%" in terminal
+    assert out.startswith("restored 50 jobs ")
+    assert check_problems(dest) == []

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-__all__ = ["bars_enabled", "make_bar", "run_with_progress"]
+__all__ = ["bars_enabled", "make_bar", "run_with_progress", "step_bar"]
 
 R = TypeVar("R")
 
@@ -35,6 +36,22 @@ def make_bar(total: int | None, desc: str, unit: str = "it", **options: Any) -> 
         leave=False,
         **options,
     )
+
+
+@contextmanager
+def step_bar(
+    desc: str, *, total: int | None = None, scale: int = 1, **options: Any
+) -> Iterator[Callable[[int, int], None]]:
+    """A bar for a call that reports ``progress(done, total)`` in steps of ``scale`` units each (a page's
+    bytes, say); the total is taken from each report, since the work may grow while it runs."""
+    with make_bar(total, desc, **options) as bar:
+
+        def progress(done: int, steps: int) -> None:
+            bar.total = steps * scale
+            bar.update(done * scale - bar.n)
+
+        yield progress
+        bar.refresh()  # draw the finished bar once, even inside tqdm's minimum interval
 
 
 def run_with_progress(

@@ -7,7 +7,7 @@ import argparse
 from sift import dcache
 from sift.dcache.space import file_backed
 
-from ..progress import make_bar
+from ..progress import step_bar
 from ..report import emit_json, format_count, format_size
 from . import Command
 
@@ -23,14 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _backup_postgres(args: argparse.Namespace) -> int:
     """PostgreSQL: a SQLite store file from one snapshot; the bar counts rows."""
-    with make_bar(None, "backup", unit="row") as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
+    with step_bar("backup", unit="row") as progress:
         done = dcache.backup_store(args.dest, progress=progress)
-        bar.refresh()
     report = {"db": args.db, "dest": done.dest, "pages": done.pages, "bytes": done.nbytes}
     if args.json:
         emit_json(report)
@@ -48,14 +42,12 @@ def run(args: argparse.Namespace) -> int:
         return _backup_postgres(args)
     space = dcache.store_space()
     size = space.page_size
-    with make_bar(space.page_count * size, "backup", unit="B", unit_scale=True, unit_divisor=1024) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total * size  # the snapshot's size: writes since the line above may have changed it
-            bar.update(done * size - bar.n)
-
+    # The total is the snapshot's size: writes since store_space() may have changed it.
+    bar = step_bar(
+        "backup", total=space.page_count * size, scale=size, unit="B", unit_scale=True, unit_divisor=1024
+    )
+    with bar as progress:
         done = dcache.backup_store(args.dest, progress=progress)
-        bar.refresh()  # draw the finished bar once, even inside tqdm's minimum interval
     report = {"db": args.db, "dest": done.dest, "pages": done.pages, "bytes": done.nbytes}
     if args.json:
         emit_json(report)

@@ -6,7 +6,7 @@ import argparse
 
 from sift import dcache
 
-from ..progress import make_bar
+from ..progress import step_bar
 from ..report import emit_json, format_count
 from ..store import new_store_remover
 from . import Command, StoreUse
@@ -36,14 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _copy(args: argparse.Namespace) -> int:
     """Copy SOURCE's rows into the empty store, with a bar of the rows copied."""
-    with make_bar(None, "restore", unit="row") as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
+    with step_bar("restore", unit="row") as progress:
         done = dcache.restore_store(args.source, progress=progress)
-        bar.refresh()
     if args.json:
         emit_json({"db": args.db, "source": done.source, "jobs": done.jobs, "targets": done.targets})
         return 0
