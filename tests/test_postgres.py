@@ -186,9 +186,11 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
 
 
 def make_version_1(target: str) -> None:
-    """Turn the store at ``target`` into what sift's schema version 1 made: without version 2's indexes."""
+    """Turn the store at ``target`` into what sift's schema version 1 made: without version 2's indexes
+    and version 3's claim columns."""
     dcache.open_db(target)
     db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending, batch_job_live_lease")
+    db.execute_sql("ALTER TABLE batch_target DROP COLUMN runner, DROP COLUMN heartbeat, DROP COLUMN attempts")
     db.execute_sql("UPDATE sift_schema SET version = 1")
     dcache.close_db()
 
@@ -202,13 +204,18 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
     make_version_1(pg)
-    with pytest.raises(dcache.StoreUnavailable, match=r"version 1.*without readonly=True to upgrade"):
-        dcache.open_db(pg, readonly=True)
+    dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
+    assert [(t.idx, t.attempts, t.runner) for t in dcache.batch_targets("job-1") or []] == [
+        (0, 0, None),
+        (1, 0, None),
+    ]
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.claim_batch_targets(1)
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 3)]
     assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
     assert dcache.batch_nbytes() == 5
@@ -219,18 +226,18 @@ def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
     assert open_from_8_processes(pg) == ["ok"] * 8
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 2)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 3)]
     assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
 
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
-    db.execute_sql("UPDATE sift_schema SET version = 3")
-    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 3; this sift knows version 2$"):
+    db.execute_sql("UPDATE sift_schema SET version = 4")
+    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 4; this sift knows version 3$"):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current
-        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 2")
+        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 3")
 
 
 def test_columns_are_bigint_and_options_json(pg: str) -> None:

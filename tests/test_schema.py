@@ -14,6 +14,7 @@ import pytest
 from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
+from sift.dcache.tables import CLAIM_COLUMNS
 
 # The issue's DDL, verbatim.
 DDL = """
@@ -74,9 +75,14 @@ def test_package_schema_matches_ddl_column_for_column(tmp_path: Path) -> None:
     dcache.open_db(tmp_path / "package.db")
     dcache.close_db()
     made = describe(tmp_path / "package.db")
-    # Every column of both tables: name, type, NOT NULL, SQL-side default, primary key position.
-    for table in TABLES:
-        assert made[f"columns:{table}"] == reference[f"columns:{table}"]
+    # Every column of both tables: name, type, NOT NULL, SQL-side default, primary key position; the
+    # targets' claim columns follow the DDL's, each with a SQL-side default.
+    assert made["columns:batch_job"] == reference["columns:batch_job"]
+    assert made["columns:batch_target"] == reference["columns:batch_target"] + [
+        (8, "runner", "TEXT", 0, None, 0),
+        (9, "heartbeat", "INTEGER", 0, None, 0),
+        (10, "attempts", "INTEGER", 1, "0", 0),
+    ]
     # Every index of the DDL (the two named ones and both primary keys) with the same name and columns.
     assert {k for k in reference if k.startswith("index:")} == {
         "index:batch_job:batch_job_idem",
@@ -105,7 +111,8 @@ def test_models_are_named_after_the_columns(tmp_path: Path) -> None:
     for model, table in ((dcache.BatchJob, "batch_job"), (dcache.BatchTarget, "batch_target")):
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         assert model._meta.table_name == table
-        assert {f.column_name for f in model._meta.sorted_fields} == columns
+        claims = set(CLAIM_COLUMNS) if model is dcache.BatchTarget else set()
+        assert {f.column_name for f in model._meta.sorted_fields} == columns | claims
         # every column is a model attribute of its own name (BatchTarget.job_id is the id of the job FK)
         assert {getattr(model, column).column_name for column in columns} == columns
     conn.close()

@@ -22,6 +22,11 @@ COUNTER_NAMES = (
     "claims",
     "targets_claimed",
     "jobs_rescued",
+    "claims_renewed",
+    "claims_released",
+    "targets_requeued",
+    "targets_failed_stale",
+    "late_writes_refused",
 )
 
 

@@ -69,6 +69,24 @@ class DuplicateJob(BatchError):
         return type(self), (self.job_id,)
 
 
+class ClaimLost(BatchError):
+    """A runner wrote a target it no longer holds: its claim went stale, was requeued, and the target is
+    pending again or another runner's. Nothing was written; the target's current holder writes it."""
+
+    field = "runner"
+
+    def __init__(self, job_id: str, idx: int, runner: str, holder: str | None) -> None:
+        now_with = f"now held by {holder!r}" if holder else "no longer held by any runner"
+        super().__init__(
+            f"runner: {runner!r} no longer holds target {idx} of job {job_id!r} ({now_with}); "
+            "its claim was requeued, so this late write is refused"
+        )
+        self.job_id, self.idx, self.runner, self.holder = job_id, idx, runner, holder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.job_id, self.idx, self.runner, self.holder)
+
+
 class StoreNotOpen(BatchError, RuntimeError):
     """No database is open: call ``open_db(path)`` first."""
 

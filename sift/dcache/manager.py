@@ -8,6 +8,9 @@ connection for long; each call still removes everything due before it returns.
 
 from __future__ import annotations
 
+import os
+import socket
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
@@ -16,7 +19,7 @@ import peewee
 from . import driver_errors, space, validation
 from .counters import counters
 from .database import db, retried
-from .errors import DuplicateJob, JobNotFound, TargetNotFound
+from .errors import ClaimLost, DuplicateJob, JobNotFound, TargetNotFound
 from .models import (
     FINAL_TARGET_STATUSES,
     FINISHED_JOB_STATUSES,
@@ -60,16 +63,32 @@ _INSERT_TARGET = Statement(
             T.url: Slot("url"),
             T.options: db.backend.json_or_null(Slot("options")),
             T.status: Inline(peewee.Value("pending")),
+            T.attempts: Inline(peewee.Value(0)),  # else Peewee binds the model's default as one more slot
         }
     )
 )
 JOB_FIELDS = [getattr(J, name) for name in JOB_COLUMNS]
+#: What a read of an older store without the claims' columns (opened read-only) shows in their place.
+_UNCLAIMED = {"runner": None, "heartbeat": None, "attempts": 0}
+
+
+def _target_fields() -> list[peewee.Node]:
+    """The target's columns as the store's reads return them; an older store opened read-only has no
+    claims' columns, and its targets read as unclaimed, with no attempts."""
+    if db.backend.claims_stored:
+        return [getattr(T, name) for name in TARGET_COLUMNS]
+    return [
+        Inline(peewee.Value(_UNCLAIMED[name])).alias(name) if name in _UNCLAIMED else getattr(T, name)
+        for name in TARGET_COLUMNS
+    ]
+
+
 _SELECT_JOB = Statement(lambda: J.select(*JOB_FIELDS).where(J.id == Slot("job_id")))
 _TARGETS_TOTAL = Statement(lambda: J.select(J.targets_total).where(J.id == Slot("job_id")))
 # One statement, one snapshot: no rows for an unknown job, one all-NULL row for a job without targets.
 _SELECT_TARGETS = Statement(
     lambda: (
-        J.select(*[getattr(T, n) for n in TARGET_COLUMNS])
+        J.select(*_target_fields())
         .join(T, peewee.JOIN.LEFT_OUTER, on=(T.job_id == J.id))
         .where(J.id == Slot("job_id"))
         .order_by(T.idx)
@@ -117,6 +136,8 @@ _FINISH_ON_JOB = Statement(
                 (T.job_id == Slot("job_id"))
                 & (T.idx == Slot("idx"))
                 & ((Slot("final") == 1) | Inline(T.status.not_in(FINAL_TARGET_STATUSES)))
+                # a runner's write: only while it holds the target (a requeued claim's late write is refused)
+                & (peewee.Cast(Slot("runner"), "TEXT").is_null() | (T.runner == Slot("runner")))
             )
         )
     )
@@ -127,6 +148,7 @@ _SET_TARGET = Statement(
     ).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
 )
 _TARGET_STATUS = Statement(lambda: _target_value(T.status))
+_TARGET_RUNNER = Statement(lambda: _target_value(T.runner))
 _SET_JOB_STATUS = Statement(
     lambda: J.update({J.status: Slot("status"), J.error: Slot("error"), J.lease: Slot("now")}).where(
         J.id == Slot("job_id")
@@ -185,10 +207,13 @@ _PENDING_OF_JOB = T.alias("pending")
 
 
 def _claim_targets() -> peewee.Node:
-    """The job's first ``take`` pending targets (idx order) become running; the statement returns them.
+    """The job's first ``take`` pending targets (idx order) become running, held by ``runner`` with its
+    heartbeat at ``now``, one more attempt each; the statement returns them.
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
-    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target."""
+    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
+    update finds them by ``idx`` among the picked (``backend.among``), not by a join: PostgreSQL planned
+    ``UPDATE … FROM picked`` as a nested loop reading the job's pending targets once per picked row."""
     first: Any = db.backend.lock_rows(
         _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
         .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
@@ -198,9 +223,19 @@ def _claim_targets() -> peewee.Node:
     )
     picked = first.cte("picked", materialized=True)
     return (
-        T.update({T.status: Inline(peewee.Value(TargetStatus.RUNNING.value))})
-        .from_(picked)
-        .where((T.job_id == Slot("job_id")) & (T.idx == picked.c.idx) & _pending(T))
+        T.update(
+            {
+                T.status: Inline(peewee.Value(TargetStatus.RUNNING.value)),
+                T.runner: Slot("runner"),
+                T.heartbeat: Slot("now"),
+                T.attempts: T.attempts + 1,
+            }
+        )
+        .where(
+            (T.job_id == Slot("job_id"))
+            & db.backend.among(T.idx, peewee.Select([picked], [picked.c.idx]))
+            & _pending(T)
+        )
         .with_cte(picked)
         .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
     )
@@ -210,6 +245,75 @@ _CLAIM_TARGETS = Statement(_claim_targets)
 _CLAIM_JOB = Statement(
     lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
         J.id == Slot("job_id")
+    )
+)
+
+
+def _running(target: Any = T) -> peewee.Node:
+    """``target`` is running: the partial index batch_target_running holds exactly these, by runner."""
+    return Inline(target.status == TargetStatus.RUNNING.value)
+
+
+def _stale() -> peewee.Node:
+    """A running target whose claim was last renewed at ``cutoff`` or before; a target set running by a
+    program that records no heartbeat (the original service, a restore) is stale at once."""
+    return _running() & (peewee.fn.COALESCE(T.heartbeat, 0) <= Slot("cutoff"))
+
+
+_UNCLAIM = {T.runner: None, T.heartbeat: None}
+_RENEW = Statement(
+    lambda: T.update({T.heartbeat: Slot("now")}).where((T.runner == Slot("runner")) & _running())
+)
+# A clean shutdown's release gives the attempt back: only a claim that went stale counts against a target.
+_RELEASE = Statement(
+    lambda: T.update(
+        {T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), T.attempts: T.attempts - 1, **_UNCLAIM}
+    ).where((T.runner == Slot("runner")) & _running())
+)
+# The jobs of stale targets, locked (in id order) before their targets, as every target write locks them;
+# found by id among the running targets' jobs (a semi-join was planned as a scan of every job).
+_STALE_JOBS = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id).where(db.backend.among(J.id, T.select(T.job_id).where(_stale()))).order_by(J.id)
+    )
+)
+_FAIL_STALE = Statement(
+    lambda: (
+        T.update({T.status: Inline(peewee.Value(TargetStatus.FAILED.value)), T.error: Slot("reason")})
+        .where(_stale() & (T.attempts >= Slot("max_attempts")))
+        .returning(T.job_id)
+    )
+)
+_REQUEUE_STALE = Statement(
+    lambda: T.update({T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), **_UNCLAIM}).where(_stale())
+)
+_STALE_CLAIMS = Statement(
+    lambda: T.select(*[getattr(T, n) for n in TARGET_COLUMNS]).where(_stale()).order_by(T.job_id, T.idx)
+)
+_COUNT_FAILED = Statement(
+    lambda: J.update({J.targets_done: J.targets_done + Slot("failed"), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
+)
+
+
+def _finished_status() -> peewee.Node:
+    """A job whose every target is final: done when none failed, failed when all did, else partial."""
+    failed = T.select(peewee.fn.COUNT(peewee.SQL("*"))).where(
+        (T.job_id == J.id) & Inline(T.status == TargetStatus.FAILED.value)
+    )
+    return peewee.Case(
+        None,
+        [(failed == 0, JobStatus.DONE.value), (failed >= J.targets_total, JobStatus.FAILED.value)],
+        JobStatus.PARTIAL.value,
+    )
+
+
+_FINISH_JOB = Statement(
+    lambda: J.update({J.status: _finished_status(), J.lease: Slot("now")}).where(
+        (J.id == Slot("job_id"))
+        & Inline(J.status.in_(LIVE_JOB_STATUSES))
+        & (J.targets_done >= J.targets_total)
     )
 )
 
@@ -317,12 +421,15 @@ def update_batch_target(
     result: str | None = None,
     error: str | None = None,
     hint: str | None = None,
+    runner: str | None = None,
     now: int | None = None,
 ) -> None:
     """Write a target's status, result, error and hint as given, and set the job's lease to ``now``.
 
     The job's targets_done counts each target once, on its first move into done/failed; its nbytes
     follows the UTF-8 size of the stored results. A finished target cannot go back to pending/running.
+    With ``runner``, the write is the runner's: it is refused with ``ClaimLost`` (writing nothing) unless
+    that runner holds the target's claim, so a late write after a requeue never lands or counts twice.
     """
     job_id = validation.job_id(job_id)
     idx = validation.count("idx", idx)
@@ -334,11 +441,14 @@ def update_batch_target(
     size = 0 if result is None else validation.utf8_size("result", result)
     error = validation.optional_text("error", error)
     hint = validation.optional_text("hint", hint)
+    runner = validation.optional_text("runner", runner)
     now = validation.now(now)
     with db.write():
         db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-        if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, now=now):
-            _explain_target_miss(job_id, idx, status)
+        if not _FINISH_ON_JOB.run(
+            job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now
+        ):
+            _explain_target_miss(job_id, idx, status, runner)
         _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
     counters.add("target_writes")
 
@@ -379,13 +489,17 @@ def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
 
 @retried
 def claim_batch_targets(
-    limit: int, *, per_job: int | None = None, now: int | None = None
+    limit: int, *, per_job: int | None = None, runner: str | None = None, now: int | None = None
 ) -> list[BatchTarget]:
     """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
     each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
-    claimed from becomes running with ``lease = now``. No target is ever handed to two claimers."""
+    claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
+
+    Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its
+    heartbeat ``now``, and its ``attempts`` goes up by one; ``renew_claims`` keeps the claim alive."""
     limit = validation.positive("limit", limit)
     per_job = limit if per_job is None else validation.positive("per_job", per_job)
+    runner = _runner(runner)
     now = validation.now(now)
     db.backend.require_claims()
     claimed: list[Any] = []
@@ -396,7 +510,7 @@ def claim_batch_targets(
             if not job:
                 break
             job_id, *position = job[0]
-            claimed += _claim_from_job(job_id, min(per_job, limit - len(claimed)), now)
+            claimed += _claim_from_job(job_id, min(per_job, limit - len(claimed)), runner, now)
             after = (position[0], position[1])
     if claimed:
         counters.add("claims")
@@ -404,13 +518,99 @@ def claim_batch_targets(
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
 
 
-def _claim_from_job(job_id: str, take: int, now: int) -> list[Any]:
+def _claim_from_job(job_id: str, take: int, runner: str, now: int) -> list[Any]:
     """Inside the claim's transaction: the job's first ``take`` pending targets, now running (idx order)."""
-    rows = _CLAIM_TARGETS.rows(job_id=job_id, take=take)
+    rows = _CLAIM_TARGETS.rows(job_id=job_id, take=take, runner=runner, now=now)
     if rows:
         _CLAIM_JOB.run(job_id=job_id, now=now)
     idx = TARGET_COLUMNS.index("idx")
     return sorted(rows, key=lambda row: row[idx])  # RETURNING promises no order
+
+
+def runner_name() -> str:
+    """The runner name a claim records when none is given: this host's name and this process's id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _runner(runner: str | None) -> str:
+    return runner_name() if runner is None else validation.text("runner", runner, allow_empty=False)
+
+
+@retried
+def renew_claims(runner: str, *, now: int | None = None) -> int:
+    """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``.
+    Returns how many. It never touches a job (a job's lease is its client's signal, not the runner's)."""
+    runner = validation.text("runner", runner, allow_empty=False)
+    now = validation.now(now)
+    with db.write():
+        renewed = _RENEW.run(runner=runner, now=now)
+    counters.add("claims_renewed", renewed)
+    return renewed
+
+
+@retried
+def release_claims(runner: str, *, now: int | None = None) -> int:
+    """A clean shutdown: every running target ``runner`` holds goes back to pending at once, unclaimed,
+    and the attempt it took is given back. Returns how many. ``now`` is accepted for symmetry only."""
+    runner = validation.text("runner", runner, allow_empty=False)
+    validation.now(now)
+    with db.write():
+        released = _RELEASE.run(runner=runner)
+    counters.add("claims_released", released)
+    return released
+
+
+@retried
+def requeue_stale_claims(
+    stale_after: Duration, *, max_attempts: int = 3, reason: str = "runner stopped", now: int | None = None
+) -> int:
+    """Every running target whose claim was last renewed at least ``stale_after`` ago (``heartbeat +
+    stale_after <= now``) goes back to pending, unclaimed; one whose ``attempts`` has reached
+    ``max_attempts`` becomes failed with ``error = reason`` instead, counted once in its job's targets_done,
+    and a live job whose last target that was becomes done, partial or failed. Returns how many targets
+    moved. Safe from every host at any time; job leases move only where a target failed."""
+    max_attempts = validation.positive("max_attempts", max_attempts)
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
+    cutoff = validation.cutoff(now, stale_after, "stale_after")
+    return _requeue(cutoff, max_attempts, reason, now)
+
+
+@retried
+def requeue_in_flight(
+    *, max_attempts: int = 3, reason: str = "the runner restarted", now: int | None = None
+) -> int:
+    """A single runner's start: every running target (all were its previous run's) is requeued as by
+    ``requeue_stale_claims(0, ...)``; queued jobs and pending targets are left alone. With several
+    runners, use ``requeue_stale_claims`` instead: this would take the others' claims."""
+    max_attempts = validation.positive("max_attempts", max_attempts)
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
+    return _requeue(now, max_attempts, reason, now)
+
+
+def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[BatchTarget]:
+    """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
+    Reads only."""
+    cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in _STALE_CLAIMS.rows(cutoff=cutoff)]
+
+
+def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:
+    """One transaction: stale targets at their last attempt fail (counted on their jobs, which finish when
+    complete); the other stale targets go back to pending."""
+    with db.write():
+        _STALE_JOBS.rows(cutoff=cutoff)  # PostgreSQL: their jobs locked before their targets
+        failed = Counter(
+            row[0] for row in _FAIL_STALE.rows(reason=reason, cutoff=cutoff, max_attempts=max_attempts)
+        )
+        for job_id, count in failed.items():
+            _COUNT_FAILED.run(job_id=job_id, failed=count, now=now)
+            _FINISH_JOB.run(job_id=job_id, now=now)
+        requeued = _REQUEUE_STALE.run(cutoff=cutoff)
+    counters.add("targets_requeued", requeued)
+    counters.add("targets_failed_stale", failed.total())
+    return requeued + failed.total()
 
 
 @retried
@@ -576,12 +776,16 @@ def _write_miss(exc: LookupError) -> NoReturn:
     raise exc
 
 
-def _explain_target_miss(job_id: str, idx: int, status: str) -> None:
+def _explain_target_miss(job_id: str, idx: int, status: str, runner: str | None) -> None:
     if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
         _write_miss(JobNotFound(job_id))
     current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
     if current is None:
         _write_miss(TargetNotFound(job_id, idx))
+    holder = _TARGET_RUNNER.scalar(job_id=job_id, idx=idx)
+    if runner is not None and holder != runner:
+        counters.add("late_writes_refused")
+        raise ClaimLost(job_id, idx, runner, holder)
     validation.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
 
 
@@ -683,8 +887,8 @@ def _target_rows(
             validation.invalid(
                 "options", f"is nested deeper than {validation.MAX_JSON_DEPTH} levels (target {idx})"
             )
-        # idx, url, options and status (the model's default) are set; anything more is checked
-        if len(data) > 4 or data.get("status") != "pending":
+        # idx, url, options, status and attempts (the model's defaults) are set; anything more is checked
+        if len(data) > 5 or data.get("status") != "pending" or data.get("attempts") != 0:
             _check_unset_fields(data, job_id, idx)
         last[0] = (job_id, idx, url, options, options)
         yield last[0]
@@ -696,9 +900,11 @@ def _check_unset_fields(data: dict[str, Any], job_id: str, idx: int) -> None:
         validation.invalid("job_id", f"target {idx} names job {data['job']!r}, not {job_id!r}")
     if data.get("status") not in (None, "pending"):
         validation.invalid("status", f"target {idx} must be put as pending, got {data['status']!r}")
-    for name in ("result", "error", "hint"):
+    for name in ("result", "error", "hint", "runner", "heartbeat"):
         if data.get(name) is not None:
             validation.invalid(name, f"target {idx} cannot have a {name} before it runs")
+    if data.get("attempts") not in (None, 0):
+        validation.invalid("attempts", f"target {idx} must be put with 0 attempts, got {data['attempts']!r}")
 
 
 def _encodes(value: str) -> bool:

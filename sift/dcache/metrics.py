@@ -55,6 +55,11 @@ COUNTER_HELP = {
     "claims": "claim_batch_targets() calls that claimed at least one target",
     "targets_claimed": "targets moved to running by claim_batch_targets()",
     "jobs_rescued": "jobs failed by rescue_stale_jobs()",
+    "claims_renewed": "claims renewed by renew_claims()",
+    "claims_released": "claims given back by release_claims()",
+    "targets_requeued": "stale claims' targets put back to pending by requeue_stale_claims()",
+    "targets_failed_stale": "stale claims' targets failed at their last attempt by requeue_stale_claims()",
+    "late_writes_refused": "update_batch_target() calls refused because the runner's claim was requeued",
 }
 
 

@@ -98,7 +98,9 @@ class BatchJob(_StoreModel):
 
 
 class BatchTarget(_StoreModel):
-    """One URL of a job, at position ``idx``; result, error and hint stay NULL until it finishes."""
+    """One URL of a job, at position ``idx``; result, error and hint stay NULL until it finishes. ``runner``
+    and ``heartbeat`` are its last claim's runner and that claim's last renewal (NULL before any claim);
+    ``attempts`` counts its claims."""
 
     # The DDL has no foreign key; Peewee's field only gives joins, ``target.job`` and ``job.targets``.
     job = peewee.ForeignKeyField(BatchJob, column_name="job_id", backref="targets", lazy_load=True)
@@ -110,6 +112,9 @@ class BatchTarget(_StoreModel):
     result = peewee.TextField(null=True)
     error = peewee.TextField(null=True)
     hint = peewee.TextField(null=True)
+    runner = peewee.TextField(null=True)
+    heartbeat = peewee.IntegerField(null=True)
+    attempts = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
 
     class Meta:
         table_name = "batch_target"

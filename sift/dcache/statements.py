@@ -76,19 +76,20 @@ class Statement:
     Compiling a query costs several times what SQLite needs to run a one-row update, so the hot paths
     build each query once. Parameters are :class:`Slot` names, filled from keyword arguments. Each
     backend class gets its own compilation (Peewee writes ``?`` for SQLite, ``%s`` for PostgreSQL, and the
-    backend's spellings differ), and every run goes to the backend open now.
+    backend's spellings differ), as does a read-only older store without the claims' columns
+    (``backend.statement_key``); every run goes to the backend open now.
     """
 
     __slots__ = ("_build", "_compiled")
 
     def __init__(self, build: Callable[[], peewee.Node]) -> None:
         self._build = build
-        self._compiled: dict[type[Any], _Compiled] = {}
+        self._compiled: dict[str, _Compiled] = {}
 
     def _for(self, backend: Backend) -> _Compiled:
-        compiled = self._compiled.get(type(backend))
+        compiled = self._compiled.get(backend.statement_key)
         if compiled is None:  # the models compile for db's backend, which is ``backend``
-            compiled = self._compiled[type(backend)] = _Compiled(self._build)
+            compiled = self._compiled[backend.statement_key] = _Compiled(self._build)
         return compiled
 
     @property
@@ -111,7 +112,7 @@ class Statement:
     def run(self, **values: Any) -> int:
         """Execute once; return the number of rows changed."""
         backend = db.backend
-        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        compiled = self._compiled.get(backend.statement_key) or self._for(backend)
         if compiled.constants:
             values.update(compiled.constants)
         return int(backend.run_sql(compiled.sql, compiled.getter(values)).rowcount)
@@ -119,7 +120,7 @@ class Statement:
     def rows(self, **values: Any) -> list[Any]:
         """Execute once; return every row."""
         backend = db.backend
-        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        compiled = self._compiled.get(backend.statement_key) or self._for(backend)
         if compiled.constants:
             values.update(compiled.constants)
         return backend.fetch_all(compiled.sql, compiled.getter(values))
@@ -127,7 +128,7 @@ class Statement:
     def scalar(self, **values: Any) -> Any:
         """Execute once; return the first column of the first row, or None."""
         backend = db.backend
-        compiled = self._compiled.get(type(backend)) or self._for(backend)
+        compiled = self._compiled.get(backend.statement_key) or self._for(backend)
         if compiled.constants:
             values.update(compiled.constants)
         row = backend.fetch_one(compiled.sql, compiled.getter(values))

@@ -5,12 +5,14 @@ from __future__ import annotations
 __all__ = [
     "JOB_COLUMNS",
     "JOB_COLUMN_LIST",
+    "CLAIM_COLUMNS",
     "JOB_TABLE",
     "STORE_TABLES",
     "TARGET_COLUMNS",
     "TARGET_COLUMN_LIST",
     "TARGET_TABLE",
     "TOTALS_TABLE",
+    "SCHEMA_VERSION",
     "VERSION_TABLE",
 ]
 
@@ -41,6 +43,14 @@ JOB_COLUMNS = (
 )
 #: A target's columns, in the order the tables (and the models' fields) take them.
 TARGET_COLUMNS = ("job_id", "idx", "url", "options", "status", "result", "error", "hint")
+
+#: A target's claim: the runner holding it, the claim's heartbeat (unix seconds), how many times it was
+#: claimed. Added by schema version 3, after the original columns, each with a SQL-side default (NULL, 0).
+CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
+
+#: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
+#: is upgraded by its first writable open, in one transaction.
+SCHEMA_VERSION = 3
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

@@ -60,6 +60,11 @@ class Backend(Protocol):
     #: Where the store is, as shown in messages; None when nothing is open.
     path: str | None
     readonly: bool
+    #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
+    #: every target as unclaimed, with no attempts.
+    claims_stored: bool
+    #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
+    statement_key: str
     #: The SQL that reads the byte total (one row, one column).
     total_nbytes_sql: str
     #: An expression ordering rows by insertion: ties in created_at go to the later insert.
@@ -108,6 +113,9 @@ class Backend(Protocol):
     def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
         """``query`` locking the rows it selects until the transaction ends (skipping rows another
         transaction holds, with ``skip_locked``), where the backend needs row locks."""
+
+    def among(self, column: peewee.Node, query: peewee.Node) -> peewee.Node:
+        """``column`` is one of the values ``query`` selects, evaluated once, each row found by index."""
 
     def require_claims(self) -> None:
         """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""

@@ -95,6 +95,12 @@ class PostgresRules(PostgresBase):
         return locked
 
     @staticmethod
+    def among(column: peewee.Node, query: peewee.Node) -> peewee.Node:
+        """``column = ANY(ARRAY(query))``: the query runs once (an InitPlan) and the rows are found by
+        index, one probe each; ``IN (query)`` or a join was planned as a nested loop over the query's rows."""
+        return peewee.Expression(column, "=", peewee.fn.ANY(peewee.NodeList((peewee.SQL("ARRAY"), query))))
+
+    @staticmethod
     def require_claims() -> None:
         """Every PostgreSQL that sift supports can claim."""
 

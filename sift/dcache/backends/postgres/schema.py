@@ -7,12 +7,10 @@ import re
 
 from ...errors import StoreMissing, StoreUnavailable
 from ...sqlfiles import load_sql
+from ...tables import CLAIM_COLUMNS, SCHEMA_VERSION
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
-
-#: The version the ``sift_schema`` row records; a store of an earlier version is migrated at open.
-SCHEMA_VERSION = 2
 
 #: The byte-total slot rows: writers add to ``pg_backend_pid() % TOTAL_SLOTS``.
 TOTAL_SLOTS = 16
@@ -28,11 +26,15 @@ _DDL = {
 #: Version 2: what claim_batch_targets and rescue_stale_jobs read.
 VERSION_2_INDEXES = _DDL["version_2"]
 
+#: Version 3: the claims' columns and index.
+VERSION_3_CLAIMS = _DDL["version_3"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES, 2: VERSION_3_CLAIMS}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
-SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + _DDL["totals"]
+#: Version 3's statements add nothing to tables made here; they upgrade tables an earlier program made.
+SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + _DDL["totals"]
 
 _CREATED = re.compile(r"CREATE (?:OR REPLACE )?(TABLE|INDEX|TRIGGER|FUNCTION) (?:IF NOT EXISTS )?(\w+)")
 #: The schema's objects as (kind, name), as the DDL creates them (the tables' primary keys come with them).
@@ -63,7 +65,9 @@ class PostgresSchema(PostgresBase):
             if version in MIGRATIONS and not self.readonly:
                 self._migrate()
                 version = self._version()
-            if version != SCHEMA_VERSION:
+            self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
+            self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
+            if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
                 )
@@ -71,6 +75,16 @@ class PostgresSchema(PostgresBase):
                     f"{self.path!r} has schema version {version}; "
                     f"this sift knows version {SCHEMA_VERSION}{upgrade}"
                 )
+
+    def _has_claim_columns(self) -> bool:
+        """Whether batch_target has the claims' columns (a read-only open of an older version may lack them:
+        its reads then show every target unclaimed, with no attempts)."""
+        row = self.fetch_one(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('batch_target') "
+            "AND attname = ANY(%s) AND NOT attisdropped",
+            (list(CLAIM_COLUMNS),),
+        )
+        return int(row[0]) == len(CLAIM_COLUMNS)
 
     def _version(self) -> int | None:
         row = self.fetch_one("SELECT version FROM sift_schema WHERE id = 0", ())

@@ -12,7 +12,8 @@ CREATE TABLE IF NOT EXISTS batch_job (
 -- options is json, not jsonb: json keeps the caller's text verbatim (jsonb rewrites it).
 CREATE TABLE IF NOT EXISTS batch_target (
     job_id TEXT NOT NULL, idx BIGINT NOT NULL, url TEXT NOT NULL, options JSON NOT NULL,
-    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx));
+    status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, runner TEXT, heartbeat BIGINT,
+    attempts BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (job_id, idx));
 
 CREATE INDEX IF NOT EXISTS batch_job_idem ON batch_job(caller, idem_key);
 
@@ -30,6 +31,18 @@ CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) WHERE s
 CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
 
 CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
+
+-- name: version_3
+-- Version 3: a claim's runner, its heartbeat (unix seconds) and how many times the target was claimed, as
+-- columns with SQL-side defaults (a program that names its columns still inserts and reads targets), and
+-- the running targets by runner, which renew_claims, release_claims and requeue_stale_claims read.
+ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS runner TEXT;
+
+ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS heartbeat BIGINT;
+
+ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS attempts BIGINT NOT NULL DEFAULT 0;
+
+CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
 
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.

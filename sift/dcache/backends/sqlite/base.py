@@ -25,6 +25,10 @@ class SqliteBase(peewee.SqliteDatabase):
     #: The store file's resolved path, or ":memory:"; None when nothing is open.
     file: str | None
     readonly: bool
+    #: Whether the store has the claims' columns (a read-only open of an older file may not), and the key
+    #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
+    claims_stored: bool = True
+    statement_key: str = "sqlite"
     #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
     writers: WriterQueue
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack

@@ -58,6 +58,11 @@ class SqliteRules(SqliteBase):
         return query
 
     @staticmethod
+    def among(column: peewee.Node, query: peewee.Node) -> peewee.Node:
+        """``column IN (query)``: SQLite runs the query once into an ephemeral index."""
+        return peewee.Expression(column, "IN", query)
+
+    @staticmethod
     def require_claims() -> None:
         """A claim's statement uses ``UPDATE … FROM``, ``RETURNING`` and a ``MATERIALIZED`` CTE: an older
         SQLite library is refused by name, not with the syntax error it would give."""

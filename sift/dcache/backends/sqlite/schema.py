@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...errors import StoreUnavailable
 from ...sqlfiles import load_sql
+from ...tables import CLAIM_COLUMNS, SCHEMA_VERSION
 from .base import SqliteBase
 
 __all__ = [
@@ -28,6 +29,9 @@ _DDL = load_sql(__package__, "schema.sql")
 BASE_SCHEMA = _DDL["base"]
 #: What the hot paths need to stay flat in history, and the byte total's table and triggers.
 SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
+
+#: Version 3's columns of batch_target, each added when missing (see :meth:`SqliteSchema.prepare_schema`).
+CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
 
 #: The running byte total kept by the triggers above.
 TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
@@ -56,14 +60,39 @@ class SqliteSchema(SqliteBase):
         """Create what is missing, and recompute the byte total if anything was missing. Opening reads only
         the schema and the total's row, whatever the size of the store: a complete file is only read (so
         opening does not wait on another process's write), and a total another writer made drift is for
-        ``check_store(repair=True)`` (``sift check --repair``) to find and mend."""
+        ``check_store(repair=True)`` (``sift check --repair``) to find and mend.
+
+        The upgrade of an older file (the original service's, or an earlier sift's: the claims' columns, then
+        the new indexes, and ``user_version``) is the same one transaction."""
         present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
-        if present >= SCHEMA_NAMES and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None:
+        self.use_claim_columns(True)
+        if (
+            present >= SCHEMA_NAMES
+            and self.execute_sql("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
+            and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None
+        ):
             return
         with self.atomic():
-            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+            for statement in BASE_SCHEMA:
+                self.execute_sql(statement)
+            for name in self.missing_claim_columns():
+                self.execute_sql(CLAIM_COLUMN_DDL[name])
+            for statement in SPEED_SCHEMA:
                 self.execute_sql(statement)
             self.execute_sql(RECOMPUTE_TOTAL_SQL)
+            if self.execute_sql("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                self.execute_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def missing_claim_columns(self) -> list[str]:
+        """The claims' columns batch_target lacks (all of them in a file an earlier program wrote)."""
+        have = {row[1] for row in self.execute_sql("PRAGMA table_info(batch_target)")}
+        return [name for name in CLAIM_COLUMNS if name not in have]
+
+    def use_claim_columns(self, stored: bool) -> None:
+        """Whether the store's statements read the claims' columns: a read-only open of an older file has
+        none, and reads it as if every target were unclaimed, with no attempts."""
+        self.claims_stored = stored
+        self.statement_key = "sqlite" if stored else "sqlite without claims"
 
     def check_schema(self) -> None:
         """A read-only store cannot add what is missing: refuse a file that lacks part of the schema."""
@@ -74,6 +103,7 @@ class SqliteSchema(SqliteBase):
             raise StoreUnavailable.of_target(
                 f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
             )
+        self.use_claim_columns(not self.missing_claim_columns())
 
     def check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""

@@ -36,6 +36,20 @@ CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHE
 
 CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
 
+-- The running targets, by the runner that holds them: renew_claims, release_claims and
+-- requeue_stale_claims read only these, never history.
+CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
+
+-- name: claim_columns
+-- Version 3: a claim's runner, its heartbeat (unix seconds) and how many times the target was claimed, as
+-- columns of the target with SQL-side defaults, so a program that names its columns (the original service)
+-- still inserts and reads targets. Added by open_db when missing (SQLite has no ADD COLUMN IF NOT EXISTS).
+ALTER TABLE batch_target ADD COLUMN runner TEXT;
+
+ALTER TABLE batch_target ADD COLUMN heartbeat INTEGER;
+
+ALTER TABLE batch_target ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+
 -- name: totals
 -- Triggers keep the byte total whoever writes the file, and open_db recomputes it, so a file written by a
 -- program that never knew of this table is still right.
