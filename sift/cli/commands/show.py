@@ -10,7 +10,7 @@ from typing import Any
 import peewee
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget
+from sift.dcache import BatchJob, BatchTarget, db
 
 from ..parsing import count
 from ..report import (
@@ -40,6 +40,8 @@ COLUMNS = [
     Column("result bytes", "result_bytes", right=True),
     Column("error", "error", width=40),
     Column("hint", "hint", width=30),
+    Column("attempts", "attempts", right=True),
+    Column("runner", "runner", width=32),
 ]
 
 
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 result_size(T.result).alias("result_bytes"),
                 T.error,
                 T.hint,
+                *_claim_fields(),
             )
             .where(T.job_id == job.id)
             .order_by(T.idx)
@@ -98,10 +101,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _claim_fields() -> list[Any]:
+    """A target's attempts and its last claim's runner; an older store opened read-only has neither
+    column: its targets show 0 attempts and no runner."""
+    T = BatchTarget
+    if db.backend.claims_stored:
+        return [T.attempts, T.runner]
+    return [peewee.Value(0).alias("attempts"), peewee.SQL("NULL").alias("runner")]
+
+
 def _targets(job_id: str) -> Iterator[dict[str, Any]]:
     """The job's targets in idx order with the columns the table prints, PAGE at a time by idx."""
     T = BatchTarget
     fields = {"idx": T.idx, "status": T.status, "url": T.url, "error": T.error, "hint": T.hint}
+    fields.update(dict(zip(("attempts", "runner"), _claim_fields(), strict=True)))
     widths = {col.key: col.width for col in COLUMNS}
     selected: list[Any] = []
     for key, field in fields.items():
