@@ -72,7 +72,7 @@ def test_a_read_only_open_of_an_original_file_still_asks_for_one_writable_open(t
     # It lacks the byte total as well as the claims, which only a writable open can add.
     path = original_file(tmp_path / "old.db")
     before = path.read_bytes()
-    with pytest.raises(dcache.StoreUnavailable, match="batch_totals.*open it once without readonly=True"):
+    with pytest.raises(dcache.StoreUnavailable, match=r"batch_totals.*open it once without readonly=True"):
         dcache.open_db(path, readonly=True)
     assert path.read_bytes() == before
 
