@@ -48,11 +48,21 @@ def test_job_and_targets(store_file: Path, capsys: pytest.CaptureFixture[str]) -
     ]
     assert lines[8] == ""
     header, *rows = lines[9:]
-    assert header.split() == ["idx", "status", "url", "result", "bytes", "error", "hint"]
+    assert header.split() == [
+        "idx",
+        "status",
+        "attempts",
+        "runner",
+        "url",
+        "result",
+        "bytes",
+        "error",
+        "hint",
+    ]
     sizes = [utf8(RESULT_A0), utf8(RESULT_A1), utf8(RESULT_A2)]
     assert sizes == [16, 22, 16]  # UTF-8 bytes, not characters
     assert [row.split() for row in rows] == [
-        [str(idx), "done", f"https://example.com/{idx}", str(size)] for idx, size in enumerate(sizes)
+        [str(idx), "done", "0", f"https://example.com/{idx}", str(size)] for idx, size in enumerate(sizes)
     ]
     end = header.index("result bytes") + len("result bytes")
     assert all(row[:end].endswith(str(size)) for row, size in zip(rows, sizes, strict=True))
@@ -82,8 +92,8 @@ def test_pending_targets_and_no_key(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "Idempotency key  -" in out.splitlines()
     assert "Targets done     0 of 4 (2 stored)" in out.splitlines()
     assert [line.split() for line in out.splitlines()[10:]] == [
-        ["0", "pending", "https://example.com/0"],
-        ["1", "pending", "https://example.com/1"],
+        ["0", "pending", "0", "https://example.com/0"],
+        ["1", "pending", "0", "https://example.com/1"],
     ]
     code, out, _ = run(capsys, "show", "empty", "--db", path)
     assert code == 0
@@ -106,6 +116,8 @@ def test_json(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
             "result_bytes": utf8(RESULT_E0),
             "error": None,
             "hint": None,
+            "attempts": 0,
+            "runner": None,
         },
         {
             "idx": 1,
@@ -115,6 +127,8 @@ def test_json(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
             "result_bytes": None,
             "error": "HTTP 503",
             "hint": None,
+            "attempts": 0,
+            "runner": None,
         },
     ]
 

@@ -36,12 +36,12 @@ PAGE = 1000
 COLUMNS = [
     Column("idx", "idx", right=True),
     Column("status", "status"),
+    Column("attempts", "attempts", right=True),
+    Column("runner", "runner", width=32),
     Column("url", "url", width=60),
     Column("result bytes", "result_bytes", right=True),
     Column("error", "error", width=40),
     Column("hint", "hint", width=30),
-    Column("attempts", "attempts", right=True),
-    Column("runner", "runner", width=32),
 ]
 
 
