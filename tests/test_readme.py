@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,16 @@ def test_only_the_runner_reconciles(tmp_path: Path) -> None:
     app = web_app_example()
     path = str(tmp_path / "app.db")
     app["start"](path)
+    started = app["submit"]("alice", "k2", ["https://a.example/", "https://b.example/"])[1]["id"]
+    dcache.claim_batch_targets(1, runner="previous run")  # the runner died holding one target
     job_id = app["submit"]("alice", "k", ["https://a.example/"])[1]["id"]
     app["start"](path)  # a web worker (re)starting: leaves its siblings' jobs alone
+    assert [t.status for t in dcache.batch_targets(started) or []] == ["running", "pending"]
+    app["start_runner"](path)  # the runner's start: what its previous run held goes back to the queue
     job = dcache.batch_job(job_id)
-    assert job is not None and job.status == "queued"
-    app["start_runner"](path)  # the runner's start: the jobs in flight died with its previous run
-    job = dcache.batch_job(job_id)
-    assert job is not None and job.status == "failed" and job.error == "the runner restarted"
+    assert job is not None and job.status == "queued"  # never started: left alone
+    targets = dcache.batch_targets(started) or []
+    assert [(t.status, t.attempts) for t in targets] == [("pending", 1), ("pending", 0)]
     dcache.close_db()
 
 
@@ -188,61 +192,96 @@ def test_many_runners_example(tmp_path: Path) -> None:
         urls = [f"https://example.com/{i}" for i in range(7)]
         job_id = app["submit"]("alice", "k", urls)[1]["id"]
         other = app["submit"]("bob", "k", urls[:2])[1]["id"]
-        beats: list[str] = []
+        fetched: list[str] = []
 
-        def fetch(url: str, options: str, heartbeat: Any) -> str:
-            heartbeat()
-            beats.append(url)
+        def fetch(url: str, options: str) -> str:
+            fetched.append(url)
             if url.endswith("/3"):
                 raise TimeoutError("slow host")
             return f"<body of {url}>"
 
-        assert app["runner_step"](fetch) == 7  # 5 of alice's job, then bob's 2: per_job=5
+        assert app["runner_step"](fetch, "r1") == 7  # 5 of alice's job, then bob's 2: per_job=5
         job, done = dcache.batch_job(job_id), dcache.batch_job(other)
         assert job is not None and (job.status, job.targets_done) == ("running", 5)
         assert done is not None and (done.status, done.targets_done) == ("done", 2)
-        assert app["runner_step"](fetch) == 2
+        assert app["runner_step"](fetch, "r1") == 2
         job = dcache.batch_job(job_id)
-        assert job is not None and (job.status, job.targets_done) == ("done", 7)
+        assert job is not None and (job.status, job.targets_done) == ("partial", 7)
         targets = dcache.batch_targets(job_id) or []
         assert [t.status for t in targets].count("failed") == 1 and targets[3].error == "slow host"
-        assert app["runner_step"](fetch) == 0
-        assert len(beats) == 9
+        assert {t.runner for t in targets} == {"r1"}
+        assert app["runner_step"](fetch, "r1") == 0
+        assert len(fetched) == 9
     finally:
         dcache.close_db()
 
 
-class OneTurn:
-    """A stop event for one turn of run_runner's loop, whose wait returns at once."""
+def test_a_late_write_is_dropped_by_runner_step(tmp_path: Path) -> None:
+    app = runner_example()
+    app["start"](str(tmp_path / "app.db"))
+    try:
+        job_id = app["submit"]("alice", "k", ["https://a.example/"])[1]["id"]
 
-    def __init__(self) -> None:
-        self.asked = 0
+        def slow_fetch(url: str, options: str) -> str:  # taken for dead while it fetched
+            dcache.requeue_stale_claims(0)
+            dcache.claim_batch_targets(1, runner="other")
+            return "late"
 
-    def is_set(self) -> bool:
-        self.asked += 1
-        return self.asked > 1
+        assert app["runner_step"](slow_fetch, "slow") == 1
+        target = (dcache.batch_targets(job_id) or [])[0]
+        assert (target.status, target.runner, target.result, target.attempts) == ("running", "other", None, 2)
+        assert dcache.stats()["late_writes_refused"] == 1
+    finally:
+        dcache.close_db()
+
+
+class Turns:
+    """A stop event for keep_claims's timer: ``wait`` returns at once, and False for ``turns`` calls."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
 
     def wait(self, timeout: float) -> bool:
-        return True
+        self.turns -= 1
+        return self.turns < 0
 
 
-def test_many_runners_example_rescues_a_dead_runners_job(tmp_path: Path) -> None:
+def test_keep_claims_renews_this_runners_claims_and_requeues_the_stale(tmp_path: Path) -> None:
     app = runner_example()
     app["start"](str(tmp_path / "app.db"))
     try:
         job_id = app["submit"]("alice", "k", ["https://a.example/", "https://b.example/"])[1]["id"]
-        dcache.claim_batch_targets(2, now=1_000)  # a runner that claimed it all, then died long ago
-        fresh = app["submit"]("bob", "k", ["https://c.example/"])[1]["id"]
-        dcache.claim_batch_targets(1)  # a live runner's claim, just now
-        stop = OneTurn()
-        app["run_runner"](lambda url, options, heartbeat: "body", stop)  # nothing to claim: it rescues
-        assert stop.asked == 2
-        job, live = dcache.batch_job(job_id), dcache.batch_job(fresh)
-        assert job is not None and (job.status, job.error) == (
-            "failed",
-            "its runner stopped sending heartbeats",
-        )
-        assert [t.status for t in dcache.batch_targets(job_id) or []] == ["running", "running"]
-        assert live is not None and live.status == "running"
+        now = dcache.unix_now()
+        dcache.claim_batch_targets(1, runner="dead", now=now - app["STALE_AFTER"])  # died long ago
+        dcache.claim_batch_targets(1, runner="me", now=now - app["STALE_AFTER"])  # alive, due to renew
+        app["keep_claims"]("me", Turns(1))  # one turn of the timer, with no work to claim
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.runner) for t in targets] == [("pending", None), ("running", "me")]
+        assert targets[1].heartbeat is not None and targets[1].heartbeat >= now
+    finally:
+        dcache.close_db()
+
+
+def test_run_runner_works_and_releases_its_claims_when_stopped(tmp_path: Path) -> None:
+    app = runner_example()
+    app["start"](str(tmp_path / "app.db"))
+    try:
+        job_id = app["submit"]("alice", "k", [f"https://a.example/{i}" for i in range(12)])[1]["id"]
+        held: list[int] = []
+
+        def fetch(url: str, options: str) -> str:
+            held.append(1)
+            if len(held) == 3:
+                stop.set()  # a stop asked for mid-claim: this claim's last 2 targets are still fetched
+            return "body"
+
+        stop = threading.Event()
+        app["run_runner"](fetch, stop)
+        targets = dcache.batch_targets(job_id) or []
+        assert [t.status for t in targets] == ["done"] * 5 + ["pending"] * 7
+        assert all(t.runner is None for t in targets[5:])
+        dcache.claim_batch_targets(2, runner="stopping", now=10)
+        assert dcache.release_claims("stopping") == 2  # what run_runner's finally does with its own
+        assert [t.status for t in dcache.batch_targets(job_id) or []][5:7] == ["pending", "pending"]
     finally:
         dcache.close_db()
