@@ -351,6 +351,32 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
         db.execute_sql("SET plan_cache_mode = auto")
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_a_claims_update_reads_each_picked_target_once_on_postgres(
+    postgres_schema: str, analyzed: bool
+) -> None:
+    """Claiming N targets costs O(N): the update reads the picked rows by address (a TID scan), with or
+    without the planner's statistics; a filter testing each pending target against every picked one, or a
+    nested loop over the picked rows, made a claim of 16,000 take minutes."""
+    from conftest import open_empty_postgres
+
+    from sift.dcache import manager
+
+    open_empty_postgres(postgres_schema)
+    dcache.create_batch_job(make_job("big", targets_total=4_000, created_at=1), make_targets(4_000))
+    if analyzed:
+        db.execute_sql("ANALYZE batch_target")
+    sql, params = manager._CLAIM_TARGETS.bind({"job_id": "big", "take": 4_000, "runner": "r", "now": 5})
+    with db.atomic() as transaction:
+        plan = "\n".join(row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall())
+        transaction.rollback()
+    update = plan.split("CTE Scan on picked", 1)[1].split("\n", 1)[1]  # what the UPDATE reads, after the pick
+    assert "Tid Scan on batch_target" in update and "TID Cond: (ctid = ANY" in update, plan
+    assert "Nested Loop" not in plan and "Seq Scan" not in plan and "Filter" not in update, plan
+    assert len(dcache.claim_batch_targets(4_000, now=5)) == 4_000
+
+
 POSTGRES_INDEXES = {
     "_NEXT_CLAIMABLE_JOB": {"batch_job_claim", "batch_target_pending"},
     "_CLAIM_TARGETS": {"batch_target_pending"},

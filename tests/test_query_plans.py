@@ -125,6 +125,9 @@ SLOT_VALUES: dict[str, Any] = {
     "after_created": -1,
     "after_order": -1,
     "take": 10,
+    "runner": "runner-1",
+    "max_attempts": 3,
+    "failed": 1,
 }
 
 #: Every statement of the manager, and how its plan must reach rows: exactly this set of index accesses,
@@ -164,10 +167,18 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # many runners: the claim walks live jobs in claim order, probing each for a pending target, and takes
     # the first pending targets of one job; the rescue searches live jobs by lease
     "_NEXT_CLAIMABLE_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
-    "_CLAIM_TARGETS": (  # each picked target by its key, through either index holding it
-        {"batch_target_pending (job_id=?)", TARGET_BY_KEY},
-        {"batch_target_pending (job_id=?)", "batch_target_pending (job_id=? AND idx=?)"},
-    ),
+    # each picked target by its rowid, picked from the pending targets of the job
+    "_CLAIM_TARGETS": {"batch_target_pending (job_id=?)", "INTEGER PRIMARY KEY (rowid=?)"},
+    # claims: one runner's by batch_target_running, the stale ones by a scan of it (running targets only)
+    "_RENEW": {"batch_target_running (runner=?)"},
+    "_RELEASE": {"batch_target_running (runner=?)"},
+    "_STALE_JOBS": {"batch_target_running", f"{JOB_PK} (id=?)"},
+    "_FAIL_STALE": {"batch_target_running"},
+    "_REQUEUE_STALE": {"batch_target_running"},
+    "_STALE_CLAIMS": {"batch_target_running"},
+    "_COUNT_FAILED": {JOB_BY_ID},
+    "_FINISH_JOB": {JOB_BY_ID, TARGETS_OF_JOB},  # a job whose targets are all final: counts its failed
+    "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOB": {JOB_BY_ID},
     "_RESCUE": {"batch_job_live_lease (lease<?)"},  # live jobs only: not the history's old leases
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
@@ -191,8 +202,8 @@ PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
     r"|SCAN \w+ USING (?:COVERING )?INDEX "
-    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable)"
-    r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+)"
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable|batch_target_running)"
+    r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
 )

@@ -212,10 +212,12 @@ def _claim_targets() -> peewee.Node:
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
     PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
-    update finds them by ``idx`` among the picked (``backend.among``), not by a join: PostgreSQL planned
-    ``UPDATE … FROM picked`` as a nested loop reading the job's pending targets once per picked row."""
+    update finds the picked rows by their address alone (``backend.row_address``; the pick locked them, so
+    they cannot move), by ``backend.among``: PostgreSQL planned a join, or a lookup by job and idx, as a
+    nested loop or a filter testing each of the job's pending targets against every picked one, quadratic
+    in ``take``; by address alone it reads each picked row once (a TID scan)."""
     first: Any = db.backend.lock_rows(
-        _PENDING_OF_JOB.select(_PENDING_OF_JOB.idx)
+        _PENDING_OF_JOB.select(db.backend.row_address.alias("address"))
         .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
         .order_by(_PENDING_OF_JOB.idx)
         .limit(Slot("take")),
@@ -231,11 +233,8 @@ def _claim_targets() -> peewee.Node:
                 T.attempts: T.attempts + 1,
             }
         )
-        .where(
-            (T.job_id == Slot("job_id"))
-            & db.backend.among(T.idx, peewee.Select([picked], [picked.c.idx]))
-            & _pending(T)
-        )
+        # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
+        .where(db.backend.among(db.backend.row_address, peewee.Select([picked], [picked.c.address])))
         .with_cte(picked)
         .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
     )
@@ -287,9 +286,8 @@ _FAIL_STALE = Statement(
 _REQUEUE_STALE = Statement(
     lambda: T.update({T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), **_UNCLAIM}).where(_stale())
 )
-_STALE_CLAIMS = Statement(
-    lambda: T.select(*[getattr(T, n) for n in TARGET_COLUMNS]).where(_stale()).order_by(T.job_id, T.idx)
-)
+# Unordered: ORDER BY (job_id, idx) would have SQLite walk every target in key order; stale_claims sorts.
+_STALE_CLAIMS = Statement(lambda: T.select(*[getattr(T, n) for n in TARGET_COLUMNS]).where(_stale()))
 _COUNT_FAILED = Statement(
     lambda: J.update({J.targets_done: J.targets_done + Slot("failed"), J.lease: Slot("now")}).where(
         J.id == Slot("job_id")
@@ -593,7 +591,8 @@ def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[Batch
     """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
     Reads only."""
     cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
-    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in _STALE_CLAIMS.rows(cutoff=cutoff)]
+    rows = sorted(_STALE_CLAIMS.rows(cutoff=cutoff), key=lambda row: (row[0], row[1]))  # job_id, idx
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
 
 
 def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:

@@ -69,6 +69,8 @@ class Backend(Protocol):
     total_nbytes_sql: str
     #: An expression ordering rows by insertion: ties in created_at go to the later insert.
     insertion_order: peewee.ColumnBase
+    #: A row's address in its table (ctid, rowid): stable while the transaction holds the row.
+    row_address: peewee.ColumnBase
 
     def byte_length(self, expr: peewee.Node) -> peewee.Node:
         """The UTF-8 byte length of a text expression (NULL stays NULL)."""

@@ -80,6 +80,8 @@ class PostgresRules(PostgresBase):
 
     total_nbytes_sql = "SELECT COALESCE(SUM(nbytes), 0) FROM batch_totals"
     insertion_order = peewee.SQL("seq")
+    #: A row's address in its table: stable while the transaction holds the row's lock.
+    row_address = peewee.SQL("ctid")
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -96,8 +98,9 @@ class PostgresRules(PostgresBase):
 
     @staticmethod
     def among(column: peewee.Node, query: peewee.Node) -> peewee.Node:
-        """``column = ANY(ARRAY(query))``: the query runs once (an InitPlan) and the rows are found by
-        index, one probe each; ``IN (query)`` or a join was planned as a nested loop over the query's rows."""
+        """``column = ANY(ARRAY(query))``: the query runs once (an InitPlan); on ``ctid`` the rows are read
+        by a TID scan, each once, whatever the statistics say (``IN (query)`` or a join could be planned as a
+        nested loop over the query's rows)."""
         return peewee.Expression(column, "=", peewee.fn.ANY(peewee.NodeList((peewee.SQL("ARRAY"), query))))
 
     @staticmethod

@@ -38,6 +38,8 @@ class SqliteRules(SqliteBase):
     #: The order rows were inserted in: ties in created_at go to the later insert.
     # cast: Peewee's SQL is a ColumnBase (ordering and comparison work on it); its stubs say otherwise.
     insertion_order = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
+    #: A row's address in its table: its rowid.
+    row_address = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -59,7 +61,8 @@ class SqliteRules(SqliteBase):
 
     @staticmethod
     def among(column: peewee.Node, query: peewee.Node) -> peewee.Node:
-        """``column IN (query)``: SQLite runs the query once into an ephemeral index."""
+        """``column IN (query)``: SQLite runs the query once into an ephemeral index, and finds each row
+        by it."""
         return peewee.Expression(column, "IN", query)
 
     @staticmethod
