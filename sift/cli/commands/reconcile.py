@@ -35,8 +35,8 @@ def _confirmed(count: int) -> bool:
     """On a terminal, the user's yes; elsewhere (a pipe, a service) yes: nobody is there to answer."""
     if not (hasattr(sys.stdin, "isatty") and sys.stdin.isatty()):
         return True
-    answer = input(f"fail {format_count(count)} queued or running jobs? [y/N] ")
-    return answer.strip().lower() in ("y", "yes")
+    print(f"fail {format_count(count)} queued or running jobs? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def run(args: argparse.Namespace) -> int:
