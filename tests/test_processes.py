@@ -359,3 +359,92 @@ def test_plain_sqlite3_load_deferred_begin_fails(file_store: Path, begin: str) -
     print(
         f"\nplain sqlite3, {begin}: {PROCESSES} x {WRITES_PER_PROCESS} transactions, {locked} locked errors"
     )
+
+
+# -- Claims: claimers, renewers, releasers and requeuers in several processes, on both backends ------------
+
+CLAIM_JOBS = 4
+CLAIM_TARGETS = 30
+RUNNERS = 3
+
+
+def _claim_runner(target: str, name: str, seed: int, barrier: Any) -> dict[str, Any]:
+    """Claim, write (as this runner), renew, and now and then release; count what it did."""
+    dcache.open_db(target)
+    rng = random.Random(seed)
+    done = {"claimed": 0, "released": 0, "written": 0, "refused": 0}
+    barrier.wait()
+    for _ in range(60):
+        claimed = dcache.claim_batch_targets(4, per_job=2, runner=name)
+        done["claimed"] += len(claimed)
+        for t in claimed:
+            if rng.random() < 0.1:
+                done["released"] += dcache.release_claims(name)
+                break
+            try:
+                dcache.update_batch_target(t.job_id, t.idx, "done", result=name, runner=name)
+                done["written"] += 1
+            except dcache.ClaimLost:
+                done["refused"] += 1
+            dcache.renew_claims(name)
+    done["released"] += dcache.release_claims(name)
+    dcache.close_db()
+    return done
+
+
+def _requeuer(target: str, max_attempts: int, barrier: Any) -> dict[str, Any]:
+    """Requeue every claim at once (stale_after 0): each runner loses claims it is working on."""
+    dcache.open_db(target)
+    moved = 0
+    barrier.wait()
+    for _ in range(40):
+        moved += dcache.requeue_stale_claims(0, max_attempts=max_attempts, reason="taken for dead")
+    dcache.close_db()
+    return {"moved": moved}
+
+
+def _claims_worker(kind: str, *args: Any) -> dict[str, Any]:
+    return _claim_runner(*args) if kind == "runner" else _requeuer(*args)
+
+
+def test_claimers_renewers_releasers_and_requeuers_keep_every_count(shared_store: str) -> None:
+    from helpers import run_processes
+
+    for j in range(CLAIM_JOBS):
+        dcache.create_batch_job(
+            make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j), make_targets(CLAIM_TARGETS)
+        )
+    args: list[tuple[Any, ...]] = [("runner", shared_store, f"runner-{r}", r) for r in range(RUNNERS)]
+    args += [("requeuer", shared_store, 4), ("requeuer", shared_store, 10**6)]
+    reports = run_processes(_claims_worker, args)
+    assert not [r for r in reports if "errors" in r], reports
+    runners = [r for r in reports if "claimed" in r]  # reports come in the order the processes end
+    assert len(runners) == RUNNERS
+    # A target's attempts count its claims, less the ones given back by a release.
+    claimed = sum(r["claimed"] for r in runners)
+    released = sum(r["released"] for r in runners)
+    rows = db.execute_sql(
+        "SELECT job_id, status, result, error, runner, attempts FROM batch_target"
+    ).fetchall()
+    assert sum(row[5] for row in rows) == claimed - released
+    # Every stored result is its target's last holder's: no late write of a requeued claim landed.
+    for _job_id, status, result, error, runner, attempts in rows:
+        assert status in ("pending", "running", "done", "failed"), status
+        if status == "done":
+            assert result == runner and attempts >= 1
+        if status == "failed":
+            assert (result, error) == (None, "taken for dead") and attempts >= 4
+    assert sum(r["written"] for r in runners) == sum(1 for row in rows if row[1] == "done")
+    # Each job counts each final target once, and its bytes are its results' bytes.
+    for j in range(CLAIM_JOBS):
+        job = dcache.batch_job(f"job-{j}")
+        assert job is not None
+        final = [row for row in rows if row[0] == job.id and row[1] in ("done", "failed")]
+        assert job.targets_done == len(final)
+        assert job.nbytes == sum(len(row[2].encode()) for row in final if row[2] is not None)
+        if job.targets_done < job.targets_total:
+            assert job.status == "running"
+    dcache.requeue_in_flight(max_attempts=10**6)  # whatever is still claimed goes back: nothing is lost
+    left = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
+    assert left == 0
+    assert dcache.check_store().ok
