@@ -42,6 +42,8 @@ LIVE = ("queued", "running")
 FINISHED = ("done", "partial", "failed", "cancelled")
 IDEM = ("queued", "running", "done", "partial")
 FINAL = ("done", "failed")
+#: The runners that claim; None in an update is a write that names no runner (a client's).
+RUNNERS = ["r1", "r2"]
 MAX_TOTAL = 4
 
 # A narrow clock, so that equal leases (eviction ties) and lease + ttl == now (boundaries) are common.
@@ -105,6 +107,9 @@ class MTarget:
     result: str | None = None
     error: str | None = None
     hint: str | None = None
+    runner: str | None = None
+    heartbeat: int | None = None
+    attempts: int = 0
 
 
 @dataclass
@@ -263,6 +268,7 @@ class StoreMachine(RuleBasedStateMachine):
         error=st.none() | texts,
         hint=st.none() | st.sampled_from(["", "retry", "ü"]),
         now=times,
+        runner=st.none() | st.sampled_from(RUNNERS),
     )
     def update(
         self,
@@ -273,6 +279,7 @@ class StoreMachine(RuleBasedStateMachine):
         error: str | None,
         hint: str | None,
         now: int,
+        runner: str | None = None,
     ) -> None:
         if status not in FINAL:  # result, error and hint go only with done or failed
             result = error = hint = None
@@ -284,6 +291,8 @@ class StoreMachine(RuleBasedStateMachine):
             allowed.add(dcache.TargetNotFound)
             if idx >= job.targets_total:
                 allowed.add(dcache.InvalidBatchInput)
+        elif runner is not None and job.targets[idx].runner != runner:
+            allowed.add(dcache.ClaimLost)  # a late write: this runner does not hold the target
         elif job.targets[idx].status in FINAL and status not in FINAL:
             allowed.add(dcache.InvalidBatchInput)
         self.call(
@@ -295,6 +304,7 @@ class StoreMachine(RuleBasedStateMachine):
             result=result,
             error=error,
             hint=hint,
+            runner=runner,
             now=now,
         )
         if not allowed:
@@ -311,6 +321,7 @@ class StoreMachine(RuleBasedStateMachine):
         error=st.none() | texts,
         hint=st.none() | st.sampled_from(["", "retry", "ü"]),
         now=times,
+        runner=st.none() | st.sampled_from(RUNNERS),
     )
     def update_stored(
         self,
@@ -320,11 +331,12 @@ class StoreMachine(RuleBasedStateMachine):
         error: str | None,
         hint: str | None,
         now: int,
+        runner: str | None,
     ) -> None:
-        """Update a stored target, so that results, rewrites and refused moves back are common."""
+        """Update a stored target: results, rewrites, refused moves back and late writes are common."""
         stored = sorted((job_id, idx) for job_id, job in self.jobs.items() for idx in job.targets)
         job_id, idx = data.draw(st.sampled_from(stored))
-        self.update(job_id, idx, status, result, error, hint, now)
+        self.update(job_id, idx, status, result, error, hint, now, runner)
 
     @rule(data=st.data(), status=st.sampled_from(JOB_STATUSES), error=texts, now=times)
     def set_status(self, data: st.DataObject, status: str, error: str, now: int) -> None:
@@ -355,8 +367,9 @@ class StoreMachine(RuleBasedStateMachine):
         limit=st.sampled_from([2 * MAX_TOTAL, 3, 1, 2]),
         per_job=st.sampled_from([1, None, 2, 3]),
         now=times,
+        runner=st.sampled_from(RUNNERS),
     )
-    def claim(self, limit: int, per_job: int | None, now: int) -> None:
+    def claim(self, limit: int, per_job: int | None, now: int, runner: str) -> None:
         expected: list[tuple[str, int]] = []
         for job_id, job in sorted(self.jobs.items(), key=lambda item: (item[1].created_at, item[1].seq)):
             pending = sorted(i for i, t in job.targets.items() if t.status == "pending")
@@ -365,12 +378,64 @@ class StoreMachine(RuleBasedStateMachine):
             taken = pending[: min(per_job or limit, limit - len(expected))]
             expected += [(job_id, idx) for idx in taken]
             for idx in taken:
-                job.targets[idx].status = "running"
+                target = job.targets[idx]
+                target.status, target.runner, target.heartbeat = "running", runner, now
+                target.attempts += 1
             job.status, job.lease = "running", now
-        claimed = dcache.claim_batch_targets(limit, per_job=per_job, now=now)
+        claimed = dcache.claim_batch_targets(limit, per_job=per_job, runner=runner, now=now)
         assert [(t.job_id, t.idx) for t in claimed] == expected
-        assert all(t.status == "running" for t in claimed)
+        assert all(t.status == "running" and (t.runner, t.heartbeat) == (runner, now) for t in claimed)
         event(f"claim: {min(len(claimed), 3)}+ targets")
+
+    def held(self, runner: str | None = None) -> list[MTarget]:
+        return [
+            t
+            for job in self.jobs.values()
+            for t in job.targets.values()
+            if t.status == "running" and (runner is None or t.runner == runner)
+        ]
+
+    @rule(runner=st.sampled_from(RUNNERS), now=times)
+    def renew(self, runner: str, now: int) -> None:
+        held = self.held(runner)
+        assert dcache.renew_claims(runner, now=now) == len(held)
+        for target in held:
+            target.heartbeat = now
+
+    @rule(runner=st.sampled_from(RUNNERS))
+    def release(self, runner: str) -> None:
+        held = self.held(runner)
+        assert dcache.release_claims(runner) == len(held)
+        for target in held:
+            target.status, target.runner, target.heartbeat = "pending", None, None
+            target.attempts -= 1
+
+    @rule(stale_after=ttls, max_attempts=st.sampled_from([1, 2, 3]), reason=texts, now=times)
+    def requeue(self, stale_after: Any, max_attempts: int, reason: str, now: int) -> None:
+        moved = 0
+        for job in self.jobs.values():
+            failed = 0
+            for target in job.targets.values():
+                if target.status != "running" or (target.heartbeat or 0) + ttl_seconds(stale_after) > now:
+                    continue
+                moved += 1
+                if target.attempts >= max_attempts:
+                    target.status, target.error = "failed", reason
+                    failed += 1
+                else:
+                    target.status, target.runner, target.heartbeat = "pending", None, None
+            if failed:
+                job.lease = now
+                if job.status in LIVE and job.targets_done >= job.targets_total:
+                    count = sum(1 for t in job.targets.values() if t.status == "failed")
+                    job.status = (
+                        "done" if count == 0 else "failed" if count >= job.targets_total else "partial"
+                    )
+        assert (
+            dcache.requeue_stale_claims(stale_after, max_attempts=max_attempts, reason=reason, now=now)
+            == moved
+        )
+        event(f"requeue: {min(moved, 2)}+ targets")
 
     @rule(data=st.data(), stale_after=ttls, reason=texts, now=times)
     def rescue(self, data: st.DataObject, stale_after: Any, reason: str, now: int) -> None:
@@ -490,10 +555,35 @@ class StoreMachine(RuleBasedStateMachine):
             assert (job.created_at, job.lease) == (model.created_at, model.lease), job_id
             assert (job.targets_done, job.nbytes) == (model.targets_done, model.nbytes), job_id
             got_targets = [
-                (t.job_id, t.idx, t.url, t.options, t.status, t.result, t.error, t.hint) for t in targets
+                (
+                    t.job_id,
+                    t.idx,
+                    t.url,
+                    t.options,
+                    t.status,
+                    t.result,
+                    t.error,
+                    t.hint,
+                    t.runner,
+                    t.heartbeat,
+                    t.attempts,
+                )
+                for t in targets
             ]
             want_targets = [
-                (job_id, i, t.url, t.options, t.status, t.result, t.error, t.hint)
+                (
+                    job_id,
+                    i,
+                    t.url,
+                    t.options,
+                    t.status,
+                    t.result,
+                    t.error,
+                    t.hint,
+                    t.runner,
+                    t.heartbeat,
+                    t.attempts,
+                )
                 for i, t in sorted(model.targets.items())
             ]
             assert got_targets == want_targets, job_id
