@@ -211,7 +211,8 @@ def test_chunks_cover_every_id_once(file_store: Path, monkeypatch: pytest.Monkey
     foreign(
         file_store,
         *(
-            f"INSERT INTO batch_target VALUES ('{o}', 0, 'u', '{{}}', 'pending', NULL, NULL, NULL)"
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result, error, hint) "
+            f"VALUES ('{o}', 0, 'u', '{{}}', 'pending', NULL, NULL, NULL)"
             for o in orphans
         ),
         "UPDATE batch_job SET targets_done = 1 WHERE id IN ('job-2', 'job-3', 'job-7')",

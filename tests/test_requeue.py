@@ -261,3 +261,19 @@ def test_a_killed_runners_targets_go_back_while_the_client_polls_and_another_run
         (4, "survivor", 1),
     ]
     assert db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0] == 0
+
+
+def test_check_store_names_claims_that_break_the_rules(store: Any) -> None:
+    dcache.create_batch_job(make_job(targets_total=3), make_targets(3))
+    dcache.claim_batch_targets(2, runner="a", now=1_000)
+    assert dcache.check_store().ok
+    db.execute_sql("UPDATE batch_target SET attempts = 0 WHERE idx = 0")  # running, no attempt counted
+    db.execute_sql("UPDATE batch_target SET attempts = -1 WHERE idx = 2")
+    report = dcache.check_store()
+    assert [(v.kind, v.job_id, v.detail) for v in report.violations] == [
+        (
+            "target_attempts",
+            "job-1",
+            "2 targets with attempts below 0, or running for a runner with no attempt",
+        )
+    ]

@@ -167,11 +167,11 @@ class _Chunk:
         by_job = {group[0]: group for group in groups}
         self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
         self.cutoff = unix_now() - MISSING_TARGETS_GRACE  # a job created at or before it is past its grace
-        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None, 0)
+        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None, 0, 0)
         for job in jobs:
             job_id, status, total, done, nbytes, _ = job
             group = by_job.pop(job_id, no_targets)
-            _, rows, final, size, bad, idx_min, idx_max, bad_options = group
+            _, rows, final, size, bad, idx_min, idx_max, bad_options, bad_claims = group
             # The usual case, decided here without a call: every check passes.
             if (
                 status in valid
@@ -179,6 +179,7 @@ class _Chunk:
                 and nbytes == size
                 and not bad
                 and not bad_options
+                and not bad_claims
                 and rows == total
                 and (
                     idx_min is None
@@ -199,7 +200,7 @@ class _Chunk:
 
     def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
         job_id, status, total, done, nbytes, created_at = job
-        _, rows, final, size, bad_statuses, idx_min, idx_max, bad_options = group
+        _, rows, final, size, bad_statuses, idx_min, idx_max, bad_options, bad_claims = group
         name = _name(job_id)
         if status not in _JOB_STATUSES:
             self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
@@ -220,6 +221,9 @@ class _Chunk:
             self._add("target_idx", name, _idx_detail(job_id, total))
         if bad_options:
             self._add("target_options", name, f"{_targets(bad_options)} whose options are not valid JSON")
+        if bad_claims:
+            detail = f"{_targets(bad_claims)} with attempts below 0, or running for a runner with no attempt"
+            self._add("target_attempts", name, detail)
         if _missing_targets(rows, total, created_at, self.cutoff):
             detail = (
                 f"holds {rows} of its {total} targets more than {MISSING_TARGETS_GRACE} s after it was "
@@ -279,6 +283,7 @@ def _statements(backend: Any) -> _Statements:
         count_final=count_if.format(f"status IN ({_FINAL})"),
         count_invalid=count_if.format(f"status NOT IN ({_VALID_TARGET})"),
         count_invalid_options=count_if.format(backend.sql_invalid_options),
+        count_unsound_claims=count_if.format(_UNSOUND_CLAIM) if backend.claims_stored else "0",
         result_bytes=backend.sql_result_bytes,
         least_bound=backend.sql_least.format(a="j", b="t"),
         integer_idx=backend.sql_integer_idx,
@@ -288,15 +293,19 @@ def _statements(backend: Any) -> _Statements:
     return _Statements(**spelled, mark=backend.param, true=backend.sql_true)
 
 
-#: Each backend class's statements, made on first use.
-_BY_BACKEND: dict[type[Any], _Statements] = {}
+#: A target whose claim breaks the rules: attempts below 0 (each claim adds one, a release takes back only its
+#: own), or a target running for a runner that no attempt was counted for.
+_UNSOUND_CLAIM = "attempts < 0 OR (status = 'running' AND runner IS NOT NULL AND attempts < 1)"
+
+#: Each backend's statements (one set per ``statement_key``: an older store read-only has no claim columns).
+_BY_BACKEND: dict[str, _Statements] = {}
 
 
 def _sql() -> _Statements:
-    kind = type(db.backend)
-    statements = _BY_BACKEND.get(kind)
+    backend = db.backend
+    statements = _BY_BACKEND.get(backend.statement_key)
     if statements is None:
-        statements = _BY_BACKEND[kind] = _statements(kind)
+        statements = _BY_BACKEND[backend.statement_key] = _statements(backend)
     return statements
 
 
