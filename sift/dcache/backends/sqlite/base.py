@@ -25,6 +25,8 @@ class SqliteBase(peewee.SqliteDatabase):
     #: The store file's resolved path, or ":memory:"; None when nothing is open.
     file: str | None
     readonly: bool
+    #: The ``synchronous`` pragma of every connection the store opens (see ``open_db(durable=)``).
+    synchronous_pragma: str
     #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
     writers: WriterQueue
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack
