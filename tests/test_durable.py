@@ -22,8 +22,8 @@ class Recorded(sqlite3.Connection):
     """A connection that notes its own settings when it closes (the store closes some at once)."""
 
     seen: list[tuple[int, int]]  # the settings of those closed
-    closed: list[sqlite3.Connection]
-    watched: list[sqlite3.Connection]
+    closed: list[Recorded]
+    watched: list[Recorded]
 
     def settings(self) -> tuple[int, int]:
         """(query_only, synchronous) of this connection."""
