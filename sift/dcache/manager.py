@@ -148,7 +148,7 @@ def _fail_live(where: peewee.ColumnBase | None = None) -> peewee.Node:
 
 
 _MARK_FAILED = Statement(_fail_live)
-_RESCUE = Statement(lambda: _fail_live(J.lease <= Slot("cutoff")))
+_RESCUE = Statement(lambda: _fail_live(db.backend.live_lease(J.lease) <= Slot("cutoff")))
 
 
 def _pending(target: Any) -> peewee.Node:
