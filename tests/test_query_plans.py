@@ -378,6 +378,13 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
         [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         6,
     ),
+    "update_batch_targets of 10 results: one transaction, two statements a target": (
+        lambda: dcache.update_batch_targets(
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+        ),
+        [BEGIN, *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
+        42,
+    ),
     "runner step: no-op evict_batch_oldest": (
         lambda: dcache.evict_batch_oldest(10**15),
         ["SELECT batch_totals"],
