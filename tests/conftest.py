@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import TargetWriter, write_in_bulk
 from hypothesis import settings
 
 from sift import dcache
@@ -130,3 +131,9 @@ def pg_target(postgres_schema: str) -> Iterator[str]:
     yield postgres_target(name)
     dcache.close_db()
     drop_schema(name)
+
+
+@pytest.fixture(params=["update_batch_target", "update_batch_targets"])
+def write(request: pytest.FixtureRequest) -> TargetWriter:
+    """A target's write, through either entry point: each rule of update_batch_target holds in both."""
+    return dcache.update_batch_target if request.param == "update_batch_target" else write_in_bulk

@@ -23,6 +23,15 @@ def make_targets(count: int, start: int = 0, **fields: Any) -> list[BatchTarget]
     return [make_target(i, **fields) for i in range(start, start + count)]
 
 
+#: update_batch_target's signature: that function, or the same write made through update_batch_targets.
+TargetWriter = Callable[..., None]
+
+
+def write_in_bulk(job_id: str, idx: int, status: str, *, now: int | None = None, **fields: Any) -> None:
+    """update_batch_target's call, made as update_batch_targets of that one target."""
+    assert dcache.update_batch_targets(job_id, [{"idx": idx, "status": status, **fields}], now=now) == 1
+
+
 def snapshot() -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table in the open store, in a stable order: compare before and after."""
     tables = db.get_tables()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import create_partial, make_job, make_targets, snapshot
+from helpers import TargetWriter, create_partial, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -40,18 +40,18 @@ def job(store: Any) -> str:
     return "job-1"
 
 
-def test_first_move_into_done_counts_once(job: str) -> None:
-    dcache.update_batch_target(job, 0, "running", now=1)
+def test_first_move_into_done_counts_once(job: str, write: TargetWriter) -> None:
+    write(job, 0, "running", now=1)
     assert counts() == (0, 0)
-    dcache.update_batch_target(job, 0, "done", result="abc", now=2)
+    write(job, 0, "done", result="abc", now=2)
     assert counts() == (1, 3)
-    dcache.update_batch_target(job, 0, "done", result="abc", now=3)
+    write(job, 0, "done", result="abc", now=3)
     assert counts() == (1, 3)
-    dcache.update_batch_target(job, 0, "failed", error="boom", now=4)
+    write(job, 0, "failed", error="boom", now=4)
     assert counts() == (1, 0)
-    dcache.update_batch_target(job, 0, "failed", error="boom", now=5)
+    write(job, 0, "failed", error="boom", now=5)
     assert counts() == (1, 0)
-    dcache.update_batch_target(job, 1, "failed", error="x", now=6)
+    write(job, 1, "failed", error="x", now=6)
     assert counts() == (2, 0)
     check_invariants()
     assert counts("other") == (0, 0)
@@ -59,10 +59,12 @@ def test_first_move_into_done_counts_once(job: str) -> None:
 
 @pytest.mark.parametrize("first", ["done", "failed"])
 @pytest.mark.parametrize("second", ["done", "failed"])
-def test_rewriting_a_finished_target_adds_nothing(job: str, first: str, second: str) -> None:
-    dcache.update_batch_target(job, 2, first, now=1)
-    dcache.update_batch_target(job, 2, second, now=2)
-    dcache.update_batch_target(job, 2, second, now=3)
+def test_rewriting_a_finished_target_adds_nothing(
+    job: str, first: str, second: str, write: TargetWriter
+) -> None:
+    write(job, 2, first, now=1)
+    write(job, 2, second, now=2)
+    write(job, 2, second, now=3)
     assert counts() == (1, 0)
     check_invariants()
 
@@ -82,8 +84,8 @@ def test_rewriting_a_finished_target_adds_nothing(job: str, first: str, second: 
         ('{"body":"ü"}', 13),
     ],
 )
-def test_nbytes_counts_utf8_bytes(job: str, text: str, size: int) -> None:
-    dcache.update_batch_target(job, 0, "done", result=text, now=1)
+def test_nbytes_counts_utf8_bytes(job: str, text: str, size: int, write: TargetWriter) -> None:
+    write(job, 0, "done", result=text, now=1)
     assert counts() == (1, size)
     assert target(0).result == text
     assert dcache.batch_nbytes() == size
@@ -93,34 +95,36 @@ def test_nbytes_counts_utf8_bytes(job: str, text: str, size: int) -> None:
     ("old", "new"),
     [("abc", "ééé"), ("ééé", "abc"), ("😀😀", ""), ("", "😀"), ("a\x01b", "a"), ("x", "x")],
 )
-def test_replacing_a_result_changes_nbytes_by_the_difference(job: str, old: str, new: str) -> None:
-    dcache.update_batch_target(job, 1, "done", result="1234567", now=1)
-    dcache.update_batch_target(job, 0, "done", result=old, now=2)
+def test_replacing_a_result_changes_nbytes_by_the_difference(
+    job: str, old: str, new: str, write: TargetWriter
+) -> None:
+    write(job, 1, "done", result="1234567", now=1)
+    write(job, 0, "done", result=old, now=2)
     assert counts() == (2, 7 + len(old.encode()))
-    dcache.update_batch_target(job, 0, "done", result=new, now=3)
+    write(job, 0, "done", result=new, now=3)
     assert counts() == (2, 7 + len(new.encode()))
     assert target(0).result == new
     check_invariants()
 
 
-def test_result_replaced_by_none_frees_its_bytes(job: str) -> None:
-    dcache.update_batch_target(job, 0, "done", result="€€", now=1)
-    dcache.update_batch_target(job, 0, "failed", error="later failure", hint="retry", now=2)
+def test_result_replaced_by_none_frees_its_bytes(job: str, write: TargetWriter) -> None:
+    write(job, 0, "done", result="€€", now=1)
+    write(job, 0, "failed", error="later failure", hint="retry", now=2)
     assert counts() == (1, 0)
     t = target(0)
     assert (t.status, t.result, t.error, t.hint) == ("failed", None, "later failure", "retry")
-    dcache.update_batch_target(job, 0, "done", result="ok", now=3)
+    write(job, 0, "done", result="ok", now=3)
     t = target(0)
     assert (t.status, t.result, t.error, t.hint) == ("done", "ok", None, None)
     assert counts() == (1, 2)
 
 
-def test_result_error_and_hint_are_written_as_given(job: str) -> None:
-    dcache.update_batch_target(job, 3, "failed", result="partial €", error="timeout", hint="slow", now=1)
+def test_result_error_and_hint_are_written_as_given(job: str, write: TargetWriter) -> None:
+    write(job, 3, "failed", result="partial €", error="timeout", hint="slow", now=1)
     t = target(3)
     assert (t.status, t.result, t.error, t.hint) == ("failed", "partial €", "timeout", "slow")
     assert counts() == (1, 11)
-    dcache.update_batch_target(job, 3, "done", result="", error="", hint="", now=2)
+    write(job, 3, "done", result="", error="", hint="", now=2)
     t = target(3)
     assert (t.status, t.result, t.error, t.hint) == ("done", "", "", "")
     assert counts() == (1, 0)
@@ -128,11 +132,11 @@ def test_result_error_and_hint_are_written_as_given(job: str) -> None:
 
 @pytest.mark.parametrize("finished", ["done", "failed"])
 @pytest.mark.parametrize("back", ["pending", "running"])
-def test_finished_target_cannot_go_back(job: str, finished: str, back: str) -> None:
-    dcache.update_batch_target(job, 0, finished, result="abc", now=1)
+def test_finished_target_cannot_go_back(job: str, finished: str, back: str, write: TargetWriter) -> None:
+    write(job, 0, finished, result="abc", now=1)
     before = snapshot()
     with pytest.raises(dcache.InvalidBatchInput, match=r"^status"):
-        dcache.update_batch_target(job, 0, back, now=2)
+        write(job, 0, back, now=2)
     assert snapshot() == before
     assert counts() == (1, 3)
     assert target(0).status == finished
@@ -140,19 +144,21 @@ def test_finished_target_cannot_go_back(job: str, finished: str, back: str) -> N
 
 @pytest.mark.parametrize("status", ["pending", "running"])
 @pytest.mark.parametrize("field", ["result", "error", "hint"])
-def test_result_error_hint_only_with_done_or_failed(job: str, status: str, field: str) -> None:
-    dcache.update_batch_target(job, 1, "running", now=1)
+def test_result_error_hint_only_with_done_or_failed(
+    job: str, status: str, field: str, write: TargetWriter
+) -> None:
+    write(job, 1, "running", now=1)
     before = snapshot()
-    with pytest.raises(dcache.InvalidBatchInput, match=rf"^{field}"):
-        dcache.update_batch_target(job, 1, status, now=2, **{field: "x"})
-    with pytest.raises(dcache.InvalidBatchInput, match=rf"^{field}"):
-        dcache.update_batch_target(job, 0, status, now=2, **{field: ""})
+    with pytest.raises(dcache.InvalidBatchInput, match=rf"^(results\[0\]\.)?{field}"):
+        write(job, 1, status, now=2, **{field: "x"})
+    with pytest.raises(dcache.InvalidBatchInput, match=rf"^(results\[0\]\.)?{field}"):
+        write(job, 0, status, now=2, **{field: ""})
     assert snapshot() == before
 
 
-def test_pending_and_running_move_freely_before_finishing(job: str) -> None:
+def test_pending_and_running_move_freely_before_finishing(job: str, write: TargetWriter) -> None:
     for status in ("running", "pending", "running", "running", "pending"):
-        dcache.update_batch_target(job, 0, status, now=1)
+        write(job, 0, status, now=1)
         assert target(0).status == status
         assert counts() == (0, 0)
 
@@ -173,7 +179,7 @@ def test_batch_targets_of_a_job_without_targets_is_empty(store: Any) -> None:
     assert dcache.batch_targets("job-1") == []
 
 
-def test_many_targets_mixed_writes_keep_the_invariants(job: str) -> None:
+def test_many_targets_mixed_writes_keep_the_invariants(job: str, write: TargetWriter) -> None:
     writes: list[tuple[int, str, str | None]] = [
         (0, "running", None),
         (0, "done", "é" * 10),
@@ -185,28 +191,28 @@ def test_many_targets_mixed_writes_keep_the_invariants(job: str) -> None:
         (3, "running", None),
     ]
     for now, (idx, status, result) in enumerate(writes):
-        dcache.update_batch_target(job, idx, status, result=result, now=now)
+        write(job, idx, status, result=result, now=now)
         check_invariants()
     assert counts() == (3, 1 + 3 + 3)
     assert dcache.batch_nbytes() == 7
     check_invariants("other")
 
 
-def test_counts_are_per_job(store: Any) -> None:
+def test_counts_are_per_job(store: Any, write: TargetWriter) -> None:
     for job_id in ("a", "b"):
         dcache.create_batch_job(make_job(job_id, targets_total=2), make_targets(2))
-    dcache.update_batch_target("a", 0, "done", result="12345", now=1)
-    dcache.update_batch_target("b", 1, "done", result="€", now=1)
-    dcache.update_batch_target("b", 0, "failed", now=1)
+    write("a", 0, "done", result="12345", now=1)
+    write("b", 1, "done", result="€", now=1)
+    write("b", 0, "failed", now=1)
     assert counts("a") == (1, 5)
     assert counts("b") == (2, 3)
     assert dcache.batch_nbytes() == 8
 
 
-def test_created_counts_are_stored_as_given_and_then_moved(store: Any) -> None:
+def test_created_counts_are_stored_as_given_and_then_moved(store: Any, write: TargetWriter) -> None:
     """create stores targets_done and nbytes exactly; later writes move them by their delta."""
     create_partial(make_job("job-1", targets_total=5, targets_done=2, nbytes=100), make_targets(3))
     assert counts() == (2, 100)
-    dcache.update_batch_target("job-1", 0, "done", result="abc", now=1)
+    write("job-1", 0, "done", result="abc", now=1)
     assert counts() == (3, 103)
     assert dcache.batch_nbytes() == 103

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import create_partial, make_job, make_targets, snapshot
+from helpers import TargetWriter, create_partial, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -67,6 +67,9 @@ def test_put_leaves_the_lease(store: Any) -> None:
         lambda now: dcache.update_batch_target("job-1", 0, "pending", now=now),
         lambda now: dcache.update_batch_target("job-1", 1, "done", result="r", now=now),
         lambda now: dcache.update_batch_target("job-1", 2, "failed", error="e", hint="h", now=now),
+        lambda now: dcache.update_batch_targets(
+            "job-1", [{"idx": 1, "status": "done", "result": "r"}, {"idx": 2, "status": "failed"}], now=now
+        ),
         lambda now: dcache.set_batch_job_status("job-1", "running", now=now),
         lambda now: dcache.set_batch_job_status("job-1", "cancelled", "stop", now=now),
         lambda now: dcache.touch_batch_job("job-1", now=now),
@@ -76,6 +79,7 @@ def test_put_leaves_the_lease(store: Any) -> None:
         "update-pending",
         "update-done",
         "update-failed",
+        "update-many",
         "set-status-running",
         "set-status-cancelled",
         "touch",
@@ -89,13 +93,13 @@ def test_write_sets_the_lease_to_now(store: Any, write: Callable[[int], None], n
     assert leases() == {**before, "job-1": now}
 
 
-def test_lease_follows_each_write_in_turn(store: Any) -> None:
+def test_lease_follows_each_write_in_turn(store: Any, write: TargetWriter) -> None:
     setup_jobs()
-    dcache.update_batch_target("job-1", 0, "running", now=2_000)
+    write("job-1", 0, "running", now=2_000)
     assert lease("job-1") == 2_000
-    dcache.update_batch_target("job-1", 0, "done", result="x", now=2_001)
+    write("job-1", 0, "done", result="x", now=2_001)
     assert lease("job-1") == 2_001
-    dcache.update_batch_target("job-1", 0, "done", result="y", now=2_001)
+    write("job-1", 0, "done", result="y", now=2_001)
     assert lease("job-1") == 2_001
     dcache.touch_batch_job("job-1", now=3_000)
     assert lease("job-1") == 3_000
@@ -112,16 +116,16 @@ def test_mark_in_flight_failed_sets_the_lease_of_the_jobs_it_marks(store: Any) -
     assert leases() == {"job-1": 4_000, "job-2": 4_000, "job-3": 700}
 
 
-def test_rejected_writes_leave_the_lease(store: Any) -> None:
+def test_rejected_writes_leave_the_lease(store: Any, write: TargetWriter) -> None:
     setup_jobs()
-    dcache.update_batch_target("job-1", 0, "done", result="x", now=1_100)
+    write("job-1", 0, "done", result="x", now=1_100)
     before = snapshot()
     with pytest.raises(dcache.InvalidBatchInput):
-        dcache.update_batch_target("job-1", 0, "pending", now=9_000)
+        write("job-1", 0, "pending", now=9_000)
     with pytest.raises(dcache.InvalidBatchInput):
         dcache.set_batch_job_status("job-1", "bogus", now=9_000)
     with pytest.raises(dcache.TargetNotFound):
-        dcache.update_batch_target("job-3", 0, "done", now=9_000)
+        write("job-3", 0, "done", now=9_000)
     with pytest.raises(dcache.JobNotFound):
         dcache.touch_batch_job("nope", now=9_000)
     assert snapshot() == before
@@ -150,9 +154,9 @@ READS: list[tuple[str, Callable[[], object]]] = [
 
 
 @pytest.mark.parametrize("read", [r for _, r in READS], ids=[name for name, _ in READS])
-def test_reads_never_write(store: Any, read: Callable[[], object]) -> None:
+def test_reads_never_write(store: Any, read: Callable[[], object], write: TargetWriter) -> None:
     dcache.create_batch_job(make_job("job-1", idem_key="key", lease=1_000), make_targets(3))
-    dcache.update_batch_target("job-1", 1, "done", result="abc", now=1_000)
+    write("job-1", 1, "done", result="abc", now=1_000)
     create_partial(make_job("job-2", status="running", lease=800), make_targets(2))
     dcache.create_batch_job(make_job("job-3", status="done", lease=600, nbytes=5))
     before = snapshot()

@@ -138,9 +138,9 @@ SLOT_VALUES: dict[str, Any] = {
 JOB_BY_ID = f"{JOB_PK} (id=?)"
 TARGET_BY_KEY = f"{TARGET_PK} (job_id=? AND idx=?)"
 TARGETS_OF_JOB = f"{TARGET_PK} (job_id=?)"
-#: Three partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
-#: order, batch_job_live_lease by lease): a statement over every live job may scan any of them.
-LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"}, {"batch_job_live_lease"})
+#: Two partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
+#: order): a statement over every live job may scan either.
+LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
 #: Each statement's index accesses, or a tuple of the sets SQLite may choose between.
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # runner step
@@ -180,7 +180,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_FINISH_JOB": {JOB_BY_ID, TARGETS_OF_JOB},  # a job whose targets are all final: counts its failed
     "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOB": {JOB_BY_ID},
-    "_RESCUE": {"batch_job_live_lease (lease<?)"},  # live jobs only: not the history's old leases
+    "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
@@ -202,7 +202,7 @@ PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
     r"|SCAN \w+ USING (?:COVERING )?INDEX "
-    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_live_lease|batch_job_evictable|batch_target_running)"
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_evictable|batch_target_running)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
@@ -248,6 +248,51 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -
     expected = EXPECTED_ACCESS[name]
     assert accesses(lines, name) in (expected if isinstance(expected, tuple) else (expected,)), lines
     assert not any(re.fullmatch(r"SCAN (?!picked$)\w+", line) for line in lines)  # the CTE: take rows
+
+
+#: What a result write (update_batch_target, and each target of update_batch_targets) opens for writing,
+#: besides the two tables and the byte total's row. batch_job_lease is the original schema's and moves with
+#: every lease; batch_job_evictable is opened because the lease is in its key, but a live job is never in
+#: it; batch_target_pending loses the target that leaves pending (a claimed target has left it already).
+#: Every other index sift adds is left alone: no index keyed on the lease holds live jobs.
+RESULT_WRITE_INDEXES = {
+    "_FINISH_ON_JOB": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
+    "_SET_TARGET": {TARGET_PK, "batch_target_pending"},
+}
+
+
+def written_btrees(sql: str, params: tuple[Any, ...]) -> set[str]:
+    """The tables and indexes a statement's program opens for writing (its OpenWrite instructions)."""
+    names = dict(
+        dcache.db.execute_sql("SELECT rootpage, name FROM sqlite_master WHERE rootpage > 0").fetchall()
+    )
+    program = dcache.db.execute_sql("EXPLAIN " + sql, params).fetchall()
+    return {names[row[3]] for row in program if row[1] == "OpenWrite"}
+
+
+@pytest.mark.parametrize("name", sorted(RESULT_WRITE_INDEXES))
+def test_indexes_a_result_write_touches(history: int, name: str) -> None:
+    written = written_btrees(*bound(getattr(manager, name)))
+    tables = {"batch_job", "batch_target", "batch_totals"}
+    assert written - tables == RESULT_WRITE_INDEXES[name]
+
+
+def test_a_store_an_earlier_version_made_loses_its_retired_index(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    with sqlite3.connect(path) as conn:  # as an earlier version left it
+        conn.execute(
+            "CREATE INDEX batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running')"
+        )
+    conn.close()
+    dcache.open_db(path)
+    try:
+        names = {row[0] for row in dcache.db.execute_sql("SELECT name FROM sqlite_master").fetchall()}
+        assert "batch_job_live_lease" not in names
+        assert "batch_job_claim" in names
+    finally:
+        dcache.close_db()
 
 
 def test_batch_nbytes_reads_the_total_by_primary_key(history: int) -> None:
@@ -343,6 +388,13 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
         runner_update,
         [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         6,
+    ),
+    "update_batch_targets of 10 results: one transaction, two statements a target": (
+        lambda: dcache.update_batch_targets(
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+        ),
+        [BEGIN, *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
+        42,
     ),
     "runner step: no-op evict_batch_oldest": (
         lambda: dcache.evict_batch_oldest(10**15),

@@ -42,6 +42,9 @@ def test_web_app_example(tmp_path: Path) -> None:
         status, page = app["poll"]("alice", job_id)
         assert status == 200 and page["done"] == 1 and page["total"] == 2
         assert page["results"][0]["result"] == '{"status": 200}'
+        app["run_arrived"](job_id, {1: '{"status": 201}', 0: '{"status": 200}'})  # 0 again: counted once
+        status, page = app["poll"]("alice", job_id)
+        assert status == 200 and page["done"] == 2 and page["results"][1]["result"] == '{"status": 201}'
         status, error = app["submit"]("alice", "", ["https://a.example/", ""])
         assert status == 400 and error["field"] == "url" and error["error"].startswith("url:")
         assert dcache.BatchJob.select().count() == 1  # the bad submission left nothing behind

@@ -23,6 +23,7 @@ from .cases.hooks import bench_hooks
 from .cases.locks import bench_locks
 from .cases.memory import bench_memory, rss_child
 from .cases.ops import bench_ops
+from .cases.peers import bench_peers
 from .cases.plugin import bench_testing
 from .cases.raw import bench_raw, pg_raw
 from .cases.simulate import pg_simulate
@@ -44,6 +45,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "disk": bench_disk,
     "claims": bench_claims,
     "tail": bench_tail,
+    "peers": bench_peers,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,

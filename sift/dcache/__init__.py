@@ -52,6 +52,7 @@ from .manager import (
     sweep_candidates,
     touch_batch_job,
     update_batch_target,
+    update_batch_targets,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
 from .reports import (
@@ -133,6 +134,7 @@ __all__ = [
     "touch_batch_job",
     "unix_now",
     "update_batch_target",
+    "update_batch_targets",
     "vacuum_relations",
     "vacuum_store",
 ]

@@ -149,6 +149,7 @@ def open_db(
     readonly: bool = False,
     max_connections: int | None = None,
     create: bool = True,
+    durable: bool = False,
 ) -> StoreDatabase:
     """Open (creating if missing) the store at ``target``, closing any store opened before.
 
@@ -162,7 +163,9 @@ def open_db(
     nothing is ever written to it, and every write raises ``StoreReadOnly``. With ``create=False`` the
     store must exist (a SQLite file, or a PostgreSQL schema holding the store's tables; never ``:memory:``):
     a missing one raises ``StoreMissing`` and nothing is created, for a process that must not make a store
-    from a mistyped target. Raises ``StoreUnavailable``
+    from a mistyped target. ``durable=True`` runs a SQLite store with ``synchronous=FULL``: a commit that
+    returned survives a power loss, at the cost of an fsync per commit (a PostgreSQL commit is durable
+    already, with the server's ``synchronous_commit`` on). Raises ``StoreUnavailable``
     for a target that cannot be opened (saying why), one that is not a batch store, or one locked by
     another process past ``timeout`` seconds; ``StoreCorrupt`` for a file that is not a SQLite database
     or is damaged, and ``StoreFull`` when the disk is too full to create the schema.
@@ -183,7 +186,7 @@ def open_db(
             raise StoreUnavailable("max_connections: only a PostgreSQL store pools connections")
         text = sqlite_path(text)
         _use_sqlite()
-        SQLITE.open_store(text, timeout=timeout, readonly=readonly, create=create)
+        SQLITE.open_store(text, timeout=timeout, readonly=readonly, create=create, durable=durable)
     counters.reset()
     return db
 

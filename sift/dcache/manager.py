@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
 import peewee
@@ -19,7 +19,7 @@ import peewee
 from . import driver_errors, space, validation
 from .counters import counters
 from .database import db, retried
-from .errors import ClaimLost, DuplicateJob, JobNotFound, TargetNotFound
+from .errors import ClaimLost, DuplicateJob, InvalidBatchInput, JobNotFound, TargetNotFound
 from .models import (
     FINAL_TARGET_STATUSES,
     FINISHED_JOB_STATUSES,
@@ -170,7 +170,7 @@ def _fail_live(where: peewee.ColumnBase | None = None) -> peewee.Node:
 
 
 _MARK_FAILED = Statement(_fail_live)
-_RESCUE = Statement(lambda: _fail_live(J.lease <= Slot("cutoff")))
+_RESCUE = Statement(lambda: _fail_live(db.backend.live_lease(J.lease) <= Slot("cutoff")))
 
 
 def _pending(target: Any) -> peewee.Node:
@@ -410,6 +410,12 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
     counters.add("targets_put", put)
 
 
+#: One target's write, checked: (idx, status, final, size, result, error, hint).
+TargetWrite = tuple[int, str, bool, int, str | None, str | None, str | None]
+#: The keys of one entry of update_batch_targets' results.
+TARGET_WRITE_KEYS = frozenset({"idx", "status", "result", "error", "hint"})
+
+
 @retried
 def update_batch_target(
     job_id: str,
@@ -430,6 +436,39 @@ def update_batch_target(
     that runner holds the target's claim, so a late write after a requeue never lands or counts twice.
     """
     job_id = validation.job_id(job_id)
+    write = _target_write(idx, status, result, error, hint)
+    runner = validation.optional_text("runner", runner)
+    now = validation.now(now)
+    with db.write():
+        _write_target(job_id, write, runner, now)
+    counters.add("target_writes")
+
+
+@retried
+def update_batch_targets(
+    job_id: str, results: Iterable[Any], *, runner: str | None = None, now: int | None = None
+) -> int:
+    """Write many targets of one job in one transaction, each exactly as ``update_batch_target`` would, in
+    the order given; ``results`` holds mappings of its arguments (``idx``, ``status``, and optionally
+    ``result``, ``error``, ``hint``). Any bad entry, missing target or lost claim (``ClaimLost``, with
+    ``runner``) refuses the whole call, writing nothing. Returns how many targets were written."""
+    job_id = validation.job_id(job_id)
+    if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
+        validation.invalid("results", f"must be an iterable of mappings, got {type(results).__name__}")
+    writes = [_target_write_of(i, entry) for i, entry in enumerate(results)]
+    runner = validation.optional_text("runner", runner)
+    now = validation.now(now)
+    if not writes:
+        return 0
+    with db.write():
+        for write in writes:
+            _write_target(job_id, write, runner, now)
+    counters.add("target_writes", len(writes))
+    return len(writes)
+
+
+def _target_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> TargetWrite:
+    """One target's write, checked: what update_batch_target and update_batch_targets refuse alike."""
     idx = validation.count("idx", idx)
     status = validation.target_status(status)
     final = status in FINAL_TARGET_STATUSES
@@ -439,16 +478,41 @@ def update_batch_target(
     size = 0 if result is None else validation.utf8_size("result", result)
     error = validation.optional_text("error", error)
     hint = validation.optional_text("hint", hint)
-    runner = validation.optional_text("runner", runner)
-    now = validation.now(now)
-    with db.write():
-        db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-        if not _FINISH_ON_JOB.run(
-            job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now
-        ):
-            _explain_target_miss(job_id, idx, status, runner)
-        _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
-    counters.add("target_writes")
+    return idx, status, final, size, result, error, hint
+
+
+def _target_write_of(position: int, entry: Any) -> TargetWrite:
+    """Entry ``position`` of update_batch_targets' results, checked; a refusal names it
+    (``results[3].status``)."""
+    where = f"results[{position}]"
+    if not isinstance(entry, Mapping):
+        validation.invalid(
+            where, f"must be a mapping of idx, status, result, error, hint; got {type(entry).__name__}"
+        )
+    if unknown := sorted(map(str, entry.keys() - TARGET_WRITE_KEYS)):
+        validation.invalid(f"{where}.{unknown[0]}", "is not a field of a target's write")
+    for key in ("idx", "status"):
+        if key not in entry:
+            validation.invalid(f"{where}.{key}", "is required")
+    try:
+        return _target_write(
+            entry["idx"], entry["status"], entry.get("result"), entry.get("error"), entry.get("hint")
+        )
+    except InvalidBatchInput as exc:
+        raise InvalidBatchInput(f"{where}.{exc.field}", exc.problem) from None
+
+
+def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int) -> None:
+    """The per-target rule, inside the caller's write transaction: the job's count, bytes and lease move by
+    the target's change, then the target is written; a missing target, a move back or (with ``runner``) a
+    claim the runner no longer holds raises."""
+    idx, status, final, size, result, error, hint = write
+    db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
+    if not _FINISH_ON_JOB.run(
+        job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now
+    ):
+        _explain_target_miss(job_id, idx, status, runner)
+    _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
 
 
 @retried

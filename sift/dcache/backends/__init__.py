@@ -78,6 +78,10 @@ class Backend(Protocol):
     def json_or_null(self, expr: peewee.Node) -> peewee.Node:
         """``expr`` when it is valid JSON text, else NULL."""
 
+    def live_lease(self, lease: peewee.ColumnBase) -> peewee.ColumnBase:
+        """The lease column as a condition on live jobs only must name it: never through an index that
+        holds the history's leases too."""
+
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
 

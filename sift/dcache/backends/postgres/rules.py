@@ -88,6 +88,11 @@ class PostgresRules(PostgresBase):
         return peewee.fn.octet_length(expr)
 
     @staticmethod
+    def live_lease(lease: peewee.ColumnBase) -> peewee.ColumnBase:
+        """As it is: the partial index batch_job_live_lease holds the live jobs by lease."""
+        return lease
+
+    @staticmethod
     def json_or_null(expr: peewee.Node) -> peewee.Node:
         return peewee.Case(None, [(peewee.fn.sift_json_valid(expr), peewee.fn.sift_json(expr))], None)
 

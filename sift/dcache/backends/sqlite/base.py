@@ -29,6 +29,8 @@ class SqliteBase(peewee.SqliteDatabase):
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
     statement_key: str = "sqlite"
+    #: The ``synchronous`` pragma of every connection the store opens (see ``open_db(durable=)``).
+    synchronous_pragma: str
     #: The OS lock that queues write transactions across processes (see :mod:`.writer_queue`).
     writers: WriterQueue
     _state: Any  # Peewee's shared connection state (thread_safe=False): conn and transaction stack

@@ -31,7 +31,7 @@ from .maintenance import SqliteMaintenance
 from .paths import store_target
 from .rules import SqliteRules
 from .schema import SqliteSchema
-from .settings import BUSY_TIMEOUT_S, PRAGMAS, READONLY_PRAGMAS
+from .settings import BUSY_TIMEOUT_S, PRAGMAS, READONLY_PRAGMAS, SYNCHRONOUS_DURABLE
 from .transactions import ThreadContexts
 from .wal import WalPolicy
 from .writer_queue import WriterQueue
@@ -60,6 +60,7 @@ class SerializedSqliteDatabase(
         self.path: str | None = None
         self.file: str | None = None  # resolved once by open_db: every companion is named from it
         self.readonly = False
+        self.synchronous_pragma = str(PRAGMAS["synchronous"])
         self.contexts = ThreadContexts()
         self._raw_init = True  # Peewee's constructor calls init(None)
         super().__init__(None, thread_safe=False, lock_type="IMMEDIATE", autoconnect=True)
@@ -143,6 +144,7 @@ class SerializedSqliteDatabase(
         timeout: float = BUSY_TIMEOUT_S,
         readonly: bool = False,
         create: bool = True,
+        durable: bool = False,
     ) -> None:
         """Close what is open and open ``path``, all under the lock, so other threads' calls run on the old
         store or on the new one, never in between. See :func:`open_db`."""
@@ -154,6 +156,7 @@ class SerializedSqliteDatabase(
                 if not readonly and shown != ":memory:":
                     create_store_file(target)  # 0600, not the umask's mode; see files.py
                 pragmas = READONLY_PRAGMAS if readonly else PRAGMAS
+                self.synchronous_pragma = SYNCHRONOUS_DURABLE if durable else str(pragmas["synchronous"])
                 # Only a file's writers queue: nobody else can write a private in-memory store, and a
                 # read-only store never writes.
                 queued = not readonly and shown != ":memory:"
@@ -162,7 +165,9 @@ class SerializedSqliteDatabase(
                 self._changes_seen = 0
                 self._init_raw(
                     target,
-                    pragmas=dict(pragmas, busy_timeout=int(timeout * 1000)),
+                    pragmas=dict(
+                        pragmas, busy_timeout=int(timeout * 1000), synchronous=self.synchronous_pragma
+                    ),
                     timeout=timeout,
                     check_same_thread=False,
                     uri=readonly,

@@ -15,6 +15,8 @@ from .base import SqliteBase
 __all__ = [
     "BASE_SCHEMA",
     "READ_SCHEMA_NAMES",
+    "RETIRED_NAMES",
+    "RETIRED_SCHEMA",
     "RECOMPUTE_TOTAL_SQL",
     "SCHEMA_NAMES",
     "SPEED_SCHEMA",
@@ -32,6 +34,8 @@ SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
 
 #: Version 3's columns of batch_target, each added when missing (see :meth:`SqliteSchema.prepare_schema`).
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
+#: Dropped at open where an earlier version made them (see schema.sql).
+RETIRED_SCHEMA = _DDL["retired"]
 
 #: The running byte total kept by the triggers above.
 TOTAL_NBYTES_SQL = "SELECT nbytes FROM batch_totals WHERE id = 0"
@@ -46,6 +50,8 @@ def _names(statements: tuple[str, ...]) -> frozenset[str]:
 
 
 _CREATED = re.compile(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
+#: The retired parts, by name.
+RETIRED_NAMES = frozenset(re.findall(r"DROP INDEX IF EXISTS (\w+)", " ".join(RETIRED_SCHEMA)))
 #: Every part of the schema, by name, as the DDL creates them.
 SCHEMA_NAMES = _names(BASE_SCHEMA + SPEED_SCHEMA)
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
@@ -57,7 +63,8 @@ class SqliteSchema(SqliteBase):
     """The schema's part of the SQLite store's database: made whole at open, checked when read-only."""
 
     def prepare_schema(self) -> None:
-        """Create what is missing, and recompute the byte total if anything was missing. Opening reads only
+        """Create what is missing (and drop what is retired), and recompute the byte total if anything was
+        missing. Opening reads only
         the schema and the total's row, whatever the size of the store: a complete file is only read (so
         opening does not wait on another process's write), and a total another writer made drift is for
         ``check_store(repair=True)`` (``sift check --repair``) to find and mend.
@@ -68,6 +75,7 @@ class SqliteSchema(SqliteBase):
         self.use_claim_columns(True)
         if (
             present >= SCHEMA_NAMES
+            and not present & RETIRED_NAMES
             and self.execute_sql("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
             and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None
         ):
@@ -77,7 +85,7 @@ class SqliteSchema(SqliteBase):
                 self.execute_sql(statement)
             for name in self.missing_claim_columns():
                 self.execute_sql(CLAIM_COLUMN_DDL[name])
-            for statement in SPEED_SCHEMA:
+            for statement in SPEED_SCHEMA + RETIRED_SCHEMA:
                 self.execute_sql(statement)
             self.execute_sql(RECOMPUTE_TOTAL_SQL)
             if self.execute_sql("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:

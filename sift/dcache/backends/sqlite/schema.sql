@@ -27,14 +27,17 @@ CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, i
 -- name: claims
 -- claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
 -- with), and each job's pending targets in idx order, so a claim reads neither history nor done targets.
--- rescue_stale_jobs: live jobs by lease. batch_job_lease holds the history too, which a rescue would read
--- through (every finished job with an older lease) while holding the write lock. A read-only open may
--- lack these: only claims and rescues (writes) read them.
+-- rescue_stale_jobs reads batch_job_claim too (every live job, checking its lease), never batch_job_lease,
+-- which holds the history as well. A read-only open may lack these: only claims and rescues (writes) read
+-- them.
 CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status IN ('queued', 'running');
 
 CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
 
-CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
+-- name: retired
+-- Indexes earlier versions made, dropped at open: every result write moved their entries (a live job's
+-- lease changes on each), and nothing reads them any more.
+DROP INDEX IF EXISTS batch_job_live_lease;
 
 -- The running targets, by the runner that holds them: renew_claims, release_claims and
 -- requeue_stale_claims read only these, never history.

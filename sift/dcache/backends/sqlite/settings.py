@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["BUSY_TIMEOUT_S", "CLAIMS_NEED_SQLITE", "PRAGMAS", "READONLY_PRAGMAS", "WAL_AUTOCHECKPOINT_PAGES"]
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "CLAIMS_NEED_SQLITE",
+    "PRAGMAS",
+    "READONLY_PRAGMAS",
+    "SYNCHRONOUS_DURABLE",
+    "WAL_AUTOCHECKPOINT_PAGES",
+]
 
 #: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
 WAL_AUTOCHECKPOINT_PAGES = 1000
@@ -11,6 +18,10 @@ WAL_AUTOCHECKPOINT_PAGES = 1000
 CLAIMS_NEED_SQLITE = (3, 35, 0)
 #: The busy timeout: how long a write waits for another process's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
+
+#: ``synchronous`` of a store opened with ``open_db(path, durable=True)``: WAL frames are synced at every
+#: COMMIT, so a commit that returned survives a power loss (an fsync per commit).
+SYNCHRONOUS_DURABLE = "full"
 
 #: Connection pragmas, applied on every connect.
 PRAGMAS: dict[str, object] = {

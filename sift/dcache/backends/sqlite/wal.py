@@ -109,6 +109,8 @@ class WalPolicy(SqliteBase):
                     self._checkpointer = sqlite3.connect(
                         self.database, isolation_level=None, check_same_thread=False
                     )
+                    # its checkpoints write the database file: with the store's own durability
+                    self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
                 self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error as exc:
                 if is_busy(exc):  # another process is checkpointing, which does the same work
