@@ -353,15 +353,16 @@ def test_a_broken_connection_fails_one_call_and_the_next_reconnects(pg: str) -> 
     assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
 
 
-def test_threads_get_their_own_connections(pg: str) -> None:
+def test_threads_in_transactions_get_their_own_connections(pg: str) -> None:
     import threading
 
     pids: list[int] = []
     together = threading.Barrier(4)
 
     def work() -> None:
-        pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
-        together.wait(timeout=30)  # all four hold their connections at once
+        with db.atomic():
+            pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
+            together.wait(timeout=30)  # all four hold their connections at once
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for thread in threads:
@@ -372,6 +373,7 @@ def test_threads_get_their_own_connections(pg: str) -> None:
 
 
 def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None:
+    """A thread that ends holding a connection (db.connect() without db.close()) gives it back."""
     import gc
     import threading
 
@@ -380,6 +382,7 @@ def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None
 
     def work() -> None:
         try:
+            db.connect()
             dcache.batch_job("x")
         except BaseException as exc:
             failures.append(exc)
@@ -397,7 +400,6 @@ def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
     import threading
 
     dcache.open_db(postgres_target(postgres_schema), max_connections=1, timeout=1)
-    dcache.batch_job("x")  # this thread holds the one connection (it keeps it while it runs)
     failures: list[BaseException] = []
 
     def other() -> None:
@@ -406,11 +408,17 @@ def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
         except BaseException as exc:
             failures.append(exc)
 
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join()
+    with db.atomic():  # this thread holds the one connection until the transaction ends
+        dcache.batch_job("x")
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
     assert len(failures) == 1 and isinstance(failures[0], dcache.StoreUnavailable), failures
     assert "max_connections" in str(failures[0])
+    thread = threading.Thread(target=other)  # the transaction ended: its connection serves the next call
+    thread.start()
+    thread.join()
+    assert len(failures) == 1
     dcache.close_db()
 
 
