@@ -372,6 +372,55 @@ def test_threads_in_transactions_get_their_own_connections(pg: str) -> None:
     assert len(set(pids)) == 4
 
 
+def test_calls_from_many_threads_run_as_prepared_statements(postgres_schema: str) -> None:
+    """8 threads share 2 pooled connections, each thread taking one per call: past psycopg's
+    prepare_threshold on each connection, every call runs the statement prepared there."""
+    import threading
+
+    dcache.open_db(postgres_target(postgres_schema), max_connections=2)
+    db.execute_sql("TRUNCATE batch_job, batch_target")
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    threads, calls = 8, 30
+
+    def work() -> None:
+        for _ in range(calls):
+            assert dcache.batch_job("job-1") is not None
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    prepared: list[int] = []
+    together = threading.Barrier(2)
+
+    def count() -> None:  # each of the two, inside a transaction, is on a connection of its own
+        with db.atomic():
+            together.wait(timeout=30)
+            threshold = db.connection().prepare_threshold
+            (runs,) = db.execute_sql(
+                "SELECT COALESCE(SUM(generic_plans + custom_plans), 0) FROM pg_prepared_statements "
+                "WHERE statement LIKE %s",
+                ('%FROM "batch_job"%',),
+            ).fetchone()
+            prepared.append(int(runs))
+            db.close()
+        assert threshold is not None
+        prepared.append(-threshold)
+
+    counters = [threading.Thread(target=count) for _ in range(2)]
+    for thread in counters:
+        thread.start()
+    for thread in counters:
+        thread.join()
+    runs = sum(n for n in prepared if n >= 0)
+    threshold = -min(prepared)
+    assert len(prepared) == 4
+    # At most `threshold` plain runs on each connection before psycopg prepares the statement there.
+    assert threads * calls - 2 * threshold <= runs <= threads * calls, prepared
+    dcache.close_db()
+
+
 def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None:
     """A thread that ends holding a connection (db.connect() without db.close()) gives it back."""
     import gc
