@@ -3,7 +3,7 @@ by ``$SIFT_DB`` at start, as the README's web-app example does.
 
 - :func:`fastapi_app`: submit and poll routes as plain ``def`` endpoints, which FastAPI runs on its thread
   pool (anyio's default: 40 threads); ``$SIFT_MAX_CONNECTIONS`` is the store's ``max_connections``.
-- :func:`flask_app`: a create route and ``/metrics`` in prometheus_client's multiprocess mode.
+- :func:`create_one`: a create route for the README's multiprocess metrics app (Flask).
 """
 
 from __future__ import annotations
@@ -60,30 +60,9 @@ def fastapi_app() -> Any:
     return app
 
 
-def flask_app() -> Any:
-    from flask import Flask
-    from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
-    from werkzeug.middleware.dispatcher import DispatcherMiddleware
-
-    from sift.dcache import metrics
-
-    _open()
-    app = Flask(__name__)
-    registry = (
-        CollectorRegistry()
-    )  # what /metrics shows: every worker's counter files, and the store's gauges
-    multiprocess.MultiProcessCollector(registry)
-    metrics.register(registry)
-    metrics.register(registry)  # a second app in the process registers again: nothing doubles
-
-    @app.post("/jobs")
-    def create() -> tuple[dict[str, Any], int]:
-        dcache.create_batch_job(
-            _job("api", "", 1), [dcache.BatchTarget(idx=0, url="https://a.example/", options={})]
-        )
-        return {"pid": os.getpid()}, 201
-
-    app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app, {"/metrics": make_wsgi_app(registry)}
+def create_one() -> tuple[dict[str, Any], int]:
+    """A Flask view: create a job of one target; answer with the worker's pid."""
+    dcache.create_batch_job(
+        _job("api", "", 1), [dcache.BatchTarget(idx=0, url="https://a.example/", options={})]
     )
-    return app
+    return {"pid": os.getpid()}, 201

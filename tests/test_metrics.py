@@ -173,7 +173,7 @@ def check_scrape(text: str) -> None:
 def test_readme_flask_example(file_store: Path) -> None:
     pytest.importorskip("flask")
     namespace: dict[str, Any] = {"__name__": "__main__"}  # as in an app's own module
-    exec(compile(readme_example("Flask("), str(README), "exec"), namespace)
+    exec(compile(readme_example("\napp = Flask("), str(README), "exec"), namespace)
     work()
     response = namespace["app"].test_client().get("/metrics")
     assert response.status_code == 200

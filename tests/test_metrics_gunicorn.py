@@ -1,5 +1,6 @@
 """Metrics under a real gunicorn with several workers, recycled by ``--max-requests``: with
-``PROMETHEUS_MULTIPROC_DIR`` every scrape, whichever worker answers it, reports every worker's counts."""
+``PROMETHEUS_MULTIPROC_DIR`` every scrape, whichever worker answers it, reports every worker's counts. The
+app is the README's multiprocess recipe, as written, with a create route added."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_metrics import readme_example
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = 3
@@ -26,6 +28,18 @@ SCRAPES = 8
 START_S = 60
 
 
+#: Added to the README's app: a route that creates a job of one target and says which worker served it.
+CREATE_ROUTE = """
+
+def app_with_a_create_route() -> Flask:
+    from server_apps import create_one
+
+    app = create_app()
+    app.post("/jobs")(create_one)
+    return app
+"""
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -34,15 +48,23 @@ def free_port() -> int:
 
 @pytest.fixture
 def gunicorn(shared_store: str, tmp_path: Path) -> Iterator[str]:
-    """A gunicorn of 3 sync workers serving tests/server_apps.py's Flask app on the store; its URL."""
+    """A gunicorn of 3 sync workers serving the README's multiprocess app on the store; its URL."""
     pytest.importorskip("gunicorn")
     counts = tmp_path / "prometheus"
     counts.mkdir()  # empty before the server starts, as prometheus_client's multiprocess mode asks
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "readme_app.py").write_text(readme_example("MultiProcessCollector") + CREATE_ROUTE)
     port = free_port()
-    env = {**os.environ, "SIFT_DB": shared_store, "PROMETHEUS_MULTIPROC_DIR": str(counts)}
+    env = {
+        **os.environ,
+        "SIFT_DB": shared_store,
+        "PROMETHEUS_MULTIPROC_DIR": str(counts),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     command = [
         sys.executable, "-m", "gunicorn", "--workers", str(WORKERS), "--bind", f"127.0.0.1:{port}",
-        "--max-requests", str(MAX_REQUESTS), "--chdir", str(TESTS), "server_apps:flask_app()",
+        "--max-requests", str(MAX_REQUESTS), "--chdir", str(app), "readme_app:app_with_a_create_route()",
     ]  # fmt: skip
     server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

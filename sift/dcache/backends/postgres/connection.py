@@ -3,39 +3,32 @@ errors made the package's.
 
 The byte total is 16 slot rows kept by a trigger, each connection adding to the slot of its backend pid,
 so writers do not queue on one row. The class is put together from one layer per concern: connections and
-statements (here), the schema (:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules'
+statements (here), when a thread checks a connection out and gives it back (:mod:`.pool`), the schema (:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules'
 spellings and locks (:mod:`.rules`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
-import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from playhouse.pool import MaxConnectionsExceeded
-from psycopg.pq import TransactionStatus
 from psycopg.types.string import TextLoader
 
 from ...driver_errors import Translation, store_error
-from ...errors import StoreNotOpen, StoreUnavailable
 from .maintenance import PostgresMaintenance
+from .pool import PostgresPool, fresh_holds
 from .rules import PostgresRules
 from .schema import PostgresSchema
 from .urls import parse_target, shown_target, url_secrets
 
 __all__ = ["PostgresStore"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-_IDLE = TransactionStatus.IDLE
 
-
-class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
+class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, PostgresPool):
     """A store in a PostgreSQL schema: a pooled connection for each call or transaction, statements in
     autocommit outside the store's transactions, every transaction READ COMMITTED with the locks described
     above."""
@@ -56,7 +49,7 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         self.create = create
         self.timeout = timeout
         self._pid = os.getpid()
-        self._held = _Held()
+        self._held = fresh_holds()
         #: Idle connections that were in the pool when another one was found lost (see _is_closed).
         self._suspect: set[int] = set()
         #: Around each statement: driver errors as Peewee's classes, then as the package's.
@@ -91,138 +84,12 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         state = "closed" if self.deferred else "open"
         return f"<{type(self).__name__} {self.path!r}: {state}{', read-only' if self.readonly else ''}>"
 
-    # -- Connections ----------------------------------------------------------------------------------
-    #
-    # A thread has a connection of the pool only while something needs it: one statement outside a
-    # transaction (its rows are on the client once it returns: psycopg's cursors fetch the whole result),
-    # one transaction (atomic(), with db:, a session, the store's own), a connection_context() block, or
-    # db.connect() up to db.close(). Then it goes back, so max_connections bounds the connections in use,
-    # not the threads that exist; and the pool's connections live on, each keeping its prepared statements.
+    # -- Connections (checked out and given back: see .pool) ---------------------------------------------
 
     def _connect(self) -> Any:  # Peewee's hook for a new connection (its only one for driver options)
         conn = super()._connect()
         conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
         return conn
-
-    def _is_closed(self, conn: Any) -> bool:  # the pool's test of an idle connection before handing it out
-        """Known closed or broken; a connection idle while another one was found lost is asked the server
-        (the rest go out without a round trip: a lost one fails its call, which drops it)."""
-        if conn.closed or conn.broken:
-            return True
-        if id(conn) in self._suspect:
-            self._suspect.discard(id(conn))
-            return bool(super()._is_closed(conn))
-        return False
-
-    def _take(self) -> None:
-        """Check out a connection of the pool for this thread, waiting up to ``timeout`` for one."""
-        if self.deferred:
-            raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
-        try:
-            super().connect()
-        except MaxConnectionsExceeded as exc:
-            raise StoreUnavailable(
-                f"database: all {self._max_connections} pooled connections to {self.path!r} stayed in use "
-                f"for {self._wait_timeout:g} s, each by a call or a transaction; raise "
-                f"open_db(max_connections=) above {self._max_connections} for this process's concurrent "
-                "calls, or shorten its transactions"
-            ) from exc
-        except Exception as exc:
-            self.raise_store_error(exc, connecting=True)
-            raise
-
-    def usable_connection(self) -> Any:
-        """This thread's connection (checked out of the pool if it has none), replacing one that a server
-        restart or a network cut broke."""
-        state = self._state
-        conn = state.conn
-        if conn is not None:
-            if not (conn.closed or conn.broken) or state.transactions:
-                return conn
-            self._drop(conn)
-        self._take()
-        return state.conn
-
-    def give_back(self) -> None:
-        """Return this thread's connection to the pool unless something still needs it: a transaction
-        (Peewee's, or a BEGIN sent as SQL), a connection_context() block, or db.connect()."""
-        state = self._state
-        conn = state.conn
-        if conn is None or state.transactions or self._held.blocks:
-            return
-        if conn.closed or conn.broken:
-            self._drop(conn)
-            return
-        if conn.pgconn.transaction_status != _IDLE:
-            self._held.watch(self, conn)  # a BEGIN sent as SQL: kept until its COMMIT or ROLLBACK
-            return
-        self._held.release()
-        state.reset()
-        self._close(conn)  # the pool's check-in
-
-    def _drop(self, conn: Any) -> None:
-        """Forget a lost connection; the pool's idle ones, older, are asked the server before they serve."""
-        self._held.release()
-        self._state.reset()
-        with self._pool_lock:
-            self._in_use.pop(self.conn_key(conn), None)
-            self._suspect.update(id(idle) for _, _, idle in self._connections)
-            self._pool_available.notify()
-        with contextlib.suppress(Exception):
-            conn.close()
-
-    def connect(self, reuse_if_open: bool = False) -> bool:
-        """Peewee's explicit open: this thread keeps a connection of the pool until ``db.close()`` (or
-        until it ends); returns False when it already had one (never "Connection already opened")."""
-        opened = self._state.conn is None
-        self.usable_connection()
-        if not self._held.explicit:
-            self._held.explicit = True
-            self._held.blocks += 1
-            self._held.watch(self, self._state.conn)
-        return opened
-
-    def close(self) -> bool:
-        """End ``db.connect()``'s hold: the connection goes back to the pool (not closed: a request
-        hook's close costs no reconnect), at once or when the thread's transaction ends."""
-        if self._held.explicit:
-            self._held.explicit = False
-            self._held.blocks -= 1
-        had = self._state.conn is not None
-        self.give_back()
-        return had and self._state.conn is None
-
-    def connection(self) -> Any:
-        """The thread's connection, held as ``db.connect()`` holds it (until ``db.close()``)."""
-        self.connect()
-        return self._state.conn
-
-    def cursor(self, named_cursor: Any = None) -> Any:
-        if self._state.conn is None:
-            self.connect()  # a cursor handed out is used after this returns: held as db.connect() holds
-        return self._state.conn.cursor()
-
-    def connection_context(self) -> _Block:
-        """A block (or decorator) that keeps one connection of the pool for this thread."""
-        return _Block(self)
-
-    def hold(self) -> _Block:
-        """One connection for the block's statements."""
-        return _Block(self)
-
-    def __enter__(self) -> PostgresStore:
-        """``with db:``: a transaction on a connection of the pool, given back at its end."""
-        ctx = self.atomic()
-        ctx.__enter__()
-        self._state.ctx.append(ctx)
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        ctx = self._state.ctx.pop()
-        try:
-            ctx.__exit__(exc_type, exc, tb)
-        finally:
-            self.give_back()
 
     # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable
     # there too, BEGIN replaces a connection a server restart broke, and the end of the outermost
@@ -268,7 +135,7 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
                 os.dup2(null, conn.pgconn.socket)
                 os.close(null)
         self._pid = os.getpid()
-        self._held = _Held()
+        self._held = fresh_holds()
         self._suspect = set()
         self.dispose()
 
@@ -347,68 +214,3 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         )
         if error is not None:
             raise error
-
-
-class _Held(threading.local):
-    """What keeps a thread's connection out of the pool between statements (per thread)."""
-
-    #: connection_context() blocks, hold() blocks, and db.connect() (counted once) now open.
-    blocks = 0
-    #: Whether db.connect() holds the connection (until db.close()).
-    explicit = False
-    #: Gives the connection back if the thread ends while it holds it.
-    at_thread_end: weakref.finalize[Any, Any] | None = None
-    sentinel: object | None = None
-
-    def watch(self, database: PostgresStore, conn: Any) -> None:
-        """Give ``conn`` back to the pool if the thread ends before it does."""
-        if self.at_thread_end is None:
-            self.sentinel = sentinel = _Sentinel()
-            self.at_thread_end = weakref.finalize(
-                sentinel, _give_back, weakref.ref(database), conn, os.getpid()
-            )
-
-    def release(self) -> None:
-        if self.at_thread_end is not None:
-            self.at_thread_end.detach()
-            self.at_thread_end = self.sentinel = None
-
-
-class _Sentinel:
-    """Lives in a thread's local storage; freed when the thread ends."""
-
-
-def _give_back(ref: weakref.ref[PostgresStore], conn: Any, pid: int) -> None:
-    database = ref()
-    if database is None or os.getpid() != pid or database._pid != pid:
-        return
-    with contextlib.suppress(Exception):
-        database._close(conn)  # the pool's: hands a connection of an ended thread back to it
-
-
-class _Block:
-    """``db.connection_context()``: one connection of the pool for the block (or decorated call)."""
-
-    __slots__ = ("database",)
-
-    def __init__(self, database: PostgresStore) -> None:
-        self.database = database
-
-    def __enter__(self) -> _Block:
-        database = self.database
-        conn = database.usable_connection()
-        database._held.blocks += 1
-        database._held.watch(database, conn)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.database._held.blocks -= 1
-        self.database.give_back()
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return inner  # type: ignore[return-value]
