@@ -3,8 +3,8 @@ errors made the package's.
 
 The byte total is 16 slot rows kept by a trigger, each connection adding to the slot of its backend pid,
 so writers do not queue on one row. The class is put together from one layer per concern: connections and
-statements (here), when a thread checks a connection out and gives it back (:mod:`.pool`), the schema (:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules'
-spellings and locks (:mod:`.rules`).
+statements (here), when a thread checks a connection out and gives it back (:mod:`.pool`), the schema
+(:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules' spellings and locks (:mod:`.rules`).
 """
 
 from __future__ import annotations

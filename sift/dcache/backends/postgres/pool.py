@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from playhouse.pool import MaxConnectionsExceeded
+from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
 from psycopg.pq import TransactionStatus
 
 from ...errors import StoreNotOpen, StoreUnavailable
@@ -27,6 +29,7 @@ __all__ = ["PostgresPool", "fresh_holds"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _IDLE = TransactionStatus.IDLE
+_log = logging.getLogger("sift.dcache.pool")
 
 
 class PostgresPool(PostgresBase):
@@ -52,21 +55,37 @@ class PostgresPool(PostgresBase):
         return False
 
     def _take(self) -> None:
-        """Check out a connection of the pool for this thread, waiting up to ``timeout`` for one."""
+        """Check out a connection of the pool for this thread, waiting up to ``timeout`` for one while all
+        ``max_connections`` are in use (logged at INFO on ``sift.dcache.pool``, naming the setting)."""
         if self.deferred:
             raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
-        try:
-            super().connect()
-        except MaxConnectionsExceeded as exc:
-            raise StoreUnavailable(
-                f"database: all {self._max_connections} pooled connections to {self.path!r} stayed in use "
-                f"for {self._wait_timeout:g} s, each by a call or a transaction; raise "
-                f"open_db(max_connections=) above {self._max_connections} for this process's concurrent "
-                "calls, or shorten its transactions"
-            ) from exc
-        except Exception as exc:
-            self.raise_store_error(exc, connecting=True)
-            raise
+        deadline = None
+        while True:
+            try:
+                super(PooledDatabase, self).connect()  # one try: the pool's _connect, or its limit
+                return
+            except MaxConnectionsExceeded as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._wait_timeout
+                    _log.info(
+                        "all %d pooled connections to %r are in use; waiting up to %g s for one "
+                        "(open_db(max_connections=) sets how many)",
+                        self._max_connections, self.path, self._wait_timeout,
+                    )  # fmt: skip
+                if now >= deadline:
+                    raise StoreUnavailable(
+                        f"database: all {self._max_connections} pooled connections to {self.path!r} stayed "
+                        f"in use for {self._wait_timeout:g} s, each by a call or a transaction; raise "
+                        f"open_db(max_connections=) above {self._max_connections} for this process's "
+                        "concurrent calls, or shorten its transactions"
+                    ) from exc
+                with self._pool_available:  # no wake-up lost: a connection given back since is seen here
+                    if not self._connections and len(self._in_use) >= self._max_connections:
+                        self._pool_available.wait(deadline - now)
+            except Exception as exc:
+                self.raise_store_error(exc, connecting=True)
+                raise
 
     def usable_connection(self) -> Any:
         """This thread's connection (checked out of the pool if it has none), replacing one that a server
