@@ -445,8 +445,13 @@ def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None
     dcache.close_db()
 
 
-def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
+def test_an_exhausted_pool_is_store_unavailable(
+    postgres_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
     import threading
+
+    caplog.set_level(logging.INFO, logger="sift.dcache.pool")
 
     dcache.open_db(postgres_target(postgres_schema), max_connections=1, timeout=1)
     failures: list[BaseException] = []
@@ -464,6 +469,8 @@ def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
         thread.join()
     assert len(failures) == 1 and isinstance(failures[0], dcache.StoreUnavailable), failures
     assert "max_connections" in str(failures[0])
+    waits = [record.getMessage() for record in caplog.records if record.name == "sift.dcache.pool"]
+    assert len(waits) == 1 and "all 1 pooled connections" in waits[0] and "max_connections" in waits[0]
     thread = threading.Thread(target=other)  # the transaction ended: its connection serves the next call
     thread.start()
     thread.join()
