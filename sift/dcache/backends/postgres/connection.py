@@ -50,6 +50,8 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, Postgres
         self.timeout = timeout
         self._pid = os.getpid()
         self._held = fresh_holds()
+        #: The connections this pool has set up (made and given their loaders).
+        self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
         #: Idle connections that were in the pool when another one was found lost (see _is_closed).
         self._suspect: set[int] = set()
         #: Around each statement: driver errors as Peewee's classes, then as the package's.
@@ -86,9 +88,11 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, Postgres
 
     # -- Connections (checked out and given back: see .pool) ---------------------------------------------
 
-    def _connect(self) -> Any:  # Peewee's hook for a new connection (its only one for driver options)
+    def _connect(self) -> Any:  # Peewee's hook for a checkout (its only one for driver options)
         conn = super()._connect()
-        conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
+        if conn not in self._set_up:  # a new connection, not one of the pool's again
+            conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
+            self._set_up.add(conn)
         return conn
 
     # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable

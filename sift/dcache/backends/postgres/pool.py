@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from playhouse.pool import MaxConnectionsExceeded, PooledDatabase
+from playhouse.pool import MaxConnectionsExceeded, PoolConnection, PooledDatabase
 from psycopg.pq import TransactionStatus
 
 from ...errors import StoreNotOpen, StoreUnavailable
@@ -35,11 +36,13 @@ _log = logging.getLogger("sift.dcache.pool")
 class PostgresPool(PostgresBase):
     """Checking out and giving back the thread's connection, and Peewee's connection idioms on top."""
 
-    # playhouse.pool's own state (its _in_use, _connections, _pool_lock, _pool_available, _max_connections,
-    # _wait_timeout): the pool has no public way to drop a broken connection, and its limits are shown in
-    # the error that says they were hit.
+    # playhouse.pool's own state (its _in_use, _connections, _heap_counter, _pool_lock, _pool_available,
+    # _max_connections, _wait_timeout): the pool has no public way to drop a broken connection, its
+    # connect() and close() cost as much as a short statement's round trip (a checkout per call must not),
+    # and its limits are shown in the error that says they were hit.
     _in_use: dict[int, Any]
     _connections: list[Any]
+    _heap_counter: int
     _held: _Held
     _suspect: set[int]
     _pid: int
@@ -96,7 +99,15 @@ class PostgresPool(PostgresBase):
             if not (conn.closed or conn.broken) or state.transactions:
                 return conn
             self._drop(conn)
-        self._take()
+        with self._pool_lock:  # the usual case, without Peewee's connect() around it: the oldest idle one
+            if self._connections:
+                ts, _, conn = self._connections[0]
+                if not (conn.closed or conn.broken or id(conn) in self._suspect):
+                    heapq.heappop(self._connections)
+                    self._in_use[id(conn)] = PoolConnection(ts, conn, time.time())
+                    state.set_connection(conn)
+                    return conn
+        self._take()  # a new one, one that must be checked first, or a wait
         return state.conn
 
     def give_back(self) -> None:
@@ -114,7 +125,12 @@ class PostgresPool(PostgresBase):
             return
         self._held.release()
         state.reset()
-        self._close(conn)  # the pool's check-in
+        with self._pool_lock:  # the pool's check-in of an idle connection (no stale timeout is set)
+            checked_out = self._in_use.pop(id(conn), None)
+            if checked_out is not None:
+                self._heap_counter += 1
+                heapq.heappush(self._connections, (checked_out.timestamp, self._heap_counter, conn))
+                self._pool_available.notify()
 
     def _drop(self, conn: Any) -> None:
         """Forget a lost connection; the pool's idle ones, older, are asked the server before they serve."""
