@@ -171,7 +171,7 @@ def check_scrape(text: str) -> None:
 def test_readme_flask_example(file_store: Path) -> None:
     pytest.importorskip("flask")
     namespace: dict[str, Any] = {"__name__": "__main__"}  # as in an app's own module
-    exec(compile(readme_example("Flask("), str(README), "exec"), namespace)
+    exec(compile(readme_example("\napp = Flask("), str(README), "exec"), namespace)
     work()
     response = namespace["app"].test_client().get("/metrics")
     assert response.status_code == 200
@@ -189,3 +189,16 @@ def test_readme_fastapi_example(file_store: Path) -> None:
     response = testclient.TestClient(namespace["app"]).get("/metrics/")
     assert response.status_code == 200
     check_scrape(response.text)
+
+
+@pytest.mark.usefixtures("default_registry")
+def test_register_again_returns_the_collector_it_has(file_store: Path) -> None:
+    """A second app in one process (or one pytest run) registers again: no error, nothing counted twice."""
+    registry = CollectorRegistry()
+    first = register(registry)
+    assert register(registry) is first
+    assert register(REGISTRY) is register(REGISTRY)  # the default registry, as the README's apps use it
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    assert scrape(registry)["sift_jobs_created_total"] == ("counter", 1)
+    other = register(registry, prefix="other")  # another prefix is another collector
+    assert other is not first and scrape(registry)["other_jobs_created_total"] == ("counter", 1)

@@ -360,15 +360,16 @@ def test_a_broken_connection_fails_one_call_and_the_next_reconnects(pg: str) -> 
     assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
 
 
-def test_threads_get_their_own_connections(pg: str) -> None:
+def test_threads_in_transactions_get_their_own_connections(pg: str) -> None:
     import threading
 
     pids: list[int] = []
     together = threading.Barrier(4)
 
     def work() -> None:
-        pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
-        together.wait(timeout=30)  # all four hold their connections at once
+        with db.atomic():
+            pids.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
+            together.wait(timeout=30)  # all four hold their connections at once
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for thread in threads:
@@ -378,7 +379,57 @@ def test_threads_get_their_own_connections(pg: str) -> None:
     assert len(set(pids)) == 4
 
 
+def test_calls_from_many_threads_run_as_prepared_statements(postgres_schema: str) -> None:
+    """8 threads share 2 pooled connections, each thread taking one per call: past psycopg's
+    prepare_threshold on each connection, every call runs the statement prepared there."""
+    import threading
+
+    dcache.open_db(postgres_target(postgres_schema), max_connections=2)
+    db.execute_sql("TRUNCATE batch_job, batch_target")
+    dcache.create_batch_job(make_job("job-1"), make_targets(3))
+    threads, calls = 8, 30
+
+    def work() -> None:
+        for _ in range(calls):
+            assert dcache.batch_job("job-1") is not None
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    prepared: list[int] = []
+    together = threading.Barrier(2)
+
+    def count() -> None:  # each of the two, inside a transaction, is on a connection of its own
+        with db.atomic():
+            together.wait(timeout=30)
+            threshold = db.connection().prepare_threshold
+            (runs,) = db.execute_sql(
+                "SELECT COALESCE(SUM(generic_plans + custom_plans), 0) FROM pg_prepared_statements "
+                "WHERE statement LIKE %s",
+                ('%FROM "batch_job"%',),
+            ).fetchone()
+            prepared.append(int(runs))
+            db.close()
+        assert threshold is not None
+        prepared.append(-threshold)
+
+    counters = [threading.Thread(target=count) for _ in range(2)]
+    for thread in counters:
+        thread.start()
+    for thread in counters:
+        thread.join()
+    runs = sum(n for n in prepared if n >= 0)
+    threshold = -min(prepared)
+    assert len(prepared) == 4
+    # At most `threshold` plain runs on each connection before psycopg prepares the statement there.
+    assert threads * calls - 2 * threshold <= runs <= threads * calls, prepared
+    dcache.close_db()
+
+
 def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None:
+    """A thread that ends holding a connection (db.connect() without db.close()) gives it back."""
     import gc
     import threading
 
@@ -387,6 +438,7 @@ def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None
 
     def work() -> None:
         try:
+            db.connect()
             dcache.batch_job("x")
         except BaseException as exc:
             failures.append(exc)
@@ -400,11 +452,15 @@ def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None
     dcache.close_db()
 
 
-def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
+def test_an_exhausted_pool_is_store_unavailable(
+    postgres_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
     import threading
 
+    caplog.set_level(logging.INFO, logger="sift.dcache.pool")
+
     dcache.open_db(postgres_target(postgres_schema), max_connections=1, timeout=1)
-    dcache.batch_job("x")  # this thread holds the one connection (it keeps it while it runs)
     failures: list[BaseException] = []
 
     def other() -> None:
@@ -413,11 +469,19 @@ def test_an_exhausted_pool_is_store_unavailable(postgres_schema: str) -> None:
         except BaseException as exc:
             failures.append(exc)
 
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join()
+    with db.atomic():  # this thread holds the one connection until the transaction ends
+        dcache.batch_job("x")
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
     assert len(failures) == 1 and isinstance(failures[0], dcache.StoreUnavailable), failures
     assert "max_connections" in str(failures[0])
+    waits = [record.getMessage() for record in caplog.records if record.name == "sift.dcache.pool"]
+    assert len(waits) == 1 and "all 1 pooled connections" in waits[0] and "max_connections" in waits[0]
+    thread = threading.Thread(target=other)  # the transaction ended: its connection serves the next call
+    thread.start()
+    thread.join()
+    assert len(failures) == 1
     dcache.close_db()
 
 

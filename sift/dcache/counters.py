@@ -2,6 +2,7 @@
 
 import os
 import threading
+from collections.abc import Callable
 
 COUNTER_NAMES = (
     "batch_job_hit",
@@ -36,10 +37,20 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(COUNTER_NAMES, 0)
+        #: Called with every addition (prometheus_client's multiprocess counters); ``reset`` spares them.
+        self._listeners: tuple[Callable[[str, int], None], ...] = ()
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
             self._values[name] += amount
+        for listener in self._listeners:
+            listener(name, amount)
+
+    def listen(self, listener: Callable[[str, int], None]) -> None:
+        """Call ``listener(name, amount)`` on every addition from now on (once, however often given)."""
+        with self._lock:
+            if listener not in self._listeners:
+                self._listeners += (listener,)
 
     def reset(self) -> None:
         with self._lock:

@@ -156,7 +156,8 @@ def open_db(
     ``target`` is a SQLite file's path (``":memory:"`` gives a private in-memory store), or
     ``sqlite:///path``; or ``postgresql://user@host:5432/dbname`` (also ``postgres://``), where
     ``?schema=NAME`` keeps the store in its own schema (``public`` otherwise) and ``max_connections``
-    bounds the pooled connections of this process (default 20: one per thread using the store).
+    bounds the pooled connections of this process in use at once (default 20; a thread holds one for
+    one call or one transaction).
 
     Creates what is missing of the schema (recomputing a SQLite file's byte total if it was missing),
     and resets the counters. With ``readonly=True`` the store must exist and hold the whole schema;

@@ -10,30 +10,44 @@ Import this module to use it: ``import sift.dcache`` alone never imports ``prome
 
 Each scrape reads:
 
-- the ``stats()`` counters, as counters (``sift_jobs_created_total``, ...). They count this process's
-  calls since its last ``open_db``, which starts them again at 0: Prometheus takes that as a counter reset.
-  Under a server with several worker processes, each worker's scrape shows its own.
+- the ``stats()`` counters, as counters (``sift_jobs_created_total``, ...). In one process they count its
+  calls since its last ``open_db``. With several worker processes (gunicorn, ``uvicorn --workers``), set
+  ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory, before the server starts) and scrape a registry with
+  prometheus_client's ``MultiProcessCollector``: each process then adds every count to its file there as it
+  happens, and a scrape sums the files of every worker, live or recycled, whichever worker answers it.
+  These are events of processes: the store cannot hold them (a sweep deletes the jobs it counted).
 - ``batch_nbytes()`` and ``live_batch_jobs_total()`` as gauges, and the file's size and reclaimable
   bytes: the kept byte total, a count over the partial index of live jobs, and SQLite's page counts. None
-  of them scans the jobs or targets. With no store open they are left out and the scrape still succeeds.
-  On PostgreSQL the two file gauges are replaced by ``sift_store_table_bytes``, the size of the store's
-  tables with their indexes (``relation_space()``: the catalog's figures, no scan); the server's own
-  exporters report the rest (dead rows, vacuums).
+  of them scans the jobs or targets. They come from the store, so every worker reports the same. With no
+  store open they are left out and the scrape still succeeds. On PostgreSQL the two file gauges are
+  replaced by ``sift_store_table_bytes``, the size of the store's tables with their indexes
+  (``relation_space()``: the catalog's figures, no scan); the server's own exporters report the rest.
+
+``register()`` may be called again (a second app in one process, several apps in one pytest run): on a
+registry that has the store's collector already it returns that one, so nothing is counted twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import weakref
 from collections.abc import Iterator
 
+from prometheus_client import Counter
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .counters import stats
+from .counters import counters, stats
 from .errors import StoreNotOpen
 from .manager import batch_nbytes, live_batch_jobs_total
 from .space import file_backed, relation_space, store_space
 
-__all__ = ["COUNTER_HELP", "StoreCollector", "register"]
+__all__ = ["COUNTER_HELP", "MULTIPROCESS_DIR", "StoreCollector", "register"]
+
+#: prometheus_client's setting for several processes: the directory of their counter files.
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 #: What each ``stats()`` counter counts: the help text of its metric.
 COUNTER_HELP = {
@@ -64,14 +78,16 @@ COUNTER_HELP = {
 
 
 class StoreCollector(Collector):
-    """The open store's counters and gauges, read on every scrape."""
+    """The open store's gauges, and this process's counters (unless they are counted in files)."""
 
-    def __init__(self, prefix: str = "sift") -> None:
+    def __init__(self, prefix: str = "sift", *, counters: bool = True) -> None:
         self.prefix = prefix
+        #: Whether a scrape reads the counters from this process (False: from the multiprocess files).
+        self.counters = counters
 
     def collect(self) -> Iterator[Metric]:
         p = self.prefix
-        for name, value in stats().items():
+        for name, value in stats().items() if self.counters else ():
             what = COUNTER_HELP.get(name, name.replace("_", " "))
             yield CounterMetricFamily(f"{p}_{name}", f"{what}, since this process opened the store", value)
         try:
@@ -99,7 +115,40 @@ class StoreCollector(Collector):
 
 
 def register(registry: CollectorRegistry = REGISTRY, *, prefix: str = "sift") -> StoreCollector:
-    """Add a :class:`StoreCollector` to ``registry`` (prometheus_client's default one unless given)."""
-    collector = StoreCollector(prefix)
-    registry.register(collector)
-    return collector
+    """Add a :class:`StoreCollector` to ``registry`` (prometheus_client's default one unless given), or
+    return the one it has for ``prefix``. With ``PROMETHEUS_MULTIPROC_DIR`` set, the counters go to that
+    directory's files instead (scrape them with ``MultiProcessCollector``), and the collector gives gauges."""
+    with _lock:
+        known = _collectors.setdefault(registry, {})
+        collector = known.get(prefix)
+        if collector is not None:
+            with contextlib.suppress(KeyError):  # taken out since (registry.unregister): put back below
+                registry.unregister(collector)
+        else:
+            in_files = bool(os.environ.get(MULTIPROCESS_DIR))
+            collector = known[prefix] = StoreCollector(prefix, counters=not in_files)
+            if in_files and prefix not in _file_counters:
+                _file_counters[prefix] = _count_in_files(prefix)
+        registry.register(collector)
+        return collector
+
+
+_lock = threading.Lock()
+#: The collector each registry has, by prefix.
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, StoreCollector]] = (
+    weakref.WeakKeyDictionary()
+)
+#: Multiprocess mode: the prefixes whose counters this process adds to the directory's files.
+_file_counters: dict[str, dict[str, Counter]] = {}
+
+
+def _count_in_files(prefix: str) -> dict[str, Counter]:
+    """prometheus_client counters (not in any registry: their values live in the multiprocess files), fed
+    by every addition to the ``stats()`` counters from now on."""
+    files = {name: Counter(f"{prefix}_{name}", what, registry=None) for name, what in COUNTER_HELP.items()}
+
+    def add(name: str, amount: int) -> None:
+        files[name].inc(amount)
+
+    counters.listen(add)
+    return files

@@ -86,8 +86,9 @@ class Host:
         options: dict[str, Any] = {"max_connections": threads} if is_postgres(c.target) else {}
         dcache.open_db(c.target, timeout=OPEN_TIMEOUT_S, **options)
         try:
-            # Every thread opens its connection (on PostgreSQL, one of the pool's each) before the host says
-            # it is ready, as in a host that has served for a while: the first claims do not time it.
+            # Every thread opens a connection (on PostgreSQL, one of the pool's each, given back open) before
+            # the host says it is ready, as in a host that has served for a while: the first claims do not
+            # time it.
             self.warmed = threading.Barrier(API_THREADS + c.settings.workers + 2)
             seed = c.settings.seed * 1000 + c.host * 100
             api = [
@@ -134,8 +135,12 @@ class Host:
     def thread(self, fn: Callable[..., None], *args: Any, name: str) -> threading.Thread:
         def body() -> None:
             try:
-                dcache.batch_nbytes()  # opens this thread's connection
-                self.warmed.wait()
+                dcache.db.connect()  # held through the barrier: each thread opens one of its own
+                try:
+                    dcache.batch_nbytes()
+                    self.warmed.wait()
+                finally:
+                    dcache.db.close()  # back to the pool, open: the first claims do not time a connect
                 self.go.wait()
                 fn(*args)
             except threading.BrokenBarrierError:  # another thread of the host failed before the start

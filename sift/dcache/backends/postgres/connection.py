@@ -1,9 +1,10 @@
-"""PostgreSQL's backend: pooled connections (one per thread), each statement's errors made the package's.
+"""PostgreSQL's backend: pooled connections, each held for one call or one transaction; each statement's
+errors made the package's.
 
 The byte total is 16 slot rows kept by a trigger, each connection adding to the slot of its backend pid,
 so writers do not queue on one row. The class is put together from one layer per concern: connections and
-statements (here), the schema (:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules'
-spellings and locks (:mod:`.rules`).
+statements (here), when a thread checks a connection out and gives it back (:mod:`.pool`), the schema
+(:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules' spellings and locks (:mod:`.rules`).
 """
 
 from __future__ import annotations
@@ -11,17 +12,15 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from playhouse.pool import MaxConnectionsExceeded
 from psycopg.types.string import TextLoader
 
 from ...driver_errors import Translation, store_error
-from ...errors import StoreNotOpen, StoreUnavailable
 from .maintenance import PostgresMaintenance
+from .pool import PostgresPool, fresh_holds
 from .rules import PostgresRules
 from .schema import PostgresSchema
 from .urls import parse_target, shown_target, url_secrets
@@ -29,9 +28,10 @@ from .urls import parse_target, shown_target, url_secrets
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
-    """A store in a PostgreSQL schema: a pooled connection per thread, statements in autocommit outside
-    the store's transactions, every transaction READ COMMITTED with the locks described above."""
+class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, PostgresPool):
+    """A store in a PostgreSQL schema: a pooled connection for each call or transaction, statements in
+    autocommit outside the store's transactions, every transaction READ COMMITTED with the locks described
+    above."""
 
     # playhouse.pool's own state (its _in_use, _connections, _pool_lock, _max_connections, _wait_timeout):
     # the pool has no public way to drop a broken connection, to forget a forked parent's connections, or
@@ -49,7 +49,11 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         self.create = create
         self.timeout = timeout
         self._pid = os.getpid()
-        self._threads = threading.local()
+        self._held = fresh_holds()
+        #: The connections this pool has set up (made and given their loaders).
+        self._set_up: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Idle connections that were in the pool when another one was found lost (see _is_closed).
+        self._suspect: set[int] = set()
         #: Around each statement: driver errors as Peewee's classes, then as the package's.
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
         #: Around Peewee's own execution, BEGIN, COMMIT and ROLLBACK: driver errors as the package's.
@@ -82,76 +86,46 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         state = "closed" if self.deferred else "open"
         return f"<{type(self).__name__} {self.path!r}: {state}{', read-only' if self.readonly else ''}>"
 
-    # -- Connections ----------------------------------------------------------------------------------
+    # -- Connections (checked out and given back: see .pool) ---------------------------------------------
 
-    def _connect(self) -> Any:  # Peewee's hook for a new connection (its only one for driver options)
+    def _connect(self) -> Any:  # Peewee's hook for a checkout (its only one for driver options)
         conn = super()._connect()
-        conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
-        return conn
-
-    def connect(self, reuse_if_open: bool = False) -> bool:
-        """This thread's connection, from the pool; it stays with the thread until the thread ends (then it
-        goes back to the pool) or the store closes. While the store is open this returns False when the
-        thread already has one (never "Connection already opened")."""
-        if self.deferred:
-            raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
-        if not self._state.closed:
-            return False
-        try:
-            opened = bool(super().connect())
-        except MaxConnectionsExceeded as exc:
-            raise StoreUnavailable(
-                f"database: all {self._max_connections} pooled connections to {self.path!r} stayed in use "
-                f"for {self._wait_timeout:g} s; set open_db(max_connections=) to the threads using it"
-            ) from exc
-        except Exception as exc:
-            self.raise_store_error(exc, connecting=True)
-            raise
-        conn = self._state.conn
-        # Give the connection back when the thread ends: its thread-local sentinel is freed then.
-        sentinel = _Sentinel()
-        self._threads.sentinel = sentinel
-        weakref.finalize(sentinel, _give_back, weakref.ref(self), conn, os.getpid())
-        return opened
-
-    def close(self) -> bool:
-        """Does nothing and returns False: the thread keeps its pooled connection while the store is open
-        (a request hook's ``db.close()`` must not cost a reconnect); ``close_db()`` closes them all."""
-        return False
-
-    def usable_connection(self) -> Any:
-        """This thread's connection, replacing one that a server restart or a network cut broke."""
-        conn = self._state.conn
-        if conn is not None and (conn.closed or conn.broken) and not self._state.transactions:
-            with self._pool_lock:
-                self._in_use.pop(self.conn_key(conn), None)
-            self._state.reset()
-            conn = None
-        if conn is None:
-            self.connect()
-            conn = self._state.conn
+        if conn not in self._set_up:  # a new connection, not one of the pool's again
+            conn.adapters.register_loader("json", TextLoader)  # options read back as the text stored
+            self._set_up.add(conn)
         return conn
 
     # Peewee's atomic(), transaction() and sessions call these three: a lost connection is StoreUnavailable
-    # there too, and BEGIN replaces a connection a server restart broke, as every statement does.
+    # there too, BEGIN replaces a connection a server restart broke, and the end of the outermost
+    # transaction gives the connection back.
 
     def begin(self, isolation_level: Any = None) -> None:
-        with self.read_errors:
-            self.usable_connection()
-            super().begin(isolation_level)
+        try:
+            with self.read_errors:
+                conn = self.usable_connection()
+                super().begin(isolation_level)
+            self._held.watch(self, conn)
+        except BaseException:
+            self.give_back()
+            raise
 
     def commit(self) -> None:
-        with self.read_errors:
-            super().commit()
+        try:
+            with self.read_errors:
+                super().commit()
+        finally:
+            self.give_back()
 
     def rollback(self) -> None:
         """ROLLBACK; nothing to send when the connection was lost: the server ended the transaction with the
         session (and the error that lost it is the one the caller sees)."""
         conn = self._state.conn
-        if conn is not None and (conn.closed or conn.broken):
-            return
-        with self.read_errors:
-            super().rollback()
+        try:
+            if conn is not None and not (conn.closed or conn.broken):
+                with self.read_errors:
+                    super().rollback()
+        finally:
+            self.give_back()
 
     def _after_fork(self) -> None:
         """In a forked child: keep the parent's connections referenced and unusable, start an empty pool."""
@@ -165,6 +139,8 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
                 os.dup2(null, conn.pgconn.socket)
                 os.close(null)
         self._pid = os.getpid()
+        self._held = fresh_holds()
+        self._suspect = set()
         self.dispose()
 
     def close_store(self) -> None:
@@ -181,17 +157,22 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.close()
+        self._held.release()
         self._state.reset()
 
     # -- Statements -------------------------------------------------------------------------------------
 
     def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
-        """Execute on this thread's connection; rows are fetched by the caller. A constraint violation is
-        Peewee's IntegrityError; any other driver error is the package's StoreUnavailable (or subclass)."""
-        with self.statement_errors:
-            cursor = self.usable_connection().cursor()
-            cursor.execute(sql, params or None)
-            return cursor
+        """Execute on this thread's connection (given back after it outside a transaction); rows are
+        fetched by the caller, from the client's copy. A constraint violation is Peewee's IntegrityError;
+        any other driver error is the package's StoreUnavailable (or subclass)."""
+        try:
+            with self.statement_errors:
+                cursor = self.usable_connection().cursor()
+                cursor.execute(sql, params or None)
+                return cursor
+        finally:
+            self.give_back()
 
     def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
         rows: list[Any] = self.run_sql(sql, params).fetchall()
@@ -201,19 +182,23 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         return self.run_sql(sql, params).fetchone()
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
-        with self.statement_errors:
-            cursor = self.usable_connection().cursor()
-            cursor.executemany(sql, rows)
-            return int(cursor.rowcount)
+        try:
+            with self.statement_errors:
+                cursor = self.usable_connection().cursor()
+                cursor.executemany(sql, rows)
+                return int(cursor.rowcount)
+        finally:
+            self.give_back()
 
     def execute_sql(self, sql: str, params: Sequence[Any] | None = None) -> Any:
-        with self.read_errors:
-            self.usable_connection()
-            return super().execute_sql(sql, params)
-
-    def hold(self) -> contextlib.nullcontext[None]:
-        """Nothing to hold: each thread has its own connection."""
-        return contextlib.nullcontext()
+        """Peewee's execution (its queries, ``Model.select()`` iterated lazily too): outside a transaction
+        the connection goes back once the statement ran, the rows staying on the cursor."""
+        try:
+            with self.read_errors:
+                self.usable_connection()
+                return super().execute_sql(sql, params)
+        finally:
+            self.give_back()
 
     def errors(self) -> Translation:
         """A block whose driver errors become the package's (see :meth:`raise_store_error`)."""
@@ -233,15 +218,3 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema):
         )
         if error is not None:
             raise error
-
-
-class _Sentinel:
-    """Lives in a thread's local storage; freed when the thread ends."""
-
-
-def _give_back(ref: weakref.ref[PostgresStore], conn: Any, pid: int) -> None:
-    database = ref()
-    if database is None or os.getpid() != pid or database._pid != pid:
-        return
-    with contextlib.suppress(Exception):
-        database._close(conn)  # the pool's: hands a connection of an ended thread back to it

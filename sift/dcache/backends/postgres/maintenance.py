@@ -63,8 +63,10 @@ class PostgresMaintenance(PostgresBase):
         return self.fetch_all(sql, ())
 
     def in_caller_transaction(self) -> bool:
-        """Whether this thread's connection is inside a transaction (psycopg's status is not IDLE)."""
-        return bool(self.usable_connection().info.transaction_status != 0)
+        """Whether this thread's connection is inside a transaction (psycopg's status is not IDLE); a
+        thread holding none is in none (and takes none to say so)."""
+        conn = self._state.conn
+        return conn is not None and bool(conn.info.transaction_status != 0)
 
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
