@@ -15,6 +15,7 @@ from .errors import (
     DuplicateJob,
     InvalidBatchInput,
     JobNotFound,
+    ModelWriteRefused,
     StoreConflict,
     StoreCorrupt,
     StoreFull,
@@ -47,6 +48,7 @@ from .manager import (
     update_batch_target,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+from .modelwrites import ModelRules  # noqa: F401  (importing it holds the models' writes to the rules)
 from .reports import (
     BackupReport,
     RelationSpace,
@@ -72,6 +74,7 @@ __all__ = [
     "DuplicateJob",
     "InvalidBatchInput",
     "JobNotFound",
+    "ModelWriteRefused",
     "JobStatus",
     "RelationSpace",
     "RelationVacuumReport",
