@@ -283,8 +283,8 @@ def test_show_lists_a_target_a_foreign_writer_stored_below_idx_0(target: str) ->
     dcache.open_db(target)
     try:
         dcache.create_batch_job(make_job("j", targets_total=1), make_targets(1))
-        T = dcache.BatchTarget
-        T.insert(job_id="j", idx=-1, url="https://foreign/", options="{}", status="pending").execute()
+        sql = "INSERT INTO batch_target (job_id, idx, url, options, status) VALUES ({0}, -1, {0}, '{{}}', 'pending')"
+        dcache.db.execute_sql(sql.format(dcache.db.param), ("j", "https://foreign/"))  # the models refuse it
     finally:
         dcache.close_db()
     rows = ok(sift(target, "show", "j")).splitlines()[10:]

@@ -56,7 +56,7 @@ WRITES: dict[str, Callable[[], object]] = {
     "sweep_batch": lambda: dcache.sweep_batch(0, now=10**6),
     "evict_batch_oldest": lambda: dcache.evict_batch_oldest(0),
     "model save": lambda: BatchJob.update(status="cancelled").where(BatchJob.id == "a").execute(),
-    "model delete": lambda: BatchTarget.delete().execute(),
+    "model delete": lambda: BatchJob.delete().execute(),
 }
 
 
