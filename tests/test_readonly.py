@@ -17,7 +17,7 @@ import pytest
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget
+from sift.dcache import BatchJob
 from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 pytestmark = pytest.mark.sqlite_only

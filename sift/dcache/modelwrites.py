@@ -53,8 +53,12 @@ class ModelRules:
     def save(self, instance: Any, force_insert: bool, only: Any, save: PeeweeSave) -> Any:
         """An instance whose whole key was set here is inserted; a target's status, result, error or hint
         is written by ``update_batch_target``; anything else is Peewee's ``save`` (through ``update``)."""
-        if not force_insert and _key_set_here(instance):
+        key_set = _key_fields(instance) & set(instance._dirty)
+        if not force_insert and key_set == _key_fields(instance):
             force_insert = True
+        if not force_insert and key_set:
+            name = min(key_set)
+            refuse(name, f"{_target_problem(name)}; set the whole key to save a new row")
         if force_insert or not isinstance(instance, BatchTarget):
             return save(force_insert, only)
         dirty: set[str] = instance.__dict__["_dirty"]
@@ -156,11 +160,11 @@ def _target_problem(name: str) -> str:
     return f"moves the job's counts; call update_batch_target(job_id, idx, status, {name}=...)"
 
 
-def _key_set_here(instance: Any) -> bool:
-    """Every part of the instance's key was set since it was made or read (a read clears ``_dirty``)."""
+def _key_fields(instance: Any) -> set[str]:
+    """The names of the instance's key fields: set since it was made or read (a read clears ``_dirty``),
+    they make ``save()`` insert."""
     key = instance._meta.primary_key
-    names = key.field_names if instance._meta.composite_key else (key.name,)
-    return all(name in instance._dirty for name in names)
+    return set(key.field_names if instance._meta.composite_key else (key.name,))
 
 
 def _key(instance: Any) -> tuple[Any, ...]:
