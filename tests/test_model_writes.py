@@ -196,6 +196,10 @@ ALLOWED: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         lambda: J.delete().where(J.status == "done").execute(),
         lambda: assert_gone("k"),
     ),
+    "BatchJob.delete().order_by().limit()": (
+        lambda: J.delete().order_by(J.lease.desc(), J.id).limit(1).execute(),
+        lambda: assert_equal(sorted(j.id for j in J.select()), ["j", "k"]),
+    ),
     "BatchJob.delete_by_id": (
         lambda: J.delete_by_id("k"),  # type: ignore[no-untyped-call]
         lambda: assert_gone("k"),

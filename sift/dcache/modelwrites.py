@@ -131,16 +131,15 @@ class ModelRules:
                 "a target is deleted with its job: BatchJob.delete_instance(), BatchJob.delete().where(...), "
                 "sweep_batch(ttl) or evict_batch_oldest(max_bytes)",
             )
-        chosen = BatchJob.select(BatchJob.id).where(query._where)
-        if query._order_by:
-            chosen = chosen.order_by(*query._order_by)
+        # In id order (one lock order for every deleter), unless the delete's own ORDER BY picks its LIMIT.
+        chosen = (
+            BatchJob.select(BatchJob.id).where(query._where).order_by(*(query._order_by or [BatchJob.id]))
+        )
         if query._limit is not None:
             chosen = chosen.limit(query._limit)
         deleted = 0
         with db.removals():  # as a sweep's chunk: jobs locked before their targets, one removal at a time
-            ids = [
-                row[0] for row in db.execute(db.backend.lock_rows(chosen.order_by(BatchJob.id))).fetchall()
-            ]
+            ids = [row[0] for row in db.execute(db.backend.lock_rows(chosen)).fetchall()]
             for start in range(0, len(ids), IDS_PER_STATEMENT):
                 chunk = ids[start : start + IDS_PER_STATEMENT]
                 peewee.ModelDelete(BatchTarget).where(BatchTarget.job_id.in_(chunk)).execute()
