@@ -26,7 +26,7 @@ def store_file(tmp_path: Path) -> Path:
 
 
 def shell(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path, script: str
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path | str, script: str
 ) -> tuple[int, str, str]:
     monkeypatch.setattr("sys.stdin", io.StringIO(script))
     return run(capsys, "shell", "--db", path)
@@ -62,6 +62,65 @@ def test_models_functions_and_db_in_scope(
     for name in ("BatchJob", "BatchTarget", "JobStatus", "update_batch_target", "sweep_batch", "dcache"):
         assert name in banner
     assert "\n\n" not in err.strip()  # one paragraph
+
+
+@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The five jobs of :data:`EXPECTED` in a SQLite file, or in a PostgreSQL schema of the test's own."""
+    target = (
+        str(request.getfixturevalue("pg_target")) if request.param == "postgres" else str(tmp_path / "s.db")
+    )
+    populate(target)
+    return target
+
+
+#: The lines a Peewee user types: a grouped count (fn, SQL), a join (JOIN), a conditional sum (Case), a
+#: result saved through the model and a refused target delete.
+PEEWEE_SCRIPT = """\
+T, J = BatchTarget, BatchJob
+print(T.select(T.status, fn.COUNT(SQL('*'))).group_by(T.status).order_by(T.status).tuples()[:])
+print(J.select(J.id, fn.COUNT(T.idx)).join(T, JOIN.LEFT_OUTER).group_by(J.id).order_by(J.id).tuples()[:])
+print(T.select(fn.SUM(Case(None, [(T.status == 'done', 1)], 0))).scalar())
+t = T.get((T.job_id == 'job-a') & (T.idx == 0))
+t.result = 'changed by hand'
+print(t.save())
+try:
+    T.delete().execute()
+except ModelWriteRefused as e:
+    print(type(e).__name__, e.field)
+
+"""
+
+
+def test_peewee_helpers_in_scope_and_writes_follow_the_rules(
+    any_store: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = shell(capsys, monkeypatch, any_store, PEEWEE_SCRIPT)
+    assert code == 0, err
+    dcache.open_db(any_store)
+    try:
+        targets = {job_id: dcache.batch_targets(job_id) or [] for job_id in EXPECTED}
+        statuses = sorted({t.status for ts in targets.values() for t in ts})
+        count = {s: sum(t.status == s for ts in targets.values() for t in ts) for s in statuses}
+        done = count.get("done", 0)
+        assert out.splitlines() == [
+            str([(s, count[s]) for s in statuses]),
+            str([(job_id, len(targets[job_id])) for job_id in sorted(EXPECTED)]),
+            str(done),
+            "1",
+            "ModelWriteRefused query",
+        ]
+        job = dcache.batch_job("job-a")
+        assert job is not None
+        assert job.nbytes == sum(len((t.result or "").encode()) for t in targets["job-a"])
+        assert targets["job-a"][0].result == "changed by hand"
+        assert dcache.check_store().ok
+    finally:
+        dcache.close_db()
+    banner = " ".join(err.split())
+    assert "Peewee's fn, JOIN, SQL, Case" in banner
+    connections = "PostgreSQL, a pool of connections" if "://" in any_store else "SQLite, one connection"
+    assert f"db (open: {connections}" in banner
 
 
 def test_writes_from_the_shell_reach_the_file(

@@ -255,13 +255,13 @@ def test_connecting_twice_keeps_the_open_connection(file_store: Path) -> None:
 
 
 def test_ad_hoc_model_queries_get_the_same_errors(tmp_path: Path) -> None:
-    """Peewee queries on the models (a web view's, a shell's) raise the package's errors too, but for a
-    constraint violation, which stays ``peewee.IntegrityError``, as Peewee's own ``get_or_create`` expects."""
+    """Peewee queries on the models (a web view's, a shell's) raise the package's errors too: an insert of
+    a job id already stored is ``DuplicateJob``, as through ``create_batch_job``."""
     path = tmp_path / "store.db"
     dcache.open_db(path, timeout=0.2)
     try:
         dcache.create_batch_job(make_job("job-1"))
-        with pytest.raises(peewee.IntegrityError):
+        with pytest.raises(dcache.DuplicateJob):
             dcache.BatchJob.insert(**make_job("job-1").__data__).execute()
         with locked_by_another_process(path), pytest.raises(dcache.StoreUnavailable) as info:
             dcache.BatchJob.update(lease=5).where(dcache.BatchJob.id == "job-1").execute()

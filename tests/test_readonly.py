@@ -17,7 +17,7 @@ import pytest
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget
+from sift.dcache import BatchJob
 from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 pytestmark = pytest.mark.sqlite_only
@@ -56,7 +56,7 @@ WRITES: dict[str, Callable[[], object]] = {
     "sweep_batch": lambda: dcache.sweep_batch(0, now=10**6),
     "evict_batch_oldest": lambda: dcache.evict_batch_oldest(0),
     "model save": lambda: BatchJob.update(status="cancelled").where(BatchJob.id == "a").execute(),
-    "model delete": lambda: BatchTarget.delete().execute(),
+    "model delete": lambda: BatchJob.delete().execute(),
 }
 
 

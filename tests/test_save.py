@@ -11,6 +11,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from freezegun import freeze_time
 from helpers import make_job, make_targets
 
 from sift import dcache
@@ -32,24 +33,30 @@ def test_stale_save_keeps_the_counts_a_result_moved(file_store: Path) -> None:
     job = BatchJob.get_by_id("j")
     dcache.update_batch_target("j", 0, "done", result="x" * 2_000, now=200)  # between read and save
     job.status = "cancelled"
+    with freeze_time("2030-01-01"):
+        job.save()  # a status change moves the lease to now, as set_batch_job_status does
+        assert stored_job(file_store, "j") == ("cancelled", 1, 2_000, dcache.unix_now())
+
+
+def test_a_lease_set_explicitly_is_saved(file_store: Path) -> None:
+    dcache.create_batch_job(make_job("j", targets_total=2, lease=100), make_targets(2))
+    job = BatchJob.get_by_id("j")
+    dcache.update_batch_target("j", 0, "done", result="abc", now=200)
+    job.lease = 1
     job.save()
-    assert stored_job(file_store, "j") == ("cancelled", 1, 2_000, 200)
+    assert stored_job(file_store, "j") == ("queued", 1, 3, 1)
 
 
-@pytest.mark.parametrize("field", ["targets_done", "nbytes", "lease"])
-def test_a_field_set_explicitly_is_saved(file_store: Path, field: str) -> None:
+@pytest.mark.parametrize("field", ["targets_done", "nbytes"])
+def test_a_count_set_by_hand_is_refused(file_store: Path, field: str) -> None:
     dcache.create_batch_job(make_job("j", targets_total=2, lease=100), make_targets(2))
     job = BatchJob.get_by_id("j")
     dcache.update_batch_target("j", 0, "done", result="abc", now=200)
     setattr(job, field, 1)
-    job.save()
-    expected = {"targets_done": 1, "nbytes": 3, "lease": 200, field: 1}
-    assert stored_job(file_store, "j") == (
-        "queued",
-        expected["targets_done"],
-        expected["nbytes"],
-        expected["lease"],
-    )
+    with pytest.raises(dcache.ModelWriteRefused) as info:
+        job.save()
+    assert info.value.field == field and "update_batch_target" in str(info.value)
+    assert stored_job(file_store, "j") == ("queued", 1, 3, 200)
 
 
 def test_save_without_changes_writes_nothing(file_store: Path) -> None:

@@ -1,4 +1,5 @@
-"""Random sequences of every operation against a plain-Python reference model of the issue's rules.
+"""Random sequences of every operation, the store's functions and writes through the models (a target's
+save(), a job's status save(), a job's delete), against a plain-Python reference model of the rules.
 
 After every step the store must agree with the model: each job's row and targets, the rule 4 invariants
 (computed again from the stored targets), lease values, idempotency answers, live counts and the byte
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, SUFFIX, postgres_missing, postgres_target
+from freezegun import freeze_time
 from helpers import make_job, make_target
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -86,6 +88,11 @@ specs = st.builds(
     created_at=st.integers(min_value=0, max_value=5),
     lease=times,
 )
+
+
+def clock_at(now: int) -> datetime:
+    """The wall-clock time whose unix second is ``now``, for freezegun."""
+    return datetime.fromtimestamp(now, UTC)
 
 
 def ttl_seconds(ttl: Any) -> Fraction:
@@ -337,6 +344,55 @@ class StoreMachine(RuleBasedStateMachine):
         stored = sorted((job_id, idx) for job_id, job in self.jobs.items() for idx in job.targets)
         job_id, idx = data.draw(st.sampled_from(stored))
         self.update(job_id, idx, status, result, error, hint, now, runner)
+
+    @precondition(lambda self: any(job.targets for job in self.jobs.values()))
+    @rule(data=st.data(), status=st.sampled_from(TARGET_STATUSES), result=results, now=times)
+    def save_target(self, data: st.DataObject, status: str, result: str | None, now: int) -> None:
+        """A shell user's write: read a stored target through the model, set its status (and its result,
+        when final), save(). It keeps the counts as update_batch_target does, or is refused as it is."""
+        stored = sorted((job_id, idx) for job_id, job in self.jobs.items() for idx in job.targets)
+        job_id, idx = data.draw(st.sampled_from(stored))
+        job, modelled = self.jobs[job_id], self.jobs[job_id].targets[idx]
+        T = dcache.BatchTarget
+        instance = T.get((T.job_id == job_id) & (T.idx == idx))
+        instance.status = status
+        if status in FINAL:
+            instance.result = result
+        refused = modelled.status in FINAL and status not in FINAL
+        with freeze_time(clock_at(now)):
+            self.call({dcache.InvalidBatchInput} if refused else set(), instance.save)
+        if not refused:
+            if status in FINAL:  # error and hint keep their stored values
+                modelled.result = result
+            else:
+                modelled.result = modelled.error = modelled.hint = None
+            modelled.status, job.lease = status, now
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(data=st.data(), status=st.sampled_from(JOB_STATUSES), now=times)
+    def save_job_status(self, data: st.DataObject, status: str, now: int) -> None:
+        """Read a job through the model, set its status, save(): the lease moves to now."""
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        instance = dcache.BatchJob.get_by_id(job_id)
+        instance.status = status
+        with freeze_time(clock_at(now)):
+            assert instance.save() == 1
+        self.jobs[job_id].status, self.jobs[job_id].lease = status, now
+
+    @rule(data=st.data(), how=st.sampled_from(["delete_instance", "delete_by_id", "delete().where"]))
+    def delete_job(self, data: st.DataObject, how: str) -> None:
+        """Delete a job through the model: its targets go with it, and the byte total follows."""
+        job_id = self.some_job_id(data)
+        J = dcache.BatchJob
+        if how == "delete_instance" and job_id in self.jobs:
+            deleted = J.get_by_id(job_id).delete_instance()
+        elif how == "delete().where":
+            deleted = J.delete().where(J.id == job_id).execute()
+        else:
+            deleted = J.delete_by_id(job_id)  # type: ignore[no-untyped-call]
+        assert deleted == (1 if job_id in self.jobs else 0)
+        event(f"model delete: {deleted}")
+        self.jobs.pop(job_id, None)
 
     @rule(data=st.data(), status=st.sampled_from(JOB_STATUSES), error=texts, now=times)
     def set_status(self, data: st.DataObject, status: str, error: str, now: int) -> None:

@@ -371,7 +371,7 @@ def test_adhoc_atomic_block_is_not_interleaved(file_store: Path, outcome: str) -
     def thread_a() -> None:
         try:
             with db.atomic():
-                BatchJob.update(error="from A").where(BatchJob.id == "j").execute()
+                BatchJob.update(idem_key="from A").where(BatchJob.id == "j").execute()
                 seen["first"] = BatchJob.get(BatchJob.id == "j").__data__.copy()
                 inside.set()
                 b_trying.wait(10)
@@ -411,6 +411,6 @@ def test_adhoc_atomic_block_is_not_interleaved(file_store: Path, outcome: str) -
     job = dcache.batch_job("j")
     assert job is not None
     assert (job.targets_done, job.nbytes, job.lease) == (1, len("héllo".encode()), 2_000)
-    assert job.error == ("from A" if outcome == "commit" else "")
+    assert job.idem_key == ("from A" if outcome == "commit" else "")
     targets = dcache.batch_targets("j")
     assert targets is not None and (targets[0].status, targets[0].result) == ("done", "héllo")

@@ -16,6 +16,7 @@ from .errors import (
     DuplicateJob,
     InvalidBatchInput,
     JobNotFound,
+    ModelWriteRefused,
     StoreConflict,
     StoreCorrupt,
     StoreFull,
@@ -55,6 +56,7 @@ from .manager import (
     update_batch_targets,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
+from .modelwrites import ModelRules  # noqa: F401  (importing it holds the models' writes to the rules)
 from .reports import (
     BackupReport,
     RelationSpace,
@@ -81,6 +83,7 @@ __all__ = [
     "DuplicateJob",
     "InvalidBatchInput",
     "JobNotFound",
+    "ModelWriteRefused",
     "JobStatus",
     "RelationSpace",
     "RelationVacuumReport",

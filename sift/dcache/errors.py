@@ -29,6 +29,11 @@ class InvalidBatchInput(BatchError, ValueError):
         return type(self), (self.field, self.problem)
 
 
+class ModelWriteRefused(InvalidBatchInput):
+    """A write through ``BatchJob`` or ``BatchTarget`` that would break the store's counts; nothing was
+    written. ``field`` names the field (or ``query``); the message names what to call instead."""
+
+
 class JobNotFound(BatchError, LookupError):
     """A write named a job id that is not in the store: ``job_id``."""
 

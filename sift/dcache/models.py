@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import peewee
 
@@ -47,6 +48,57 @@ FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 M = TypeVar("M", bound="_StoreModel")
 
+#: Runs a Peewee write query as Peewee would, unguarded (the rules call it once they allow the write).
+RunQuery = Callable[[Any], Any]
+#: Peewee's own ``Model.save(force_insert, only)`` on the instance.
+PeeweeSave = Callable[[bool, Any], Any]
+
+
+class WriteRules(Protocol):
+    """What every write through the models goes through (:mod:`sift.dcache.modelwrites`)."""
+
+    def save(self, instance: Any, force_insert: bool, only: Any, save: PeeweeSave) -> Any: ...
+
+    def insert(self, query: Any, run: RunQuery) -> Any: ...
+
+    def update(self, query: Any, run: RunQuery) -> Any: ...
+
+    def delete(self, query: Any, run: RunQuery) -> Any: ...
+
+
+_RULES: list[WriteRules] = []
+
+
+def hold_writes_to(rules: WriteRules) -> None:
+    """Route every write through the models to ``rules``: ``sift.dcache`` does it once, on import, with the
+    rules of :mod:`sift.dcache.modelwrites` (which build on the manager, which builds on these models)."""
+    _RULES[:] = [rules]
+
+
+class RuledInsert(peewee.ModelInsert):
+    """``insert``, ``insert_many``, ``insert_from``, ``replace``: run by the rules when executed. Compiling
+    it (``.sql()``, as the manager's statements do) is Peewee's own."""
+
+    def _execute(self, database: Any) -> Any:
+        run = peewee.ModelInsert._execute  # type: ignore[attr-defined]
+        return _RULES[0].insert(self, lambda query: run(query, database))
+
+
+class RuledUpdate(peewee.ModelUpdate):
+    """``update`` (and so ``save`` of a stored row, and ``bulk_update``): run by the rules when executed."""
+
+    def _execute(self, database: Any) -> Any:
+        run = peewee.ModelUpdate._execute  # type: ignore[attr-defined]
+        return _RULES[0].update(self, lambda query: run(query, database))
+
+
+class RuledDelete(peewee.ModelDelete):
+    """``delete`` (and so ``delete_instance`` and ``delete_by_id``): run by the rules when executed."""
+
+    def _execute(self, database: Any) -> Any:
+        run = peewee.ModelDelete._execute  # type: ignore[attr-defined]
+        return _RULES[0].delete(self, lambda query: run(query, database))
+
 
 class _StoreModel(peewee.Model):
     class Meta:
@@ -65,6 +117,41 @@ class _StoreModel(peewee.Model):
         obj._dirty = set()  # type: ignore[attr-defined]
         obj.__rel__ = {}
         return obj
+
+    # -- Writes: Peewee's, through the store's rules (see sift.dcache.modelwrites and the README) --------
+
+    def save(self, force_insert: bool = False, only: Any = None) -> Any:
+        """Peewee's ``save``, held to the rules; an instance whose whole key was set since it was made or
+        read is inserted (Peewee alone would UPDATE a row that is not there: the key is not generated)."""
+        return _RULES[0].save(
+            self, force_insert, only, lambda insert, fields: super(_StoreModel, self).save(insert, fields)
+        )
+
+    def delete_instance(self, recursive: bool = False, delete_nullable: bool = False) -> Any:
+        """This row's ``delete()``: a job's targets go with it, whatever ``recursive`` says."""
+        return type(self).delete().where(self._pk_expr()).execute()  # type: ignore[attr-defined]
+
+    @classmethod
+    def insert(cls, __data: Any = None, **insert: Any) -> RuledInsert:
+        return RuledInsert(cls, cls._normalize_data(__data, insert))  # type: ignore[attr-defined]
+
+    @classmethod
+    def insert_many(cls, rows: Any, fields: Any = None) -> RuledInsert:
+        return RuledInsert(cls, insert=rows, columns=fields)
+
+    @classmethod
+    def insert_from(cls, query: Any, fields: Any) -> RuledInsert:
+        return RuledInsert(
+            cls, insert=query, columns=[getattr(cls, f) if isinstance(f, str) else f for f in fields]
+        )
+
+    @classmethod
+    def update(cls, __data: Any = None, **update: Any) -> RuledUpdate:
+        return RuledUpdate(cls, cls._normalize_data(__data, update))  # type: ignore[attr-defined]
+
+    @classmethod
+    def delete(cls) -> RuledDelete:
+        return RuledDelete(cls)
 
 
 class JSONTextField(peewee.TextField):

@@ -17,37 +17,53 @@ import sys
 import textwrap
 from typing import Any
 
+import peewee
+
 from sift import dcache
 
+from ..store import is_postgres
 from . import Command
 
 __all__ = ["COMMAND"]
 
 MODELS = ("BatchJob", "BatchTarget", "JobStatus", "TargetStatus", "CallerClass")
+#: Peewee's query helpers, as ``from peewee import fn, JOIN, SQL, Case`` gives them.
+PEEWEE = {"fn": peewee.fn, "JOIN": peewee.JOIN, "SQL": peewee.SQL, "Case": peewee.Case}
 
 
 def namespace() -> dict[str, Any]:
     """What the console starts with: every public name of ``sift.dcache`` (``db``, the models, the status
-    enums, the functions, the errors), and the package itself as ``dcache``."""
+    enums, the functions, the errors), Peewee's ``fn``, ``JOIN``, ``SQL`` and ``Case``, and the package
+    itself as ``dcache``."""
     names: dict[str, Any] = {name: getattr(dcache, name) for name in dcache.__all__}
+    names.update(PEEWEE)
     names["dcache"] = dcache
     return names
 
 
 def banner(path: str) -> str:
-    """What the console says first: the store, its size, and what is in scope."""
+    """What the console says first: the store, its size, how ``db`` connects, and what is in scope."""
     functions = sorted(
         name for name in dcache.__all__ if name[0].islower() and name not in ("db", "open_db", "close_db")
     )
     text = (
         f"sift shell on {path}: {dcache.BatchJob.select().count():,} jobs, "
-        f"{dcache.batch_nbytes():,} bytes of results. In scope: db (open, shared by every thread), "
+        f"{dcache.batch_nbytes():,} bytes of results. In scope: db ({connections(path)}), "
         f"the models {', '.join(MODELS)}, the functions {', '.join(functions)}, the errors "
-        "(BatchError and its subclasses) and the package as dcache. Try "
-        "BatchJob.select().where(BatchJob.status == 'done').count() or batch_targets('<job id>'). "
-        "Leave with exit() or Ctrl-D."
+        f"(BatchError and its subclasses), Peewee's {', '.join(PEEWEE)} and the package as dcache. "
+        "Writes through the models follow the store's rules (README: Writing through the models). Try "
+        "BatchJob.select().where(BatchJob.status == 'done').count(), "
+        "BatchTarget.select(BatchTarget.status, fn.COUNT(SQL('*'))).group_by(BatchTarget.status).tuples() "
+        "or batch_targets('<job id>'). Leave with exit() or Ctrl-D."
     )
     return textwrap.fill(text, width=100)
+
+
+def connections(path: str) -> str:
+    """How ``db`` reaches the store, as its backend connects."""
+    if is_postgres(path):
+        return "open: PostgreSQL, a pool of connections, one per thread while it uses the store"
+    return "open: SQLite, one connection shared by every thread"
 
 
 def run(args: argparse.Namespace) -> int:
