@@ -17,6 +17,7 @@ __all__ = [
     "RECOMPUTE_TOTAL_SQL",
     "SCHEMA_NAMES",
     "SPEED_SCHEMA",
+    "OWN_TRIGGERS",
     "TOTAL_NBYTES_SQL",
     "SqliteSchema",
     "missing_in_file",
@@ -44,6 +45,12 @@ def _names(statements: tuple[str, ...]) -> frozenset[str]:
 _CREATED = re.compile(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
 #: Every part of the schema, by name, as the DDL creates them.
 SCHEMA_NAMES = _names(BASE_SCHEMA + SPEED_SCHEMA)
+#: The triggers the DDL creates, by name, as ``sqlite_master`` keeps their text: a file may hold no other.
+OWN_TRIGGERS = {
+    name: statement.replace(" IF NOT EXISTS", "", 1)
+    for statement in SPEED_SCHEMA
+    if statement.startswith("CREATE TRIGGER") and (name := statement.split()[5])
+}
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
 #: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
 READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
