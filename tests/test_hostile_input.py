@@ -296,9 +296,7 @@ def test_drop_table_string_is_stored_verbatim(store: dcache.SerializedSqliteData
 # -- The longest id -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "job_id", ["i" * MAX_KEY_BYTES, "é☃" * 204 + "éé"], ids=["ascii", "non-ascii"]
-)
+@pytest.mark.parametrize("job_id", ["i" * MAX_KEY_BYTES, "é☃" * 204 + "éé"], ids=["ascii", "non-ascii"])
 def test_longest_id(store: dcache.SerializedSqliteDatabase, job_id: str) -> None:
     assert len(job_id.encode()) == MAX_KEY_BYTES
     create_partial(make_job(job_id, idem_key="k", targets_total=3), make_targets(2))
