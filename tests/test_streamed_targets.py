@@ -53,7 +53,7 @@ def test_create_batch_job_with_a_generator_that_reads_the_store(template: None, 
     finishes(lambda: dcache.create_batch_job(make_job("b", targets_total=count), reading(count)))
     targets = dcache.batch_targets("b")
     assert targets is not None and len(targets) == count
-    assert targets[-1].options == {"copied_from": "template", "n": 1}
+    assert targets[-1].options == '{"copied_from":"template","n":1}'
     assert dcache.check_store().ok
 
 
