@@ -177,8 +177,8 @@ def test_a_small_file_of_generated_columns_expanding_to_gigabytes_is_refused_bef
             )
         # Added after the rows, so that nothing computes it before a read does.
         conn.execute(
-            "ALTER TABLE batch_job ADD COLUMN caller TEXT GENERATED ALWAYS AS (printf('%.*c', 200000000, 'x')) "
-            "VIRTUAL"
+            "ALTER TABLE batch_job ADD COLUMN caller TEXT "
+            "GENERATED ALWAYS AS (printf('%.*c', 200000000, 'x')) VIRTUAL"
         )
         conn.commit()
     assert os.path.getsize(source) < 32 * 1024
