@@ -639,7 +639,8 @@ def _plural(n: int) -> str:
 
 
 def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
-    """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
+    """Insert the targets, read in chunks of :data:`TARGETS_PER_STATEMENT`; on failure name the field of
+    the bad row."""
     last: list[tuple[Any, ...]] = [()]  # the row SQLite ran last, to name the field when it fails
     try:
         targets = iter(targets)
@@ -652,9 +653,9 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         # Each chunk is read from the iterable before the driver is called: psycopg holds its connection's
         # lock while it pulls rows, so an iterable that reads the store would wait for itself for ever.
         while chunk := list(itertools.islice(rows, TARGETS_PER_STATEMENT)):
-            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), chunk)
+            sent = _sent(chunk, last)
+            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), sent)
     except UnicodeEncodeError:
-        last[0] = next((row for row in chunk if not (_encodes(row[2]) and _encodes(row[3]))), last[0])
         _, idx, url, _, _ = last[0]
         validation.invalid(
             "url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})"
@@ -669,6 +670,13 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
             validation.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
         raise
     return inserted
+
+
+def _sent(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """``rows``, each kept in ``last`` as the driver takes it: SQLite's is the one that failed."""
+    for row in rows:
+        last[0] = row
+        yield row
 
 
 def _target_rows(
