@@ -14,7 +14,7 @@ import pytest
 from helpers import make_job, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import backup, tables
+from sift.dcache import restore, tables
 
 
 @pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -89,7 +89,7 @@ def test_a_row_the_rules_refuse_is_named_and_the_destination_left_as_it_was(
     dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statement: str, table: str, column: str
 ) -> None:
     source = source_store(tmp_path / "source.db", statement)
-    monkeypatch.setattr(backup, "ROWS_PER_STEP", 1)  # rows before the bad one are written first
+    monkeypatch.setattr(restore, "ROWS_PER_STEP", 1)  # rows before the bad one are written first
     dcache.open_db(dest)
     before = snapshot()
     with pytest.raises(dcache.InvalidBatchInput) as info:

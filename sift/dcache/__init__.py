@@ -6,7 +6,7 @@ from any thread.
 """
 
 from .backends.sqlite import SerializedSqliteDatabase
-from .backup import backup_store, restore_store
+from .backup import backup_store
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -66,14 +66,17 @@ from .reports import (
     StoreSpace,
     VacuumReport,
 )
+from .restore import restore_store
 from .space import (
     relation_space,
     store_space,
     vacuum_relations,
     vacuum_store,
 )
+from .validation import MAX_KEY_BYTES
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "BackupReport",
     "BatchError",
     "BatchJob",

@@ -18,8 +18,7 @@ Jobs are copied in insertion order (``seq``), so the copy's ``_rowid_`` keeps th
 ``options`` as the text stored; the copy's byte total is recomputed from its jobs. It opens with
 ``open_db(dest)``: that is also how a store's data moves from PostgreSQL to SQLite.
 
-:func:`restore_store` is the way back: it copies a SQLite store file (a backup, or a store that outgrew
-its machine) into the open store, which must hold no job, in one transaction.
+:func:`~sift.dcache.restore.restore_store` is the way back.
 """
 
 from __future__ import annotations
@@ -30,40 +29,31 @@ import os
 import secrets
 import sqlite3
 import stat
-import urllib.parse
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
-import peewee
-
-from . import files, validation
+from . import files
 from .database import db
 from .driver_errors import store_error
 from .errors import (
-    BatchError,
     InvalidBatchInput,
-    StoreConflict,
     StoreFull,
     StoreNotOpen,
     StoreReadOnly,
     StoreUnavailable,
 )
-from .reports import BackupReport, RestoreReport
-from .tables import JOB_COLUMN_LIST, JOB_COLUMNS, TARGET_COLUMN_LIST, TARGET_COLUMNS
+from .reports import BackupReport
 
 __all__ = [
     "COPIED_PAGES_PER_STEP",
     "ROWS_PER_STEP",
     "TEMP_SUFFIX",
     "backup_store",
-    "restore_store",
 ]
 
 #: Pages copied per step of the backup (4 MiB of 4 KiB pages); progress is reported after each.
 COPIED_PAGES_PER_STEP = 1024
 
-#: Rows read and written per step of a restore, or of a PostgreSQL store's backup; progress is reported
-#: after each.
+#: Rows read and written per step of a PostgreSQL store's backup; progress is reported after each.
 ROWS_PER_STEP = 2000
 
 #: How the temporary file of a backup under way ends; one left behind by a killed backup can be deleted.
@@ -120,17 +110,6 @@ def _source_path() -> str | None:
     return db.backend.backup_source()
 
 
-def _path_argument(field: str, value: str | os.PathLike[str]) -> tuple[str, str]:
-    """The path argument ``field`` as given and made absolute; anything but a non-empty path is refused."""
-    try:
-        shown = os.fspath(value)
-    except TypeError:
-        shown = None
-    if not isinstance(shown, str) or not shown:
-        raise InvalidBatchInput(field, f"must be a non-empty str or os.PathLike of str, got {value!r}")
-    return shown, os.path.abspath(shown)
-
-
 #: The files SQLite keeps beside a store file; ``-lock`` is the writers' queue's.
 _COMPANIONS = ("-wal", "-shm", "-journal")
 _STORE_FILES = ("", *_COMPANIONS, "-lock")
@@ -140,7 +119,7 @@ def _dest_path(dest: str | os.PathLike[str], source: str | None) -> tuple[str, i
     """The resolved path to write the backup to, and the mode to give it: 0600, or the mode of the
     regular file it replaces. Refuses a destination that is not a regular file (a dangling symlink
     included), or is the store ``source`` or a file beside it, by device and inode."""
-    shown, given = _path_argument("dest", dest)
+    shown, given = files.path_argument("dest", dest)
     if os.path.islink(given) and not os.path.exists(given):
         raise InvalidBatchInput("dest", f"{shown!r} is a symlink to nothing ({os.readlink(given)!r})")
     target = os.path.realpath(given)
@@ -264,163 +243,3 @@ def _os_error(exc: OSError, target: str) -> StoreUnavailable:
     if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return StoreReadOnly(f"dest: cannot write {target!r} ({why})")
     return StoreUnavailable(f"dest: cannot write {target!r} ({why})")
-
-
-def restore_store(
-    source: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
-) -> RestoreReport:
-    """Copy every job and target of the SQLite store file at ``source`` into the open store (either
-    backend), which must hold no job and no target: jobs in their insertion order (newest-wins ties keep
-    their winner), ``options`` as stored, all in one transaction. ``progress(done, total)`` counts rows.
-
-    Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
-    store itself, or a row the store's functions would not write, on either backend (a NUL in any text, an
-    unknown status or caller_class, options not JSON, a value of the wrong type; the message names the
-    table, the row and the column) or one the open store cannot hold (JSON PostgreSQL rejects): the open
-    store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
-    """
-    if db.deferred:
-        raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
-    path = _source_file(source)
-    try:
-        src = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise InvalidBatchInput("source", f"cannot open {path!r}: {exc}") from exc
-    try:
-        try:
-            src.execute("BEGIN")  # one snapshot of the source, whoever writes it meanwhile
-            tables = {row[0] for row in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if not {"batch_job", "batch_target"} <= tables:
-                raise InvalidBatchInput(
-                    "source", f"{path!r} is not a batch store (no batch_job, batch_target)"
-                )
-            jobs, targets = src.execute(
-                "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)"
-            ).fetchone()
-        except sqlite3.Error as exc:
-            raise InvalidBatchInput("source", f"cannot read {path!r} as a batch store: {exc}") from exc
-        mark = db.backend.param
-        done = 0
-        with db.write():
-            held = db.fetch_one(
-                "SELECT (SELECT COUNT(*) FROM batch_job) + (SELECT COUNT(*) FROM batch_target)", ()
-            )
-            if held[0]:
-                raise StoreUnavailable(
-                    f"database: {db.path!r} already holds {held[0]} rows; restore_store copies into an empty "
-                    "store only"
-                )
-            for table, columns, order, rules in (
-                ("batch_job", JOB_COLUMN_LIST, "_rowid_", _JOB_RULES),
-                ("batch_target", TARGET_COLUMN_LIST, "job_id, idx", _TARGET_RULES),
-            ):
-                marks = ", ".join([mark] * (columns.count(",") + 1))
-                insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
-                # json_valid, last, is SQLite's verdict on options: the rule that lets a row move back.
-                extra = ", json_valid(options)" if table == "batch_target" else ""
-                for rows in _batches(src, f"SELECT {columns}{extra} FROM {table} ORDER BY {order}", path):
-                    _check_rows(table, rules, rows, path)
-                    try:
-                        db.executemany(insert, [row[:-1] for row in rows] if extra else rows)
-                    except (BatchError, peewee.DatabaseError) as exc:
-                        if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
-                            raise
-                        raise InvalidBatchInput(
-                            "source", f"a row of {table} in {path!r} cannot be stored here: {exc}"
-                        ) from exc
-                    done += len(rows)
-                    if progress is not None:
-                        progress(done, jobs + targets)
-    finally:
-        src.close()
-    return RestoreReport(source=path, jobs=jobs, targets=targets)
-
-
-def _source_file(source: str | os.PathLike[str]) -> str:
-    shown, path = _path_argument("source", source)
-    if not os.path.isfile(path):
-        raise InvalidBatchInput("source", f"no store file at {shown!r}")
-    store_file = db.backend.store_file()
-    if store_file is not None and os.path.samefile(path, store_file):
-        raise InvalidBatchInput("source", f"{shown!r} is the open store itself")
-    return path
-
-
-def _batches(src: sqlite3.Connection, sql: str, path: str) -> Iterator[list[Any]]:
-    """The rows of ``sql`` on the source, :data:`ROWS_PER_STEP` at a time."""
-    try:
-        cursor = src.execute(sql)
-        while rows := cursor.fetchmany(ROWS_PER_STEP):
-            yield rows
-    except sqlite3.Error as exc:
-        raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
-
-
-def _integer(field: str, value: Any) -> None:
-    if type(value) is not int:
-        validation.invalid(field, f"must be an integer, got {type(value).__name__}")
-
-
-def _json(field: str, value: str, valid: Any) -> None:
-    """``value``, text already checked, is JSON SQLite's json_valid takes (``valid``), not nested too deep."""
-    if valid != 1:
-        validation.invalid(field, "is not valid JSON text")
-    if validation.json_too_deep(value):
-        validation.invalid(field, f"is nested deeper than {validation.MAX_JSON_DEPTH} levels")
-
-
-def _nonempty(field: str, value: Any) -> None:
-    validation.text(field, value, allow_empty=False)
-
-
-def _job_status(field: str, value: Any) -> None:
-    validation.choice(field, value, validation.JOB_STATUS_VALUES)
-
-
-def _target_status(field: str, value: Any) -> None:
-    validation.choice(field, value, validation.TARGET_STATUS_VALUES)
-
-
-def _caller_class(field: str, value: Any) -> None:
-    validation.choice(field, value, validation.CALLER_CLASS_VALUES)
-
-
-#: What each column of a restored row must hold, by the rules the store's functions write by (so the row
-#: is the same on either backend and can move back): text without a NUL, NULL only where the column
-#: allows it, known status and caller_class values, integers, and options JSON SQLite's json_valid takes.
-_JOB_RULES: tuple[Callable[[str, Any], object], ...] = (
-    _nonempty,  # id
-    _nonempty,  # caller
-    _caller_class,
-    validation.text,  # idem_key
-    _job_status,
-    validation.text,  # error
-    *(_integer,) * 5,  # targets_total, targets_done, created_at, lease, nbytes
-)
-_TARGET_RULES: tuple[Callable[[str, Any], object], ...] = (
-    _nonempty,  # job_id
-    _integer,  # idx
-    _nonempty,  # url
-    validation.text,  # options, then _json
-    _target_status,
-    *(validation.optional_text,) * 3,  # result, error, hint
-)
-
-
-def _check_rows(
-    table: str, rules: tuple[Callable[[str, Any], object], ...], rows: list[Any], path: str
-) -> None:
-    """Refuse the first row a rule refuses: ``InvalidBatchInput`` (field ``source``) naming the table, the
-    row and the column."""
-    names = JOB_COLUMNS if table == "batch_job" else TARGET_COLUMNS
-    for row in rows:
-        try:
-            for name, rule, value in zip(names, rules, row, strict=False):  # targets: json_valid last
-                rule(name, value)
-            if table == "batch_target":
-                _json("options", row[3], row[-1])
-        except InvalidBatchInput as exc:
-            where = f"job {row[0]!r}" + (f" idx {row[1]!r}" if table == "batch_target" else "")
-            raise InvalidBatchInput(
-                "source", f"a row of {table} in {path!r} cannot be stored here: {where}: {exc}"
-            ) from None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["PRIVATE_MODE", "create_private", "fsync_directory"]
+from .errors import InvalidBatchInput
+
+__all__ = ["PRIVATE_MODE", "create_private", "fsync_directory", "path_argument"]
 
 #: The mode of every file sift creates: read and write for the owner only.
 PRIVATE_MODE = 0o600
@@ -34,3 +36,14 @@ def fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def path_argument(field: str, value: str | os.PathLike[str]) -> tuple[str, str]:
+    """The path argument ``field`` as given and made absolute; anything but a non-empty path is refused."""
+    try:
+        shown = os.fspath(value)
+    except TypeError:
+        shown = None
+    if not isinstance(shown, str) or not shown:
+        raise InvalidBatchInput(field, f"must be a non-empty str or os.PathLike of str, got {value!r}")
+    return shown, os.path.abspath(shown)

@@ -28,15 +28,15 @@ from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
 from .reports import Repair, StoreReport, Violation
 from .sqlfiles import load_sql
 
-__all__ = ["REPAIRABLE", "check_store"]
+__all__ = ["REPAIRABLE", "check_store", "data_violations"]
 
 #: Jobs read (and, with repair, fixed) per transaction.
 JOBS_PER_CHUNK = 500
 #: About how many targets one chunk reads, so a chunk of big jobs holds the lock no longer.
 TARGETS_PER_CHUNK = 5_000
 
-#: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, target_status,
-#: target_idx, target_options, missing_targets) are left for a person to decide.
+#: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, targets_total,
+#: target_status, target_idx, target_options, target_result, missing_targets) are left for a person.
 REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
 
 #: Seconds after its ``created_at`` (by the store clock) a job may still lack target rows: the time
@@ -126,6 +126,20 @@ def _check_data(report: StoreReport, repair: bool, progress: Callable[[int], Non
         report.repairs += [Repair("total", None, detail) for detail in db.backend.repair_total()]
 
 
+def data_violations(limit: int) -> list[Violation]:
+    """The first ``limit`` violations of the rules on rows (every kind but quick_check, schema and total),
+    read inside the caller's transaction, chunk by chunk: how a restore holds its rows to the check."""
+    found: list[Violation] = []
+    low: Any = None
+    while len(found) < limit:
+        high = _chunk_end(low)
+        found += _Chunk(low, high).violations
+        if high is None:
+            break
+        low = high
+    return found[:limit]
+
+
 def _missing_schema(report: StoreReport) -> list[str]:
     """The parts of the schema the store lacks; also a recorded schema version that is not this sift's
     (into ``report``: a person decides, as for a status)."""
@@ -167,11 +181,11 @@ class _Chunk:
         by_job = {group[0]: group for group in groups}
         self.jobs, self.targets = len(jobs), sum(group[1] for group in groups)
         self.cutoff = unix_now() - MISSING_TARGETS_GRACE  # a job created at or before it is past its grace
-        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None, 0, 0)
+        valid, no_targets = _JOB_STATUSES, (None, 0, 0, 0, 0, None, None, 0, 0, 0)
         for job in jobs:
             job_id, status, total, done, nbytes, _ = job
             group = by_job.pop(job_id, no_targets)
-            _, rows, final, size, bad, idx_min, idx_max, bad_options, bad_claims = group
+            _, rows, final, size, bad, idx_min, idx_max, bad_options, bad_claims, pending_results = group
             # The usual case, decided here without a call: every check passes.
             if (
                 status in valid
@@ -180,6 +194,7 @@ class _Chunk:
                 and not bad
                 and not bad_options
                 and not bad_claims
+                and not pending_results
                 and rows == total
                 and (
                     idx_min is None
@@ -200,10 +215,12 @@ class _Chunk:
 
     def _check_job(self, job: tuple[Any, ...], group: tuple[Any, ...]) -> None:
         job_id, status, total, done, nbytes, created_at = job
-        _, rows, final, size, bad_statuses, idx_min, idx_max, bad_options, bad_claims = group
+        _, rows, final, size, bad_statuses, idx_min, idx_max, bad_options, bad_claims, pending_results = group
         name = _name(job_id)
         if status not in _JOB_STATUSES:
             self._add("job_status", name, f"status {status!r} is not one of {', '.join(JobStatus)}")
+        if not (type(total) is int and total >= 0 and (type(done) is not int or done <= total)):
+            self._add("targets_total", name, f"targets_total is {total!r} (targets_done {done!r})")
         if done != final:
             verb = "is" if final == 1 else "are"
             detail = f"targets_done is {done!r}, but {_targets(final)} {verb} done or failed"
@@ -224,6 +241,8 @@ class _Chunk:
         if bad_claims:
             detail = f"{_targets(bad_claims)} with attempts below 0, or running for a runner with no attempt"
             self._add("target_attempts", name, detail)
+        if pending_results:
+            self._add("target_result", name, f"{_targets(pending_results)} pending yet holding a result")
         if _missing_targets(rows, total, created_at, self.cutoff):
             detail = (
                 f"holds {rows} of its {total} targets more than {MISSING_TARGETS_GRACE} s after it was "
@@ -284,6 +303,7 @@ def _statements(backend: Any) -> _Statements:
         count_invalid=count_if.format(f"status NOT IN ({_VALID_TARGET})"),
         count_invalid_options=count_if.format(backend.sql_invalid_options),
         count_unsound_claims=count_if.format(_UNSOUND_CLAIM) if backend.claims_stored else "0",
+        count_pending_results=count_if.format("status = 'pending' AND result IS NOT NULL"),
         result_bytes=backend.sql_result_bytes,
         least_bound=backend.sql_least.format(a="j", b="t"),
         integer_idx=backend.sql_integer_idx,

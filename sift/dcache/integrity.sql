@@ -2,17 +2,19 @@
 -- runs on a backend it fills in that backend's spellings: {mark} (its parameter placeholder),
 -- {count_final} and {count_invalid} (counts of the final targets and of those with a status outside the
 -- enum), {count_invalid_options} (of those whose options are not JSON), {count_unsound_claims} (of those
--- whose claim columns break the claims' rules), {result_bytes}, {least_bound},
+-- whose claim columns break the claims' rules), {count_pending_results} (of the pending ones holding a
+-- result), {result_bytes}, {least_bound},
 -- {integer_idx}, and the status lists {final} and {valid_target}.
 -- Each run fills in {where} ({jobs}, {targets}): a range of ids, and {column}: the field a fix writes.
 
 -- name: target_groups
 -- One pass over the targets of a range of jobs, in primary-key order (no sort): per job, the rows, the
 -- final ones, the UTF-8 bytes of the results, the statuses outside the enum, the smallest and largest idx,
--- the options that are not JSON, the claims that are not sound.
+-- the options that are not JSON, the claims that are not sound, the pending targets that hold a result.
 SELECT job_id, COUNT(*), {count_final},
             COALESCE(SUM({result_bytes}), 0), {count_invalid}, MIN(idx),
-            MAX(idx), {count_invalid_options}, {count_unsound_claims} FROM batch_target WHERE {where} GROUP BY job_id;
+            MAX(idx), {count_invalid_options}, {count_unsound_claims}, {count_pending_results}
+            FROM batch_target WHERE {where} GROUP BY job_id;
 
 -- name: jobs
 SELECT id, status, targets_total, targets_done, nbytes, created_at FROM batch_job WHERE {where} ORDER BY id;

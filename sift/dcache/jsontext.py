@@ -36,7 +36,7 @@ def options_text(value: Any) -> str:
     """JSON text as given (the store's functions check it in SQL), or a dict/list dumped as compact JSON:
     ``separators=(",", ":")``, non-ASCII kept as UTF-8 (``ensure_ascii=False``), keys in the dict's order."""
     if isinstance(value, str):
-        return value
+        return value if type(value) is str else str.__str__(value)  # what a subclass holds
     if isinstance(value, (dict, list)):
         try:
             return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

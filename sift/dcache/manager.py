@@ -8,6 +8,7 @@ connection for long; each call still removes everything due before it returns.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections import Counter
@@ -46,6 +47,8 @@ Inline = peewee.ValueLiterals
 ROWS_PER_TRANSACTION = 500
 #: How many candidate jobs one sweep or eviction transaction looks at.
 JOBS_PER_TRANSACTION = 256
+#: Targets read from the caller's iterable and checked before each statement that inserts them.
+TARGETS_PER_STATEMENT = 1000
 
 
 def _target_value(expr: peewee.Node) -> peewee.Node:
@@ -857,10 +860,10 @@ def _job_values(job: Any) -> dict[str, Any]:
         validation.invalid("job", f"must be a BatchJob, got {type(job).__name__}")
     data = job.__data__
     values: dict[str, Any] = {
-        "id": validation.text("id", data.get("id"), allow_empty=False),
-        "caller": validation.text("caller", data.get("caller"), allow_empty=False),
+        "id": validation.key("id", data.get("id")),
+        "caller": validation.key("caller", data.get("caller")),
         "caller_class": validation.caller_class(data.get("caller_class")),
-        "idem_key": validation.text("idem_key", data.get("idem_key")),
+        "idem_key": validation.key("idem_key", data.get("idem_key"), allow_empty=True),
         "status": validation.job_status(data.get("status")),
         "error": validation.text("error", data.get("error")),
     }
@@ -874,6 +877,10 @@ def _job_values(job: Any) -> dict[str, Any]:
 def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None, *, whole: bool = False) -> int:
     """Insert the job and its targets inside the caller's transaction; return how many targets. Targets
     given must be all of the job's; ``whole`` (a submit) also refuses an empty iterable."""
+    if values["nbytes"] and batch_nbytes() > validation.MAX_INT - values["nbytes"]:
+        validation.invalid(
+            "nbytes", f"would take the store's byte total past {validation.MAX_INT} (2**63 - 1)"
+        )
     try:
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:
@@ -899,15 +906,22 @@ def _plural(n: int) -> str:
 
 
 def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> int:
-    """Insert the targets, streamed through one statement; on failure name the field of the bad row."""
+    """Insert the targets, read in chunks of :data:`TARGETS_PER_STATEMENT`; on failure name the field of
+    the bad row."""
     last: list[tuple[Any, ...]] = [()]  # the row SQLite ran last, to name the field when it fails
     try:
         targets = iter(targets)
     except TypeError:
         validation.invalid("targets", f"must be an iterable of BatchTarget, got {type(targets).__name__}")
+    rows = _target_rows(job_id, total, targets, last)
+    chunk: list[tuple[Any, ...]] = []
+    inserted = 0
     try:
-        rows = _target_rows(job_id, total, targets, last)
-        inserted = _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), rows)
+        # Each chunk is read from the iterable before the driver is called: psycopg holds its connection's
+        # lock while it pulls rows, so an iterable that reads the store would wait for itself for ever.
+        while chunk := list(itertools.islice(rows, TARGETS_PER_STATEMENT)):
+            sent = _sent(chunk, last)
+            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), sent)
     except UnicodeEncodeError:
         _, idx, url, _, _ = last[0]
         validation.invalid(
@@ -925,6 +939,13 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
     return inserted
 
 
+def _sent(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    """``rows``, each kept in ``last`` as the driver takes it: SQLite's is the one that failed."""
+    for row in rows:
+        last[0] = row
+        yield row
+
+
 def _target_rows(
     job_id: str, total: int, targets: Iterable[BatchTarget], last: list[tuple[Any, ...]]
 ) -> Iterator[tuple[Any, ...]]:
@@ -937,14 +958,16 @@ def _target_rows(
         if type(idx) is not int or not 0 <= idx < total:
             validation.invalid("idx", f"must be an int in 0..{total - 1} (targets_total - 1), got {idx!r}")
         url = data.get("url")
+        if type(url) is not str and isinstance(url, str):
+            url = validation.plain(url)
         if type(url) is not str or not url:
             validation.invalid("url", f"must be a non-empty str (target {idx})")
         if "\x00" in url:
             validation.invalid("url", f"{validation.NUL_PROBLEM} (target {idx})")
         options = data.get("options")
         if type(options) is not str:
-            options = validation.options_text(options)
-        elif "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
+            options = validation.options_text(options)  # a str subclass's text as a plain str
+        if "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
             validation.invalid("options", f"is not valid JSON text (target {idx})")
         if validation.json_too_deep(options):  # one limit for both backends: SQLite's
             validation.invalid(

@@ -16,6 +16,10 @@ from .models import CallerClass, JobStatus, TargetStatus
 
 MAX_INT = 2**63 - 1  # SQLite INTEGER
 
+#: The longest key or id (a job id, caller, idem_key), in UTF-8 bytes, on both backends: PostgreSQL's
+#: btree index entry holds at most about 2,700 bytes, and (caller, idem_key) share one.
+MAX_KEY_BYTES = 1024
+
 JOB_STATUS_VALUES = {s.value: s.value for s in JobStatus}
 TARGET_STATUS_VALUES = {s.value: s.value for s in TargetStatus}
 CALLER_CLASS_VALUES = {c.value: c.value for c in CallerClass}
@@ -45,17 +49,33 @@ def positive(field: str, value: Any) -> int:
     return value
 
 
+def plain(value: str) -> str:
+    """The text a ``str`` (or an instance of a subclass of it) holds, as a plain ``str``: a subclass's own
+    ``__str__``, ``__contains__`` or ``isascii`` never decides what is checked or stored."""
+    return value if type(value) is str else str.__str__(value)
+
+
 def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
     """A str that encodes as UTF-8 (no lone surrogates) and holds no NUL; returned as a plain str."""
     if not isinstance(value, str):
         invalid(field, f"must be a str, got {type(value).__name__}")
-    if not allow_empty and not value:
+    checked = plain(value)
+    if not allow_empty and not checked:
         invalid(field, "must not be empty")
-    if not value.isascii():
-        utf8_size(field, value)  # which refuses a NUL too
-    elif "\x00" in value:
+    if not checked.isascii():
+        utf8_size(field, checked)  # which refuses a NUL too
+    elif "\x00" in checked:
         invalid(field, NUL_PROBLEM)
-    return str(value)
+    return checked
+
+
+def key(field: str, value: Any, *, allow_empty: bool = False) -> str:
+    """:func:`text` of at most :data:`MAX_KEY_BYTES` UTF-8 bytes: a key or id, the same on both backends."""
+    checked = text(field, value, allow_empty=allow_empty)
+    if len(checked) > MAX_KEY_BYTES // 4 and len(checked.encode("utf-8")) > MAX_KEY_BYTES:
+        size = len(checked.encode("utf-8"))
+        invalid(field, f"must be at most {MAX_KEY_BYTES} bytes of UTF-8, got {size}")
+    return checked
 
 
 #: Why a NUL is refused: one rule on both backends, and PostgreSQL's text cannot hold one.
@@ -66,6 +86,7 @@ def utf8_size(field: str, value: Any) -> int:
     """The UTF-8 byte length of a str, which must encode (no lone surrogates) and hold no NUL."""
     if not isinstance(value, str):
         invalid(field, f"must be a str, got {type(value).__name__}")
+    value = plain(value)
     if "\x00" in value:
         invalid(field, NUL_PROBLEM)
     if value.isascii():
@@ -81,8 +102,8 @@ def optional_text(field: str, value: Any) -> str | None:
 
 
 def choice(field: str, value: Any, allowed: dict[str, str]) -> str:
-    if isinstance(value, str) and value in allowed:
-        return allowed[value]
+    if isinstance(value, str) and plain(value) in allowed:
+        return allowed[plain(value)]
     invalid(field, f"must be one of {', '.join(allowed)}, got {_show(value)}")
 
 
@@ -124,5 +145,6 @@ def cutoff(now: int, ttl: Duration, field: str = "ttl") -> int:
     if type(ttl) is int or type(ttl) is float:
         if not (ttl >= 0 and math.isfinite(ttl)):
             invalid(field, f"must be a finite non-negative number of seconds, got {_show(ttl)}")
-        return max(-1, math.floor(now - ttl))
+        # floor(now - ttl) is now - ceil(ttl), in exact integers: float arithmetic near 2**63 rounds up.
+        return max(-1, now - math.ceil(ttl))
     invalid(field, f"must be a timedelta or a number of seconds, got {type(ttl).__name__}")

@@ -20,6 +20,7 @@ from .postgres.urls import parse_target, shown_url
 from .sqlite import SerializedSqliteDatabase
 from .sqlite.maintenance import INCREMENTAL
 from .sqlite.paths import sqlite_url_path
+from .sqlite.schema import OWN_TRIGGERS as SQLITE_TRIGGERS
 from .sqlite.schema import missing_in_file
 from .sqlite.settings import BUSY_TIMEOUT_S
 
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "INCREMENTAL",
     "SQLITE",
+    "SQLITE_TRIGGERS",
     "Backend",
     "ConnectionBlock",
     "is_postgres_target",

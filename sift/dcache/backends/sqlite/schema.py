@@ -20,6 +20,7 @@ __all__ = [
     "RECOMPUTE_TOTAL_SQL",
     "SCHEMA_NAMES",
     "SPEED_SCHEMA",
+    "OWN_TRIGGERS",
     "TOTAL_NBYTES_SQL",
     "SqliteSchema",
     "missing_in_file",
@@ -54,6 +55,12 @@ _CREATED = re.compile(r"CREATE (?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
 RETIRED_NAMES = frozenset(re.findall(r"DROP INDEX IF EXISTS (\w+)", " ".join(RETIRED_SCHEMA)))
 #: Every part of the schema, by name, as the DDL creates them.
 SCHEMA_NAMES = _names(BASE_SCHEMA + SPEED_SCHEMA)
+#: The triggers the DDL creates, by name, as ``sqlite_master`` keeps their text: a file may hold no other.
+OWN_TRIGGERS = {
+    name: statement.replace(" IF NOT EXISTS", "", 1)
+    for statement in SPEED_SCHEMA
+    if statement.startswith("CREATE TRIGGER") and (name := statement.split()[5])
+}
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
 #: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
 READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
