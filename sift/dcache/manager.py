@@ -511,9 +511,7 @@ def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int)
     claim the runner no longer holds raises."""
     idx, status, final, size, result, error, hint = write
     db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-    if not _FINISH_ON_JOB.run(
-        job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now
-    ):
+    if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now):
         _explain_target_miss(job_id, idx, status, runner)
     _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
 
