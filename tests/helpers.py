@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from sift import dcache, testing
-from sift.dcache import BatchJob, BatchTarget, db
+from sift.dcache import BatchJob, BatchTarget, claims, db, manager
+from sift.dcache.statements import Statement
 
 
 def make_job(job_id: str = "job-1", **fields: Any) -> BatchJob:
@@ -98,3 +99,17 @@ def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
     ``create_batch_job`` given targets must give all of them)."""
     dcache.create_batch_job(job)
     dcache.put_batch_targets(job.id, targets)
+
+
+#: The modules whose compiled statements are the store's rules.
+RULE_MODULES = (manager, claims)
+
+
+def rule_statements() -> dict[str, Statement]:
+    """Every compiled statement of the rules' modules, by name."""
+    return {
+        name: value
+        for module in RULE_MODULES
+        for name, value in vars(module).items()
+        if isinstance(value, Statement)
+    }

@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets, run_processes, snapshot
+from helpers import make_job, make_targets, rule_statements, run_processes, snapshot
 
 from sift import dcache
-from sift.dcache import db
+from sift.dcache import claims, db
 
 STATUSES = ["queued", "running", "done", "partial", "failed", "cancelled"]
 
@@ -304,8 +304,6 @@ def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, hol
 def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, plan_mode: str) -> None:
     from conftest import open_empty_postgres
 
-    from sift.dcache import manager
-
     open_empty_postgres(postgres_schema)
     with db.atomic():  # a history of finished jobs, then 50 live jobs of 100 pending targets each
         db.backend.executemany(
@@ -324,7 +322,7 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
         dcache.claim_batch_targets(100, now=10**7)  # the 10 oldest jobs have no pending target left
     db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
     try:
-        for name, values in [
+        plans: list[tuple[str, dict[str, Any]]] = [
             ("_NEXT_CLAIMABLE_JOB", {"after_created": -1, "after_order": -1}),
             ("_CLAIM_TARGETS", {"job_id": "job-20", "take": 5, "runner": "r", "now": 5}),
             ("_RENEW", {"runner": "r", "now": 5}),
@@ -334,8 +332,9 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
             ("_REQUEUE_STALE", {"cutoff": 5}),
             ("_CLAIM_JOB", {"job_id": "job-20", "now": 5}),
             ("_RESCUE", {"reason": "r", "now": 5, "cutoff": 10**6}),
-        ]:
-            sql, params = getattr(manager, name).bind(values)
+        ]
+        for name, values in plans:
+            sql, params = rule_statements()[name].bind(values)
             with db.atomic() as transaction:
                 lines = [row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall()]
                 transaction.rollback()
@@ -361,13 +360,11 @@ def test_a_claims_update_reads_each_picked_target_once_on_postgres(
     nested loop over the picked rows, made a claim of 16,000 take minutes."""
     from conftest import open_empty_postgres
 
-    from sift.dcache import manager
-
     open_empty_postgres(postgres_schema)
     dcache.create_batch_job(make_job("big", targets_total=4_000, created_at=1), make_targets(4_000))
     if analyzed:
         db.execute_sql("ANALYZE batch_target")
-    sql, params = manager._CLAIM_TARGETS.bind({"job_id": "big", "take": 4_000, "runner": "r", "now": 5})
+    sql, params = claims._CLAIM_TARGETS.bind({"job_id": "big", "take": 4_000, "runner": "r", "now": 5})
     with db.atomic() as transaction:
         plan = "\n".join(row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall())
         transaction.rollback()

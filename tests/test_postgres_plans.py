@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from conftest import open_empty_postgres
-from helpers import make_job, make_targets
+from helpers import make_job, make_targets, rule_statements
 
 from sift import dcache
-from sift.dcache import db, manager
+from sift.dcache import db
 
 pytestmark = pytest.mark.postgres
 
@@ -57,7 +57,7 @@ def history(postgres_schema: str) -> None:
 @pytest.mark.parametrize("name", list(HOT_READS))
 def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> None:
     values, indexes = HOT_READS[name]
-    sql, params = getattr(manager, name).bind(dict(values))
+    sql, params = rule_statements()[name].bind(dict(values))
     db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
     try:
         with db.atomic() as transaction:  # EXPLAIN of an UPDATE plans it only; rolled back all the same
@@ -91,7 +91,7 @@ def test_hot_reads_settle_on_their_generic_plan(history: None, name: str) -> Non
     bound ``LIMIT $1``, guessed at a tenth of the rows, the no-op sweep's check was planned on every run,
     which made it 1.3x slower at 100,000 jobs than at 1,000 (bench: pg/flat/sweep_batch_noop)."""
     values = CLAIM_READS[name] if name in CLAIM_READS else HOT_READS[name][0]
-    statement = getattr(manager, name)
+    statement = rule_statements()[name]
     sql, _ = statement.bind(dict(values))
     # Committed, not rolled back: psycopg forgets every prepared statement of a connection on ROLLBACK.
     # psycopg prepares on the 6th run, and PostgreSQL plans the first 5 runs of a prepared statement for

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import create_partial, make_job, make_targets
+from helpers import create_partial, make_job, make_targets, rule_statements
 
 from sift import dcache
-from sift.dcache import manager
 from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
 from sift.dcache.statements import Statement
 
@@ -235,7 +234,7 @@ def accesses(lines: list[str], name: str) -> set[str]:
 
 
 def test_every_statement_is_pinned(file_store: Path) -> None:
-    statements = {name for name, value in vars(manager).items() if isinstance(value, Statement)}
+    statements = set(rule_statements())
     assert statements == set(EXPECTED_ACCESS)
 
 
@@ -244,7 +243,7 @@ def test_every_statement_is_pinned(file_store: Path) -> None:
 def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -> None:
     if analyzed:  # an operator ran ANALYZE: the statistics must not talk SQLite into a table scan
         dcache.db.execute_sql("ANALYZE")
-    lines = plan(*bound(getattr(manager, name)))
+    lines = plan(*bound(rule_statements()[name]))
     expected = EXPECTED_ACCESS[name]
     assert accesses(lines, name) in (expected if isinstance(expected, tuple) else (expected,)), lines
     assert not any(re.fullmatch(r"SCAN (?!picked$)\w+", line) for line in lines)  # the CTE: take rows
@@ -273,7 +272,7 @@ def written_btrees(sql: str, params: tuple[Any, ...]) -> set[str]:
 
 @pytest.mark.parametrize("name", sorted(RESULT_WRITE_INDEXES))
 def test_indexes_a_result_write_touches(history: int, name: str) -> None:
-    written = written_btrees(*bound(getattr(manager, name)))
+    written = written_btrees(*bound(rule_statements()[name]))
     tables = {"batch_job", "batch_target", "batch_totals"}
     assert written - tables == RESULT_WRITE_INDEXES[name]
 

@@ -7,6 +7,15 @@ from any thread.
 
 from .backends.sqlite import SerializedSqliteDatabase
 from .backup import backup_store
+from .claims import (
+    claim_batch_targets,
+    release_claims,
+    renew_claims,
+    requeue_in_flight,
+    requeue_stale_claims,
+    runner_name,
+    stale_claims,
+)
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -32,7 +41,6 @@ from .manager import (
     batch_job_by_idem,
     batch_nbytes,
     batch_targets,
-    claim_batch_targets,
     create_batch_job,
     evict_batch_oldest,
     evict_candidates,
@@ -40,14 +48,8 @@ from .manager import (
     live_batch_jobs_total,
     mark_in_flight_failed,
     put_batch_targets,
-    release_claims,
-    renew_claims,
-    requeue_in_flight,
-    requeue_stale_claims,
     rescue_stale_jobs,
-    runner_name,
     set_batch_job_status,
-    stale_claims,
     submit_batch_job,
     sweep_batch,
     sweep_candidates,

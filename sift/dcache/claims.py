@@ -1,0 +1,305 @@
+"""Claims: runners take pending targets, keep them with a heartbeat, and give back what they cannot finish.
+
+A claim is the runner's, not the job's: its ``runner``, ``heartbeat`` and ``attempts`` live on the target,
+and the job's lease (its client's keep-alive) never renews a claim. Each function is one transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from typing import Any
+
+import peewee
+
+from . import validation
+from .counters import counters
+from .database import db, retried
+from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
+from .statements import Slot, Statement, literal
+from .validation import Duration
+
+__all__ = [
+    "claim_batch_targets",
+    "release_claims",
+    "renew_claims",
+    "requeue_in_flight",
+    "requeue_stale_claims",
+    "runner_name",
+    "stale_claims",
+]
+
+J = BatchJob
+T = BatchTarget
+Inline = peewee.ValueLiterals
+
+
+def _pending(target: Any) -> peewee.Node:
+    """``target`` (BatchTarget or an alias of it) is pending: a partial index holds exactly these."""
+    return Inline(target.status == TargetStatus.PENDING.value)
+
+
+# The next live job after (after_created, after_order) in claim order that has a pending target. On
+# PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
+# and they lock a job before its targets, as every target write does. The pending target is probed by a
+# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target; its
+# ORDER BY idx keeps PostgreSQL on batch_target_pending, where LIMIT 1 alone let it pick a table scan.
+_NEXT_CLAIMABLE_JOB = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id, J.created_at, db.backend.insertion_order)
+        .where(
+            Inline(J.status.in_(LIVE_JOB_STATUSES))
+            & (
+                peewee.Tuple(J.created_at, db.backend.insertion_order)
+                > peewee.Tuple(Slot("after_created"), Slot("after_order"))
+            )
+            & peewee.Expression(
+                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(literal(1)),
+                peewee.OP.IS_NOT,
+                None,
+            )
+        )
+        .order_by(J.created_at, db.backend.insertion_order)
+        .limit(literal(1)),
+        skip_locked=True,
+    )
+)
+_PENDING_OF_JOB = T.alias("pending")
+
+
+def _claim_targets() -> peewee.Node:
+    """The job's first ``take`` pending targets (idx order) become running, held by ``runner`` with its
+    heartbeat at ``now``, one more attempt each; the statement returns them.
+
+    They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
+    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
+    update finds the picked rows by their address alone (``backend.row_address``; the pick locked them, so
+    they cannot move), by ``backend.among``: PostgreSQL planned a join, or a lookup by job and idx, as a
+    nested loop or a filter testing each of the job's pending targets against every picked one, quadratic
+    in ``take``; by address alone it reads each picked row once (a TID scan)."""
+    first: Any = db.backend.lock_rows(
+        _PENDING_OF_JOB.select(db.backend.row_address.alias("address"))
+        .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
+        .order_by(_PENDING_OF_JOB.idx)
+        .limit(Slot("take")),
+        skip_locked=True,
+    )
+    picked = first.cte("picked", materialized=True)
+    return (
+        T.update(
+            {
+                T.status: Inline(peewee.Value(TargetStatus.RUNNING.value)),
+                T.runner: Slot("runner"),
+                T.heartbeat: Slot("now"),
+                T.attempts: T.attempts + 1,
+            }
+        )
+        # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
+        .where(db.backend.among(db.backend.row_address, peewee.Select([picked], [picked.c.address])))
+        .with_cte(picked)
+        .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
+    )
+
+
+_CLAIM_TARGETS = Statement(_claim_targets)
+_CLAIM_JOB = Statement(
+    lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
+)
+
+
+def _running(target: Any = T) -> peewee.Node:
+    """``target`` is running: the partial index batch_target_running holds exactly these, by runner."""
+    return Inline(target.status == TargetStatus.RUNNING.value)
+
+
+def _stale() -> peewee.Node:
+    """A running target whose claim was last renewed at ``cutoff`` or before; a target set running by a
+    program that records no heartbeat (the original service, a restore) is stale at once."""
+    return _running() & (peewee.fn.COALESCE(T.heartbeat, 0) <= Slot("cutoff"))
+
+
+_UNCLAIM = {T.runner: None, T.heartbeat: None}
+_RENEW = Statement(
+    lambda: T.update({T.heartbeat: Slot("now")}).where((T.runner == Slot("runner")) & _running())
+)
+# A clean shutdown's release gives the attempt back: only a claim that went stale counts against a target.
+_RELEASE = Statement(
+    lambda: T.update(
+        {T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), T.attempts: T.attempts - 1, **_UNCLAIM}
+    ).where((T.runner == Slot("runner")) & _running())
+)
+# The jobs of stale targets, locked (in id order) before their targets, as every target write locks them;
+# found by id among the running targets' jobs (a semi-join was planned as a scan of every job).
+_STALE_JOBS = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id).where(db.backend.among(J.id, T.select(T.job_id).where(_stale()))).order_by(J.id)
+    )
+)
+_FAIL_STALE = Statement(
+    lambda: (
+        T.update({T.status: Inline(peewee.Value(TargetStatus.FAILED.value)), T.error: Slot("reason")})
+        .where(_stale() & (T.attempts >= Slot("max_attempts")))
+        .returning(T.job_id)
+    )
+)
+_REQUEUE_STALE = Statement(
+    lambda: T.update({T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), **_UNCLAIM}).where(_stale())
+)
+# Unordered: ORDER BY (job_id, idx) would have SQLite walk every target in key order; stale_claims sorts.
+_STALE_CLAIMS = Statement(lambda: T.select(*[getattr(T, n) for n in TARGET_COLUMNS]).where(_stale()))
+_COUNT_FAILED = Statement(
+    lambda: J.update({J.targets_done: J.targets_done + Slot("failed"), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
+)
+
+
+def _finished_status() -> peewee.Node:
+    """A job whose every target is final: done when none failed, failed when all did, else partial."""
+    failed = T.select(peewee.fn.COUNT(peewee.SQL("*"))).where(
+        (T.job_id == J.id) & Inline(T.status == TargetStatus.FAILED.value)
+    )
+    return peewee.Case(
+        None,
+        [(failed == 0, JobStatus.DONE.value), (failed >= J.targets_total, JobStatus.FAILED.value)],
+        JobStatus.PARTIAL.value,
+    )
+
+
+_FINISH_JOB = Statement(
+    lambda: J.update({J.status: _finished_status(), J.lease: Slot("now")}).where(
+        (J.id == Slot("job_id"))
+        & Inline(J.status.in_(LIVE_JOB_STATUSES))
+        & (J.targets_done >= J.targets_total)
+    )
+)
+
+
+@retried
+def claim_batch_targets(
+    limit: int, *, per_job: int | None = None, runner: str | None = None, now: int | None = None
+) -> list[BatchTarget]:
+    """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
+    each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
+    claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
+
+    Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its
+    heartbeat ``now``, and its ``attempts`` goes up by one; ``renew_claims`` keeps the claim alive."""
+    limit = validation.positive("limit", limit)
+    per_job = limit if per_job is None else validation.positive("per_job", per_job)
+    runner = _runner(runner)
+    now = validation.now(now)
+    db.backend.require_claims()
+    claimed: list[Any] = []
+    with db.write():
+        after: tuple[int, int] = (-1, -1)  # the claim order's position: (created_at, insertion order)
+        while len(claimed) < limit:
+            job = _NEXT_CLAIMABLE_JOB.rows(after_created=after[0], after_order=after[1])
+            if not job:
+                break
+            job_id, *position = job[0]
+            claimed += _claim_from_job(job_id, min(per_job, limit - len(claimed)), runner, now)
+            after = (position[0], position[1])
+    if claimed:
+        counters.add("claims")
+        counters.add("targets_claimed", len(claimed))
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+
+
+def _claim_from_job(job_id: str, take: int, runner: str, now: int) -> list[Any]:
+    """Inside the claim's transaction: the job's first ``take`` pending targets, now running (idx order)."""
+    rows = _CLAIM_TARGETS.rows(job_id=job_id, take=take, runner=runner, now=now)
+    if rows:
+        _CLAIM_JOB.run(job_id=job_id, now=now)
+    idx = TARGET_COLUMNS.index("idx")
+    return sorted(rows, key=lambda row: row[idx])  # RETURNING promises no order
+
+
+def runner_name() -> str:
+    """The runner name a claim records when none is given: this host's name and this process's id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _runner(runner: str | None) -> str:
+    return runner_name() if runner is None else validation.text("runner", runner, allow_empty=False)
+
+
+@retried
+def renew_claims(runner: str, *, now: int | None = None) -> int:
+    """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``.
+    Returns how many. It never touches a job (a job's lease is its client's signal, not the runner's)."""
+    runner = validation.text("runner", runner, allow_empty=False)
+    now = validation.now(now)
+    with db.write():
+        renewed = _RENEW.run(runner=runner, now=now)
+    counters.add("claims_renewed", renewed)
+    return renewed
+
+
+@retried
+def release_claims(runner: str, *, now: int | None = None) -> int:
+    """A clean shutdown: every running target ``runner`` holds goes back to pending at once, unclaimed,
+    and the attempt it took is given back. Returns how many. ``now`` is accepted for symmetry only."""
+    runner = validation.text("runner", runner, allow_empty=False)
+    validation.now(now)
+    with db.write():
+        released = _RELEASE.run(runner=runner)
+    counters.add("claims_released", released)
+    return released
+
+
+@retried
+def requeue_stale_claims(
+    stale_after: Duration, *, max_attempts: int = 3, reason: str = "runner stopped", now: int | None = None
+) -> int:
+    """Every running target whose claim was last renewed at least ``stale_after`` ago (``heartbeat +
+    stale_after <= now``) goes back to pending, unclaimed; one whose ``attempts`` has reached
+    ``max_attempts`` becomes failed with ``error = reason`` instead, counted once in its job's targets_done,
+    and a live job whose last target that was becomes done, partial or failed. Returns how many targets
+    moved. Safe from every host at any time; job leases move only where a target failed."""
+    max_attempts = validation.positive("max_attempts", max_attempts)
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
+    cutoff = validation.cutoff(now, stale_after, "stale_after")
+    return _requeue(cutoff, max_attempts, reason, now)
+
+
+@retried
+def requeue_in_flight(
+    *, max_attempts: int = 3, reason: str = "the runner restarted", now: int | None = None
+) -> int:
+    """A single runner's start: every running target (all were its previous run's) is requeued as by
+    ``requeue_stale_claims(0, ...)``; queued jobs and pending targets are left alone. With several
+    runners, use ``requeue_stale_claims`` instead: this would take the others' claims."""
+    max_attempts = validation.positive("max_attempts", max_attempts)
+    reason = validation.text("reason", reason)
+    now = validation.now(now)
+    return _requeue(now, max_attempts, reason, now)
+
+
+def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[BatchTarget]:
+    """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
+    Reads only."""
+    cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
+    rows = sorted(_STALE_CLAIMS.rows(cutoff=cutoff), key=lambda row: (row[0], row[1]))  # job_id, idx
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+
+
+def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:
+    """One transaction: stale targets at their last attempt fail (counted on their jobs, which finish when
+    complete); the other stale targets go back to pending."""
+    with db.write():
+        _STALE_JOBS.rows(cutoff=cutoff)  # PostgreSQL: their jobs locked before their targets
+        failed = Counter(
+            row[0] for row in _FAIL_STALE.rows(reason=reason, cutoff=cutoff, max_attempts=max_attempts)
+        )
+        for job_id, count in failed.items():
+            _COUNT_FAILED.run(job_id=job_id, failed=count, now=now)
+            _FINISH_JOB.run(job_id=job_id, now=now)
+        requeued = _REQUEUE_STALE.run(cutoff=cutoff)
+    counters.add("targets_requeued", requeued)
+    counters.add("targets_failed_stale", failed.total())
+    return requeued + failed.total()
