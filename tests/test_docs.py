@@ -106,7 +106,9 @@ def reference_names() -> set[str]:
     text = "\n".join(p.read_text(encoding="utf-8") for p in (DOCS / "reference").glob("*.md"))
     names = set(re.findall(r"^::: sift\.dcache\.(\w+)$", text, re.M))
     if re.search(r"^::: sift\.dcache\.errors$", text, re.M):
-        names |= {n for n in dcache.__all__ if getattr(getattr(dcache, n), "__module__", "") == "sift.dcache.errors"}
+        names |= {
+            n for n in dcache.__all__ if getattr(getattr(dcache, n), "__module__", "") == "sift.dcache.errors"
+        }
     return names
 
 

@@ -148,7 +148,7 @@ def test_no_private_member_of_a_backend_outside_the_backends() -> None:
                 )
 
 
-# The layout table of docs/explanation/layout.md: one row per path, a folder (ending in /) standing for what it holds.
+# The layout table of docs/explanation/layout.md: one row per path, a folder (ending in /) for what it holds.
 
 LAYOUT_ROW = re.compile(r"^\| `([^`]+)` \|")
 

@@ -14,6 +14,7 @@ from helpers import make_job
 
 from sift import dcache
 
+
 def web_app_example() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     exec(compile(block("web-app"), block_path("web-app"), "exec"), namespace)
