@@ -95,6 +95,15 @@ def test_the_cli_reference_is_current() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("script", ["docs_transcripts.py", "docs_bench.py"])
+def test_the_generated_parts_are_current(script: str) -> None:
+    """The transcripts (run again on a new store) and the performance tables (from the bench's JSON)."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), "--check"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_cli_reference_has_every_command() -> None:
     text = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
     for command in COMMANDS:
