@@ -32,7 +32,11 @@ def tables(run: dict[str, Any]) -> str:
         + (f" (1-minute load average {load:.1f} when it ended)" if load is not None else "")
         + f": {machine['nproc']} CPUs, {machine['cpu']}; Python {machine['python']}, SQLite "
         + f"{machine['sqlite']}{server}, peewee {machine['peewee']}."
-        + (" Small sizes (`--quick`): the figures show the script works, not the store's speed." if run["quick"] else ""),
+        + (
+            " Small sizes (`--quick`): the figures show the script works, not the store's speed."
+            if run["quick"]
+            else ""
+        ),
         "",
         "| case | N | median µs/op | ratio |",
         "|---|--:|--:|--:|",
@@ -64,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = page(text, json.loads(RUN.read_text(encoding="utf-8")))
     if check:
         if text != wanted:
-            print(f"{PAGE}: the bench tables are not current: run python scripts/docs_bench.py", file=sys.stderr)
+            print(
+                f"{PAGE}: the bench tables are not current: run python scripts/docs_bench.py", file=sys.stderr
+            )
             return 1
         return 0
     PAGE.write_text(wanted, encoding="utf-8")

@@ -4,10 +4,11 @@ written by hand.
     python scripts/docs_transcripts.py           # rewrite every transcript
     python scripts/docs_transcripts.py --check   # exit 1 if one is not current (the tests run this)
 
-A transcript is a ``console`` block of docs/ after the comment ``<!-- generated: scripts/docs_transcripts.py -->``.
-Its ``$ `` lines are run one after another by bash, in a new empty directory holding a new empty store
-``sim.db`` (``$SIFT_DB``) and a copy of the README, with the ``sift`` of this Python; each command's
-standard output and error follow it, and a blank line ends it.
+A transcript is a ``console`` block of docs/ after the comment
+``<!-- generated: scripts/docs_transcripts.py -->``. Its ``$ `` lines are run one after another by bash,
+in a new empty directory holding a new empty store ``sim.db`` (``$SIFT_DB``) and a copy of the README,
+with the ``sift`` of this Python; each command's standard output and error follow it, and a blank line
+ends it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ def run(lines: list[str]) -> str:
         out: list[str] = []
         for line in lines:
             done = subprocess.run(
-                ["bash", "-c", line], cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                ["bash", "-c", line],
+                cwd=where,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             out.append(f"$ {line}\n{done.stdout}")
     return "\n".join(out)
@@ -71,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                 page.write_text(new, encoding="utf-8")
     if check and stale:
         for page in stale:
-            print(f"{page}: a transcript is not current: run python scripts/docs_transcripts.py", file=sys.stderr)
+            print(
+                f"{page}: a transcript is not current: run python scripts/docs_transcripts.py",
+                file=sys.stderr,
+            )
         return 1
     return 0
 

@@ -99,7 +99,10 @@ def test_the_cli_reference_is_current() -> None:
 def test_the_generated_parts_are_current(script: str) -> None:
     """The transcripts (run again on a new store) and the performance tables (from the bench's JSON)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), "--check"], capture_output=True, text=True, timeout=300
+        [sys.executable, str(ROOT / "scripts" / script), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
 
