@@ -1,4 +1,4 @@
-"""What one job costs a PostgreSQL store, in WAL and on disk (README "Past one PostgreSQL").
+"""What one job costs a PostgreSQL store, in WAL and on disk (docs/explanation/scaling.md).
 
 Runs the store's own functions on a PostgreSQL database of its own (created, then dropped): N jobs of T
 pending targets are created, every target gets a result of R bytes (``update_batch_target``), every job

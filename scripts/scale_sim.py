@@ -1,5 +1,5 @@
 """The byte budget past one database: one global budget, oldest lease evicted first, against a budget per
-shard, each shard evicting its own oldest (README "Past one PostgreSQL").
+shard, each shard evicting its own oldest (docs/explanation/scaling.md).
 
 A model, not the store: finished jobs arrive one at a time with their whole size (lognormal or Pareto),
 and callers touch recent jobs (a touch moves the job's lease to now, as ``touch_batch_job`` does). Every

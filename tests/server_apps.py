@@ -1,9 +1,9 @@
 """Small web apps run under real app servers by the tests (uvicorn, gunicorn): each opens the store named
-by ``$SIFT_DB`` at start, as the README's web-app example does.
+by ``$SIFT_DB`` at start, as the web-app example of docs/how-to/web-app.md does.
 
 - :func:`fastapi_app`: submit and poll routes as plain ``def`` endpoints, which FastAPI runs on its thread
   pool (anyio's default: 40 threads); ``$SIFT_MAX_CONNECTIONS`` is the store's ``max_connections``.
-- :func:`create_one`: a create route for the README's multiprocess metrics app (Flask).
+- :func:`create_one`: a create route for the multiprocess metrics app of docs/how-to/operating.md (Flask).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "crash_trials.py"
 TRIALS = 25
 SEED = 2026
 
-#: Figures of the last run, for the README's Guarantees section.
+#: Figures of the last run, for docs/explanation/guarantees.md.
 RECORD: dict[str, Any] = {}
 
 pytestmark = pytest.mark.sqlite_only

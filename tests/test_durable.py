@@ -1,5 +1,5 @@
 """open_db(path, durable=True): every connection the store opens writes with synchronous=FULL; the default
-stays NORMAL. (What it costs: the README's Durability section, measured by the bench's peers group.)"""
+stays NORMAL. (What it costs: "Durability" in docs/explanation/performance.md, by the bench.)"""
 
 from __future__ import annotations
 

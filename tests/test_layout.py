@@ -1,5 +1,5 @@
 """The package's shape, read from its source: no import circle, modules and classes of a readable size,
-backend differences kept inside the backends, and the README's layout table in step with the files."""
+backend differences kept inside the backends, and the docs' layout table in step with the files."""
 
 from __future__ import annotations
 
@@ -148,20 +148,19 @@ def test_no_private_member_of_a_backend_outside_the_backends() -> None:
                 )
 
 
-# The README's layout table: one row per path, a folder (ending in /) standing for what it holds.
+# The layout table of docs/explanation/layout.md: one row per path, a folder (ending in /) for what it holds.
 
 LAYOUT_ROW = re.compile(r"^\| `([^`]+)` \|")
 
 
 def layout_rows() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "explanation" / "layout.md").read_text()
     return [match[1] for line in section.splitlines() if (match := LAYOUT_ROW.match(line))]
 
 
 def test_layout_table_names_existing_paths_once() -> None:
     rows = layout_rows()
-    assert rows, "the README has a layout table"
+    assert rows, "docs/explanation/layout.md has a layout table"
     assert len(rows) == len(set(rows))
     for row in rows:
         path = ROOT / row
@@ -180,4 +179,4 @@ def test_layout_table_covers_every_module() -> None:
             continue
         relative = path.relative_to(ROOT).as_posix()
         covered = relative in rows or any(relative.startswith(folder) for folder in folders)
-        assert covered, f"the README's layout table does not name {relative}"
+        assert covered, f"docs/explanation/layout.md's layout table does not name {relative}"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docs_pages import block, block_path
 from helpers import make_job, make_targets
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -140,16 +141,7 @@ def test_a_scrape_reads_no_job_or_target_rows(file_store: Path, registry: Collec
     assert re.search(r"INDEX batch_job_(live|claim)\b", plan) and "SCAN batch_job " not in plan + " "
 
 
-# -- The README's examples --------------------------------------------------------------------------------
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def readme_example(marker: str) -> str:
-    section = README.read_text(encoding="utf-8").split("### Metrics: Prometheus", 1)[1].split("\n### ", 1)[0]
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if marker in b]
-    assert len(blocks) == 1
-    return str(blocks[0])
+# -- The docs' examples ----------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -168,10 +160,9 @@ def check_scrape(text: str) -> None:
 
 
 @pytest.mark.usefixtures("default_registry")
-def test_readme_flask_example(file_store: Path) -> None:
-    pytest.importorskip("flask")
+def test_docs_flask_example(file_store: Path) -> None:
     namespace: dict[str, Any] = {"__name__": "__main__"}  # as in an app's own module
-    exec(compile(readme_example("\napp = Flask("), str(README), "exec"), namespace)
+    exec(compile(block("metrics-flask"), block_path("metrics-flask"), "exec"), namespace)
     work()
     response = namespace["app"].test_client().get("/metrics")
     assert response.status_code == 200
@@ -180,11 +171,11 @@ def test_readme_flask_example(file_store: Path) -> None:
 
 @pytest.mark.usefixtures("default_registry")
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
-def test_readme_fastapi_example(file_store: Path) -> None:
-    pytest.importorskip("httpx")
-    testclient = pytest.importorskip("fastapi.testclient")  # not a static import: CI has no FastAPI
+def test_docs_fastapi_example(file_store: Path) -> None:
+    from fastapi import testclient  # in the test extra, as Flask and httpx are: CI runs both examples
+
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(compile(readme_example("FastAPI("), str(README), "exec"), namespace)
+    exec(compile(block("metrics-fastapi"), block_path("metrics-fastapi"), "exec"), namespace)
     work()
     response = testclient.TestClient(namespace["app"]).get("/metrics/")
     assert response.status_code == 200
@@ -197,7 +188,7 @@ def test_register_again_returns_the_collector_it_has(file_store: Path) -> None:
     registry = CollectorRegistry()
     first = register(registry)
     assert register(registry) is first
-    assert register(REGISTRY) is register(REGISTRY)  # the default registry, as the README's apps use it
+    assert register(REGISTRY) is register(REGISTRY)  # the default registry, as the docs' apps use it
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
     assert scrape(registry)["sift_jobs_created_total"] == ("counter", 1)
     other = register(registry, prefix="other")  # another prefix is another collector

@@ -1,6 +1,6 @@
 """Metrics under a real gunicorn with several workers, recycled by ``--max-requests``: with
 ``PROMETHEUS_MULTIPROC_DIR`` every scrape, whichever worker answers it, reports every worker's counts. The
-app is the README's multiprocess recipe, as written, with a create route added."""
+app is the multiprocess recipe of docs/how-to/operating.md, as written, with a create route added."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from docs_pages import block
 from prometheus_client.parser import text_string_to_metric_families
-from test_metrics import readme_example
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = 3
@@ -28,7 +28,7 @@ SCRAPES = 8
 START_S = 60
 
 
-#: Added to the README's app: a route that creates a job of one target and says which worker served it.
+#: Added to the recipe's app: a route that creates a job of one target and says which worker served it.
 CREATE_ROUTE = """
 
 def app_with_a_create_route() -> Flask:
@@ -48,13 +48,13 @@ def free_port() -> int:
 
 @pytest.fixture
 def gunicorn(shared_store: str, tmp_path: Path) -> Iterator[str]:
-    """A gunicorn of 3 sync workers serving the README's multiprocess app on the store; its URL."""
+    """A gunicorn of 3 sync workers serving the docs' multiprocess app on the store; its URL."""
     pytest.importorskip("gunicorn")
     counts = tmp_path / "prometheus"
     counts.mkdir()  # empty before the server starts, as prometheus_client's multiprocess mode asks
     app = tmp_path / "app"
     app.mkdir()
-    (app / "readme_app.py").write_text(readme_example("MultiProcessCollector") + CREATE_ROUTE)
+    (app / "recipe_app.py").write_text(block("metrics-multiprocess") + CREATE_ROUTE)
     port = free_port()
     env = {
         **os.environ,
@@ -64,7 +64,7 @@ def gunicorn(shared_store: str, tmp_path: Path) -> Iterator[str]:
     }
     command = [
         sys.executable, "-m", "gunicorn", "--workers", str(WORKERS), "--bind", f"127.0.0.1:{port}",
-        "--max-requests", str(MAX_REQUESTS), "--chdir", str(app), "readme_app:app_with_a_create_route()",
+        "--max-requests", str(MAX_REQUESTS), "--chdir", str(app), "recipe_app:app_with_a_create_route()",
     ]  # fmt: skip
     server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

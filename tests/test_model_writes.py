@@ -2,7 +2,7 @@
 every backend: it keeps ``targets_done``, ``nbytes``, the byte total and the lease as the store's functions
 would, or it is refused with a package error naming what to call instead, every table as it was.
 
-The README's table "Writing through the models" lists the same rows.
+The table "Writing through the models" of docs/explanation/database.md lists the same rows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/pg_footprint.py, the WAL and disk figures of the README's "Past one PostgreSQL": its WAL is
+"""scripts/pg_footprint.py, the WAL and disk figures of docs/explanation/scaling.md: its WAL is
 this run's own (another session writing at the same time does not count), and it leaves no database."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.postgres
 
 CONNECTIONS = 5
 CLIENTS = 20
-#: How long the clients run, seconds: short by default, ``SIFT_LOAD_S=20`` for the README's figures.
+#: How long the clients run, seconds: short by default, ``SIFT_LOAD_S=20`` for the figures in the docs.
 LOAD_S = float(os.environ.get("SIFT_LOAD_S", "5"))
 
 

@@ -38,7 +38,7 @@ LIVE_NOW = 10_000  # every other lease is at least this
 PIECES = ("é", "☃", "🎉", "a", "ß", "\u00a0")
 RESULT_TIMEOUT_S = 120.0
 
-#: Figures of the last run, for the README's Guarantees section (``pytest -s`` prints them too).
+#: Figures of the last run, for docs/explanation/guarantees.md (``pytest -s`` prints them too).
 RECORD: dict[str, float] = {}
 
 ctx = multiprocessing.get_context("spawn")

@@ -1,4 +1,5 @@
-"""The README's web-app example runs as written."""
+"""The docs' web-app, deployment, testing and runner examples run as written (their blocks are found by the
+``<!-- block: NAME -->`` comment before them: see docs_pages.py)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docs_pages import block, block_path
 from faults import locked_by_another_process
 from helpers import make_job
 
 from sift import dcache
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def python_blocks(heading: str) -> list[str]:
-    """The ```python blocks of the README's section under ``heading``, in order."""
-    text = README.read_text(encoding="utf-8")
-    section = re.split(r"\n## ", text.split(f"\n{heading}\n", 1)[1], maxsplit=1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
 
 def web_app_example() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
-    exec(compile(python_blocks("## Using the store from a web app")[0], str(README), "exec"), namespace)
+    exec(compile(block("web-app"), block_path("web-app"), "exec"), namespace)
     return namespace
 
 
@@ -70,12 +63,8 @@ def test_only_the_runner_reconciles(tmp_path: Path) -> None:
 
 
 def error_example() -> dict[str, Any]:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Using the store from a web app", 1)[1].split("\n## ", 1)[0]
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "def answer(" in b]
-    assert len(blocks) == 1
     namespace: dict[str, Any] = {"dcache": dcache}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    exec(compile(block("web-app-errors"), block_path("web-app-errors"), "exec"), namespace)
     return namespace
 
 
@@ -107,9 +96,9 @@ def test_errors_as_http_answers(tmp_path: Path) -> None:
 def test_testing_your_app_examples(pytester: pytest.Pytester) -> None:
     """The web-app example's tests in "Testing your app", run as a user's project: the example as app.py,
     the opt-in as conftest.py, the tests as test_app.py."""
-    conftest, tests = python_blocks("## Testing your app")
+    conftest, tests = block("testing-conftest"), block("testing-tests")
     assert conftest.strip() == 'pytest_plugins = ["sift.testing"]'
-    pytester.makepyfile(app=python_blocks("## Using the store from a web app")[0], test_app=tests)
+    pytester.makepyfile(app=block("web-app"), test_app=tests)
     pytester.makeconftest(conftest)
     result = pytester.runpytest("--strict-markers", "-W", "error", "-p", "no:cacheprovider")
     count = len(re.findall(r"^def test_", tests, re.M))
@@ -121,22 +110,22 @@ def test_testing_your_app_examples(pytester: pytest.Pytester) -> None:
 def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The deployment's Flask app, as written (only its store path changed), with Peewee's request hooks,
     serving polls and submissions from 8 threads: every request answers, the totals are exact."""
-    flask = pytest.importorskip("flask")
     import sys
     import threading
     import types
+
+    import flask
 
     web_app = web_app_example()
     store = types.ModuleType("myapp.store")
     store.start = web_app["start"]  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "myapp", types.ModuleType("myapp"))
     monkeypatch.setitem(sys.modules, "myapp.store", store)
-    block = next(b for b in python_blocks("## Using the store from a web app") if "def create_app" in b)
     web = types.ModuleType("myapp.web")
     web.__file__ = str(tmp_path / "web.py")  # Flask finds its root path by the module's file
     monkeypatch.setitem(sys.modules, "myapp.web", web)
-    code = block.replace("/var/lib/sift/sift.db", str(tmp_path / "web.db"))
-    exec(compile(code, "README", "exec"), web.__dict__)
+    code = block("deploy-flask").replace("/var/lib/sift/sift.db", str(tmp_path / "web.db"))
+    exec(compile(code, block_path("deploy-flask"), "exec"), web.__dict__)
     app = web.create_app()
 
     def submit(caller: str, key: str) -> Any:
@@ -182,9 +171,7 @@ def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch:
 def runner_example() -> dict[str, Any]:
     """The web-app example's namespace, with the "Many runners" example run in it."""
     namespace = web_app_example()
-    blocks = [b for b in python_blocks("## Using the store from a web app") if "def runner_step(" in b]
-    assert len(blocks) == 1
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    exec(compile(block("runners"), block_path("runners"), "exec"), namespace)
     return namespace
 
 

@@ -136,7 +136,7 @@ def test_a_job_whose_stale_targets_all_fail_after_the_rest_were_done_ends_done_o
     dcache.claim_batch_targets(1, runner="b", now=1_020)
     dcache.update_batch_target("job-1", 0, "done", result="ok", runner="b", now=1_021)
     assert dcache.requeue_stale_claims(0, max_attempts=1, now=5_000) == 0
-    assert job_row() == ("running", "", 1_021, 1, 2)  # the runner sets done itself (README's loop)
+    assert job_row() == ("running", "", 1_021, 1, 2)  # the runner sets done itself (the docs' runner loop)
 
 
 def test_a_late_write_of_a_requeued_claim_is_refused_and_changes_nothing(store: Any) -> None:

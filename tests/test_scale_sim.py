@@ -1,4 +1,4 @@
-"""scripts/scale_sim.py, the model behind the README's "Past one PostgreSQL": a global byte budget against
+"""scripts/scale_sim.py, the model behind docs/explanation/scaling.md: a global byte budget against
 a budget per shard. Small runs (well under a second each); nothing is timed."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ JOB_STATUSES = tuple(s.value for s in dcache.JobStatus)
 PIECES = ("é", "☃", "🎉", "a", "\u00a0", "ß", "'", "\u200b")
 JOIN_TIMEOUT_S = 120.0
 
-#: Figures of the last run, for the README's Guarantees section.
+#: Figures of the last run, for docs/explanation/guarantees.md.
 RECORD: dict[str, int] = {}
 
 TargetState = tuple[str, str | None, str | None, str | None]  # status, result, error, hint

@@ -22,7 +22,7 @@ PASS/FAIL lines. The exit status is 0 whatever the figures (``--check`` makes a 
 suite never asserts on time.
 
 On PostgreSQL each group builds its store in a fresh schema of its own (``sift_bench_<pid>_<random>_<group>``)
-and drops it when done; see the README's Performance section for what each ``pg/`` case runs.
+and drops it when done; see docs/explanation/performance.md for what each ``pg/`` case runs.
 
 ``--compare-with REV`` checks git revision REV out into a temporary worktree and times the hot paths
 (the runner step, a claim, a no-op sweep, a no-op eviction) of this tree's ``sift`` and of REV's, each in a

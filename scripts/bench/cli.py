@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
             report,
             command=command,
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() - elapsed)),
+            load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             quick=args.quick,
             elapsed_s=elapsed,
             machine=info,

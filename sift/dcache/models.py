@@ -118,7 +118,7 @@ class _StoreModel(peewee.Model):
         obj.__rel__ = {}
         return obj
 
-    # -- Writes: Peewee's, through the store's rules (see sift.dcache.modelwrites and the README) --------
+    # -- Writes: Peewee's, through the store's rules (see sift.dcache.modelwrites and the docs) ----------
 
     def save(self, force_insert: bool = False, only: Any = None) -> Any:
         """Peewee's ``save``, held to the rules; an instance whose whole key was set since it was made or

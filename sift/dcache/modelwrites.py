@@ -1,7 +1,7 @@
 """Peewee writes through ``BatchJob`` and ``BatchTarget``, held to the store's rules.
 
 Each write either does what the manager's function would (the same checks, counts, byte total and lease) or
-is refused with :class:`ModelWriteRefused` naming what to call instead, with nothing written. The README's
+is refused with :class:`ModelWriteRefused` naming what to call instead, with nothing written. The docs'
 table "Writing through the models" lists every operation. The manager's own statements are compiled from
 the same query classes but never executed through them, so its hot paths pay nothing for this.
 """

@@ -51,7 +51,7 @@ def banner(path: str) -> str:
         f"{dcache.batch_nbytes():,} bytes of results. In scope: db ({connections(path)}), "
         f"the models {', '.join(MODELS)}, the functions {', '.join(functions)}, the errors "
         f"(BatchError and its subclasses), Peewee's {', '.join(PEEWEE)} and the package as dcache. "
-        "Writes through the models follow the store's rules (README: Writing through the models). Try "
+        "Writes through the models follow the store's rules (docs/explanation/database.md). Try "
         "BatchJob.select().where(BatchJob.status == 'done').count(), "
         "BatchTarget.select(BatchTarget.status, fn.COUNT(SQL('*'))).group_by(BatchTarget.status).tuples() "
         "or batch_targets('<job id>'). Leave with exit() or Ctrl-D."
