@@ -1,8 +1,8 @@
 """The example app (examples/app) as its README deploys it: `sift init`, a real gunicorn of several
-workers on 127.0.0.1, two runner processes, and client threads that submit (with idempotency keys, some
-retried) and poll until every job is final; then every job's results, `check_store`, no 5xx, and both
-runners stopping cleanly on SIGTERM. On a SQLite WAL file and in a PostgreSQL schema of its own. The
-example's own tests (sift.testing) run here too, on both backends."""
+workers on 127.0.0.1, two runner processes (one stopped by SIGTERM mid-load), and client threads that
+submit (every idempotency key sent twice), cancel a job each, and poll until every job is final; then every
+job's results, `check_store`, no 5xx, and every process exiting 0 on SIGTERM. On a SQLite WAL file and in
+a PostgreSQL schema of its own. The example's own tests (sift.testing) run here too, on both backends."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "app"
 WORKERS, THREADS = 3, 4
 RUNNERS = 2
 CLIENTS, JOBS_PER_CLIENT = 6, 5
+CANCELLED_JOB = 3  # each client cancels its job 3 right after submitting it
 #: Hang guards, seconds: how long a server may take to start, and the whole load to end. Never reached
 #: when the app works; no test here measures speed.
 START_S, LOAD_S = 60, 300
@@ -116,6 +117,7 @@ class Load:
         self.answers: list[int] = []
         self.jobs: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
         self.errors: list[str] = []
+        self.cancels: dict[tuple[int, int], int] = {}
         self.lock = threading.Lock()
 
     def request(self, http: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -137,6 +139,11 @@ class Load:
                     assert (first.status_code, retry.status_code) == (202, 200), (first.text, retry.text)
                     assert retry.json()["id"] == first.json()["id"]
                     ids.append(first.json()["id"])
+                    if job == CANCELLED_JOB:  # cancelled at once: it may finish first (409)
+                        cancel = self.request(http, "POST", f"/v1/jobs/{ids[-1]}/cancel", headers=caller)
+                        assert cancel.status_code in (200, 409), cancel.text
+                        with self.lock:
+                            self.cancels[(n, job)] = cancel.status_code
                 deadline = time.monotonic() + LOAD_S
                 for job, job_id in enumerate(ids):
                     while True:
@@ -206,17 +213,23 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     assert len(load.jobs) == CLIENTS * JOBS_PER_CLIENT
     for (client, job), (_, page) in load.jobs.items():
         status, targets = expected(urls_of(client, job))
-        assert page["status"] == status
-        assert [(r["status"], r["result"], r["error"]) for r in page["results"]] == targets
+        found = [(r["status"], r["result"], r["error"]) for r in page["results"]]
+        if load.cancels.get((client, job)) == 200:  # each target as it was at the cancel, or fetched
+            assert page["status"] == "cancelled"
+            unfinished = [("pending", None, None), ("running", None, None)]
+            assert all(got in [want, *unfinished] for got, want in zip(found, targets, strict=True))
+        else:
+            assert page["status"] == status
+            assert found == targets
+    assert len(load.cancels) == CLIENTS
     dcache.open_db(new_store, create=False)
     assert dcache.BatchJob.select().count() == CLIENTS * JOBS_PER_CLIENT  # a retried key made no job
-    assert (
-        dcache.BatchTarget.select()
-        .where(dcache.BatchTarget.status != "done")
-        .where(dcache.BatchTarget.status != "failed")
-        .count()
-        == 0
+    left = dcache.BatchTarget.select(dcache.BatchTarget.job_id, dcache.BatchTarget.status).where(
+        dcache.BatchTarget.status.not_in(["done", "failed"])
     )
+    cancelled = {load.jobs[key][0] for key, code in load.cancels.items() if code == 200}
+    for target in left:  # every claim was written or released; only cancelled jobs keep pending targets
+        assert (target.job_id, target.status) in {(job_id, "pending") for job_id in cancelled}
     report = dcache.check_store()
     assert report.ok, report.violations
 
