@@ -50,13 +50,17 @@ def run(fetch: Fetch, runner: str, stop: threading.Event, settings: Settings = S
     keeper = threading.Thread(target=keep_claims, args=(runner, stop, settings), name="keeper", daemon=True)
     keeper.start()
     pool = futures.ThreadPoolExecutor(settings.claim, thread_name_prefix="fetch")
+    holding = False  # a step failed part-way: claims it took may be left, which the keeper would renew
     try:
         while not stop.is_set():
             try:
+                if holding:  # give them back first, so they never stay running under a live heartbeat
+                    dcache.release_claims(runner)
+                    holding = False
                 handled = step(fetch, runner, stop, pool, settings)
             except dcache.StoreUnavailable as exc:  # the store is down or locked: wait, try again
                 log.warning("store unavailable: %s", exc)
-                handled = 0
+                holding, handled = True, 0
             if not handled:
                 stop.wait(settings.idle_wait)
     finally:

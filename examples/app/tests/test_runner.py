@@ -178,3 +178,33 @@ def test_a_stop_abandons_the_fetches_in_hand_and_releases_their_claims(
     targets = dcache.batch_targets(job.id) or []
     assert [(t.status, t.runner, t.attempts, t.result) for t in targets] == [("pending", None, 0, None)] * 3
     check_store_invariants()
+
+
+@pytest.mark.sift_store(check=True)
+def test_claims_of_a_step_that_failed_part_way_go_back_and_are_fetched_again(
+    sift_store: Any, make_job: Any, make_targets: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = make_job(targets_total=2)
+    dcache.create_batch_job(job, make_targets(2))
+    write = dcache.update_batch_targets
+    failures = []
+
+    def fails_once(*args: Any, **kwargs: Any) -> int:
+        if not failures:
+            failures.append(args)
+            raise dcache.StoreUnavailable("disk I/O error")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(dcache, "update_batch_targets", fails_once)
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=runner.run, args=(StubFetcher(0), "r1", stop, runner.Settings(idle_wait=0.01))
+    )
+    loop.start()
+    try:
+        wait_for(lambda: (stored := dcache.batch_job(job.id)) is not None and stored.status == "done")
+    finally:
+        stop.set()
+        loop.join()
+    assert len(failures) == 1
+    assert [(t.status, t.attempts) for t in dcache.batch_targets(job.id) or []] == [("done", 1)] * 2
