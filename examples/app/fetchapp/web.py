@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
-from prometheus_client import CollectorRegistry, make_wsgi_app, multiprocess
+from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app, multiprocess
 from sift import dcache
 from sift.dcache import BatchJob, JobStatus, metrics
 from werkzeug.exceptions import HTTPException
@@ -51,7 +51,8 @@ def build_app() -> Flask:
     app.add_url_rule("/healthz", view_func=health, methods=["GET"])
     app.register_error_handler(dcache.BatchError, store_error)
     app.register_error_handler(HTTPException, http_error)
-    app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(metrics_registry())})  # type: ignore[method-assign]
+    scrape = make_wsgi_app(metrics_registry())
+    app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": scrape})  # type: ignore[method-assign]
     return app
 
 
@@ -63,8 +64,6 @@ def metrics_registry() -> CollectorRegistry:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         metrics.register(registry)
         return registry
-    from prometheus_client import REGISTRY
-
     metrics.register(REGISTRY)
     return REGISTRY
 
