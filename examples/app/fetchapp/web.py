@@ -1,0 +1,174 @@
+"""The web app: submit a batch of URLs, poll it, cancel it. Each gunicorn worker builds it once with
+``create_app(db_url)``; every error of the store becomes a JSON answer (``error``, and ``field`` when one
+is at fault).
+
+- ``POST /v1/jobs`` with ``{"urls": [...], "options": {...}}`` and an ``Idempotency-Key`` header: 202 and
+  the new job's id, or 200 and the id of the job this caller already submitted with that key.
+- ``GET /v1/jobs/<id>``: the job and every target's result; reading keeps the job alive (its lease).
+- ``POST /v1/jobs/<id>/cancel``: a queued or running job becomes cancelled (no more of its targets are
+  fetched); 409 for a job that is finished already.
+
+The caller is the ``X-Caller`` header, a stand-in for real authentication: a caller sees only its own jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app, multiprocess
+from sift import dcache
+from sift.dcache import BatchJob, JobStatus, metrics
+from werkzeug.exceptions import HTTPException
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+TTL = 24 * 3600  # seconds a job stays pollable after its last use; the runner sweeps older ones
+MAX_URLS = 1000  # targets in one job
+LIVE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+
+log = logging.getLogger("fetchapp.web")
+
+Answer = tuple[Response, int]
+
+
+def create_app(db_url: str) -> Flask:
+    """Each web worker, at its start: open the store at ``db_url`` (a SQLite path or a ``postgresql://``
+    URL; it must exist, ``sift init`` makes it, so a mistyped one fails the worker's boot) and build the
+    app. Safe to call again in one process (tests): the store is reopened, the metrics registered once."""
+    dcache.open_db(db_url, create=False)
+    return build_app()
+
+
+def build_app() -> Flask:
+    """The app on the store this process has open (``create_app``, or a test's ``sift_store``)."""
+    app = Flask(__name__)
+    app.add_url_rule("/v1/jobs", view_func=submit, methods=["POST"])
+    app.add_url_rule("/v1/jobs/<job_id>", view_func=poll, methods=["GET"])
+    app.add_url_rule("/v1/jobs/<job_id>/cancel", view_func=cancel, methods=["POST"])
+    app.add_url_rule("/healthz", view_func=health, methods=["GET"])
+    app.register_error_handler(dcache.BatchError, store_error)
+    app.register_error_handler(HTTPException, http_error)
+    scrape = make_wsgi_app(metrics_registry())
+    app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": scrape})  # type: ignore[method-assign]
+    return app
+
+
+def metrics_registry() -> CollectorRegistry:
+    """What ``/metrics`` shows. Under gunicorn, with ``PROMETHEUS_MULTIPROC_DIR`` set, every worker's counts
+    (live and recycled); otherwise this process's. ``metrics.register`` may be called again."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        metrics.register(registry)
+        return registry
+    metrics.register(REGISTRY)
+    return REGISTRY
+
+
+def answer(status: int, body: dict[str, Any]) -> Answer:
+    return jsonify(body), status
+
+
+def caller() -> str:
+    """The caller, from ``X-Caller``; a request without one is refused (401) before any store call."""
+    name = request.headers.get("X-Caller", "")
+    if not name:
+        raise Unauthorized()
+    return name
+
+
+class Unauthorized(HTTPException):
+    code = 401
+    description = "X-Caller: the header naming the caller is required"
+
+
+def submit() -> Answer:
+    """Create the job, or find the one this caller submitted with the same ``Idempotency-Key`` (within
+    ``TTL``): the lookup and the create are one transaction, so a burst of retries makes one job."""
+    who = caller()
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return answer(400, {"field": "body", "error": "body: must be a JSON object with a urls list"})
+    urls = body.get("urls")
+    if not isinstance(urls, list) or not urls or len(urls) > MAX_URLS:
+        return answer(400, {"field": "urls", "error": f"urls: must be a list of 1 to {MAX_URLS} URLs"})
+    options = body.get("options", {})
+    now = dcache.unix_now()
+    job = BatchJob(
+        id=uuid.uuid4().hex, caller=who, caller_class=dcache.CallerClass.FLEET,
+        idem_key=request.headers.get("Idempotency-Key", ""), status=JobStatus.QUEUED,
+        targets_total=len(urls), created_at=now, lease=now,
+    )  # fmt: skip
+    targets = (dcache.BatchTarget(idx=i, url=url, options=options) for i, url in enumerate(urls))
+    job_id, created = dcache.submit_batch_job(job, targets, TTL)  # its errors: store_error
+    response, status = answer(202 if created else 200, {"id": job_id, "created": created})
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
+    return response, status
+
+
+def poll(job_id: str) -> Answer:
+    """The job and its targets' results. Reading touches the job: a polled job is never swept."""
+    who = caller()
+    job = dcache.batch_job(job_id)
+    if job is None or job.caller != who:  # the store never filters by caller: the API does
+        raise dcache.JobNotFound(job_id)
+    targets = dcache.batch_targets(job_id) or []
+    dcache.touch_batch_job(job_id)  # JobNotFound if swept since the read: 404 too
+    return answer(200, {
+        "id": job.id, "status": job.status, "error": job.error,
+        "done": job.targets_done, "total": job.targets_total,
+        "results": [
+            {"idx": t.idx, "url": t.url, "status": t.status, "result": t.result, "error": t.error}
+            for t in targets
+        ],
+    })  # fmt: skip
+
+
+def cancel(job_id: str) -> Answer:
+    """A queued or running job of this caller becomes cancelled, in one conditional UPDATE, so a runner
+    finishing the job at the same moment and this cancel cannot both win; a finished job is 409."""
+    who = caller()
+    cancelled = (
+        BatchJob.update(status=JobStatus.CANCELLED.value, error=f"cancelled by {who}")
+        .where((BatchJob.id == job_id) & (BatchJob.caller == who) & BatchJob.status.in_(LIVE))
+        .execute()
+    )
+    if cancelled:
+        return answer(200, {"id": job_id, "status": JobStatus.CANCELLED.value})
+    job = dcache.batch_job(job_id)
+    if job is None or job.caller != who:
+        raise dcache.JobNotFound(job_id)
+    return answer(
+        409, {"id": job_id, "status": job.status, "error": f"status: the job is {job.status} already"}
+    )
+
+
+def health() -> Answer:
+    """200 when the store answers a read (the live jobs' count), else 503 (StoreUnavailable)."""
+    return answer(200, {"live_jobs": dcache.live_batch_jobs_total()})
+
+
+def store_error(exc: dcache.BatchError) -> Answer:
+    """The store's errors as HTTP answers: bad input 400 naming the field, a missing job 404, a duplicate
+    id 409, a store that cannot be used now 503 (logged, with Retry-After); anything else is a bug, 500."""
+    if isinstance(exc, dcache.InvalidBatchInput):
+        return answer(400, {"field": exc.field, "error": str(exc)})
+    if isinstance(exc, (dcache.JobNotFound, dcache.TargetNotFound)):
+        return answer(404, {"error": "no such job"})
+    if isinstance(exc, dcache.DuplicateJob):
+        return answer(409, {"field": exc.field, "error": str(exc)})
+    if isinstance(exc, dcache.StoreUnavailable):
+        log.error("store unavailable: %s", exc, exc_info=exc)
+        response, status = answer(503, {"error": "the job store is unavailable; try again later"})
+        response.headers["Retry-After"] = "5"
+        return response, status
+    log.error("store error: %s", exc, exc_info=exc)
+    return answer(500, {"error": "internal error"})
+
+
+def http_error(exc: HTTPException) -> Answer:
+    """Flask's own answers (no such route, wrong method, 401) as JSON too."""
+    return answer(exc.code or 500, {"error": exc.description or exc.name})
