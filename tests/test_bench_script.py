@@ -54,6 +54,8 @@ PG_CASES = {
     *(f"pg/flat/{case}" for case in FLAT),
     "pg/raw/runner_step/package",
     "pg/raw/runner_step/psycopg",
+    # a batch of 100 targets: sift per target, sift in writes of 10, plain psycopg on the original schema
+    *(f"pg/peers/{side}" for side in ("sift", "sift_bulk10", "psycopg")),
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
     # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms
@@ -126,12 +128,13 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
     # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
-    # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux).
+    # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
+    # per target and in writes of 10 against plain psycopg, reported.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2
     assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (3 + ceiling if with_postgres() else 1)
+    assert [g["verdict"] for g in goals].count("INFO") == (5 + ceiling if with_postgres() else 1)
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
