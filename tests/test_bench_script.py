@@ -7,6 +7,7 @@ No timing is asserted: the figures are only checked to be there. The goals are j
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -49,11 +50,22 @@ CASES = {
     *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
     "claims/claim_batch_targets",
 }
+#: The SQLite peers group's cases, there when huey (the bench extra) is installed.
+PEERS_CASES = {f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")}
+
+
+def with_huey() -> bool:
+    """Whether the bench extra's huey is installed, so the SQLite peers group runs."""
+    return importlib.util.find_spec("huey") is not None
+
+
 #: The PostgreSQL part's cases.
 PG_CASES = {
     *(f"pg/flat/{case}" for case in FLAT),
     "pg/raw/runner_step/package",
     "pg/raw/runner_step/psycopg",
+    # a batch of 100 targets: sift per target, sift in writes of 10, plain psycopg on the original schema
+    *(f"pg/peers/{side}" for side in ("sift", "sift_bulk10", "psycopg")),
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
     # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms
@@ -88,7 +100,8 @@ def with_postgres() -> bool:
 def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     names = {case["name"] for case in report["cases"]}
-    assert names == CASES | (PG_CASES if with_postgres() else set())
+    peers = PEERS_CASES if with_huey() else set()
+    assert names == CASES | peers | (PG_CASES if with_postgres() else set())
     assert report["backends"] == (["sqlite", "postgresql"] if with_postgres() else ["sqlite"])
     for prefix in ("flat/", "pg/flat/") if with_postgres() else ("flat/",):
         flat = [c for c in report["cases"] if c["name"].startswith(prefix)]
@@ -123,15 +136,18 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # hold), claims from 4 processes no slower than from 1, 2 tail workloads x (queue p99, queue worst
     # call, throughput against the busy handler).
     sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6
+    # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
+    peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
     # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
-    # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux).
+    # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
+    # per target and in writes of 10 against plain psycopg, reported.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling
-    assert len(goals) == sqlite_goals + (pg_goals if with_postgres() else 0)
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2
+    assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (3 + ceiling if with_postgres() else 1)
+    assert [g["verdict"] for g in goals].count("INFO") == (5 + ceiling if with_postgres() else 1) + peers_info
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])

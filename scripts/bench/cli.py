@@ -23,7 +23,7 @@ from .cases.hooks import bench_hooks
 from .cases.locks import bench_locks
 from .cases.memory import bench_memory, rss_child
 from .cases.ops import bench_ops
-from .cases.peers import bench_peers
+from .cases.peers import bench_peers, pg_peers
 from .cases.plugin import bench_testing
 from .cases.raw import bench_raw, pg_raw
 from .cases.simulate import pg_simulate
@@ -53,6 +53,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "writers": pg_writers,
     "claims": pg_claims,
     "simulate": pg_simulate,
+    "peers": pg_peers,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

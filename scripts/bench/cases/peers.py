@@ -23,6 +23,7 @@ from sift.testing import make_job, make_targets
 
 from ..harness import Report, alternate, log
 from ..sizes import BUDGET, OPTIONS, RESULT_1K, T0, Sizes
+from ..stores import PgServer
 
 #: Results per update_batch_targets call on the bulk side.
 BULK = 10
@@ -126,3 +127,109 @@ def bench_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
                 GOALS.get((name, side)),
                 "x",
             )
+
+
+#: The original schema on PostgreSQL, as the plain psycopg side runs it: its two tables and two indexes.
+PG_ORIGINAL_DDL = (
+    "CREATE TABLE batch_job (id TEXT PRIMARY KEY, caller TEXT NOT NULL, caller_class TEXT NOT NULL, "
+    "idem_key TEXT NOT NULL, status TEXT NOT NULL, error TEXT NOT NULL DEFAULT '', "
+    "targets_total BIGINT NOT NULL, "
+    "targets_done BIGINT NOT NULL DEFAULT 0, created_at BIGINT NOT NULL, lease BIGINT NOT NULL, "
+    "nbytes BIGINT NOT NULL DEFAULT 0)",
+    "CREATE TABLE batch_target (job_id TEXT NOT NULL, idx BIGINT NOT NULL, url TEXT NOT NULL, "
+    "options JSON NOT NULL, "
+    "status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, PRIMARY KEY (job_id, idx))",
+    "CREATE INDEX batch_job_idem ON batch_job(caller, idem_key)",
+    "CREATE INDEX batch_job_lease ON batch_job(lease)",
+)
+
+
+class PsycopgBatch:
+    """The same batch as a careful engineer writes it with plain psycopg on the original schema: the job and
+    its targets in one transaction; per result one transaction that locks the job's row, reads the target,
+    updates it and the job (count, bytes, lease); the byte total kept in the program; one read of all
+    results."""
+
+    READ = "SELECT status, octet_length(result) FROM batch_target WHERE job_id = %s AND idx = %s"
+    SET_TARGET = "UPDATE batch_target SET status = %s, result = %s WHERE job_id = %s AND idx = %s"
+    SET_JOB = (
+        "UPDATE batch_job SET targets_done = targets_done + %s, nbytes = nbytes + %s, lease = %s "
+        "WHERE id = %s"
+    )
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        for statement in PG_ORIGINAL_DDL:
+            conn.execute(statement)
+        self.total = 0
+
+    def batch(self, job_id: str, targets: int) -> Callable[[], None]:
+        rows = [(job_id, i, f"https://example.com/{i}", OPTIONS) for i in range(targets)]
+        conn, now = self.conn, T0 + 1
+
+        def run() -> None:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, targets_total, "
+                    "created_at, lease) VALUES (%s, 'peers', 'fleet', '', 'queued', %s, %s, %s)",
+                    (job_id, targets, T0, T0),
+                )
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO batch_target (job_id, idx, url, options, status) "
+                        "VALUES (%s, %s, %s, %s, 'pending')",
+                        rows,
+                    )
+            size = len(RESULT_1K.encode())
+            for i in range(targets):
+                with conn.transaction():
+                    conn.execute("SELECT 1 FROM batch_job WHERE id = %s FOR UPDATE", (job_id,))
+                    row = conn.execute(self.READ, (job_id, i)).fetchone()
+                    counted = 0 if row[0] in ("done", "failed") else 1
+                    delta = size - (row[1] or 0)
+                    conn.execute(self.SET_TARGET, ("done", RESULT_1K, job_id, i))
+                    conn.execute(self.SET_JOB, (counted, delta, now, job_id))
+                self.total += delta
+                if self.total > BUDGET:
+                    raise AssertionError("the baseline does not evict")
+            got = conn.execute(
+                "SELECT result FROM batch_target WHERE job_id = %s ORDER BY idx", (job_id,)
+            ).fetchall()
+            if len(got) != targets or got[-1][0] != RESULT_1K:
+                raise AssertionError("psycopg: the batch's results are not all there")
+
+        return run
+
+
+def pg_peers(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """A batch on sift's PostgreSQL store (per-target writes, and bulk writes of 10) against plain psycopg
+    doing the same batch on the original schema, side by side. procrastinate is not measured here."""
+    log("pg peers: procrastinate is not measured (only plain psycopg)")
+    targets = sizes.submit_targets
+    sift_schema, plain_schema = server.new_schema("peers_sift"), server.new_schema("peers_plain")
+    dcache.open_db(server.target(sift_schema))
+    conn = server.connect(plain_schema)
+    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{plain_schema}"')
+    plain = PsycopgBatch(conn)
+    samples: dict[str, list[float]] = {"sift": [], f"sift_bulk{BULK}": [], "psycopg": []}
+    for rnd in range(sizes.raw_rounds + 1):  # round 0 warms up, untimed
+        sides = {
+            "sift": sift_batch(f"pg-{rnd}", targets, None),
+            f"sift_bulk{BULK}": sift_batch(f"pg-{rnd}-bulk", targets, BULK),
+            "psycopg": plain.batch(f"pg-{rnd}", targets),
+        }
+        for side in alternate(rnd, tuple(sides)):
+            t0 = time.perf_counter()
+            sides[side]()
+            if rnd:
+                samples[side].append((time.perf_counter() - t0) * 1e6 / targets)
+    conn.close()
+    dcache.close_db()
+    server.drop(sift_schema)
+    server.drop(plain_schema)
+    base = report.case("pg/peers/psycopg", targets, samples["psycopg"])
+    for side in ("sift", f"sift_bulk{BULK}"):
+        ratio = report.pair(report.case(f"pg/peers/{side}", targets, samples[side]), base)
+        report.goal(
+            f"PostgreSQL peers: a {targets}-target batch, {side}/psycopg (report only)", ratio, None, "x"
+        )

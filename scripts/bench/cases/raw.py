@@ -47,6 +47,8 @@ LAYOUTS: dict[str, list[object]] = {
         "idx",
         "final",
         1,
+        "runner",
+        "runner",
     ],
     "_SET_TARGET": ["status", "result", "error", "hint", "job_id", "idx"],
     "_INSERT_JOB": list(tables.JOB_COLUMNS),
@@ -88,7 +90,8 @@ class Baseline:
         conn.execute("BEGIN IMMEDIATE")
         try:
             cur = conn.execute(
-                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+                self.finish_sql,
+                (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None),
             )
             if cur.rowcount != 1:
                 raise LookupError(f"no target {job_id}/{idx}")
@@ -153,7 +156,10 @@ class CarefulRunner:
         conn.execute("ATTACH DATABASE ? AS source", (str(source),))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO batch_job SELECT * FROM source.batch_job ORDER BY rowid")
-        conn.execute("INSERT INTO batch_target SELECT * FROM source.batch_target ORDER BY job_id, idx")
+        conn.execute(  # the original columns only: the claims' columns are sift's
+            "INSERT INTO batch_target SELECT job_id, idx, url, options, status, result, error, hint"
+            " FROM source.batch_target ORDER BY job_id, idx"
+        )
         conn.execute("COMMIT")
         conn.execute("DETACH DATABASE source")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -353,7 +359,8 @@ class PgBaseline:
         with conn.transaction():
             conn.execute(self.lock_target_sql, (job_id, idx))
             cur = conn.execute(
-                self.finish_sql, (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1)
+                self.finish_sql,
+                (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None),
             )
             if cur.rowcount != 1:
                 raise LookupError(f"no target {job_id}/{idx}")

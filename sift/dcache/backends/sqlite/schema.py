@@ -20,6 +20,7 @@ __all__ = [
     "RECOMPUTE_TOTAL_SQL",
     "SCHEMA_NAMES",
     "SPEED_SCHEMA",
+    "OWN_INDEXES",
     "OWN_TRIGGERS",
     "TOTAL_NBYTES_SQL",
     "SqliteSchema",
@@ -61,6 +62,13 @@ OWN_TRIGGERS = {
     for statement in SPEED_SCHEMA
     if statement.startswith("CREATE TRIGGER") and (name := statement.split()[5])
 }
+#: The indexes sift adds, by name, as ``sqlite_master`` keeps their text: open_db makes again one whose
+#: stored text differs (an earlier version's definition).
+OWN_INDEXES = {
+    name: statement.replace(" IF NOT EXISTS", "", 1)
+    for statement in SPEED_SCHEMA
+    if statement.startswith("CREATE INDEX") and (name := statement.split()[5])
+}
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
 #: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
 READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
@@ -77,12 +85,15 @@ class SqliteSchema(SqliteBase):
         ``check_store(repair=True)`` (``sift check --repair``) to find and mend.
 
         The upgrade of an older file (the original service's, or an earlier sift's: the claims' columns, then
-        the new indexes, and ``user_version``) is the same one transaction."""
-        present = {row[0] for row in self.execute_sql("SELECT name FROM sqlite_master")}
+        the new indexes, and ``user_version``) is the same one transaction; an index of sift's whose stored
+        definition is an earlier version's is dropped and made again in it."""
+        present = dict(self.execute_sql("SELECT name, sql FROM sqlite_master").fetchall())
+        redefined = [name for name, text in OWN_INDEXES.items() if present.get(name, text) != text]
         self.use_claim_columns(True)
         if (
-            present >= SCHEMA_NAMES
-            and not present & RETIRED_NAMES
+            present.keys() >= SCHEMA_NAMES
+            and not redefined
+            and not present.keys() & RETIRED_NAMES
             and self.execute_sql("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
             and self.execute_sql(TOTAL_NBYTES_SQL).fetchone() is not None
         ):
@@ -92,6 +103,8 @@ class SqliteSchema(SqliteBase):
                 self.execute_sql(statement)
             for name in self.missing_claim_columns():
                 self.execute_sql(CLAIM_COLUMN_DDL[name])
+            for name in redefined:
+                self.execute_sql(f"DROP INDEX {name}")
             for statement in SPEED_SCHEMA + RETIRED_SCHEMA:
                 self.execute_sql(statement)
             self.execute_sql(RECOMPUTE_TOTAL_SQL)

@@ -19,10 +19,13 @@ CREATE INDEX IF NOT EXISTS batch_job_lease ON batch_job(lease);
 
 -- name: speed
 -- What the hot paths need to stay flat in history. The partial indexes hold only live jobs, or only jobs
--- that eviction may take.
+-- that eviction may take. A write that changes a job's lease, bytes or status tests its row against each
+-- partial index over those columns; SQLite tests an IN list of more than two values through a temporary
+-- table it builds on every such write (each result write), so the finished statuses are ORed. open_db
+-- makes again an index of this section whose stored definition differs (an earlier version's IN list).
 CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN ('queued', 'running');
 
-CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled');
+CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) WHERE nbytes > 0 AND (status = 'done' OR status = 'partial' OR status = 'failed' OR status = 'cancelled');
 
 -- name: claims
 -- claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
