@@ -70,6 +70,15 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "batch_targets": lambda _: dcache.batch_targets("job-1"),
     "check_store": lambda _: dcache.check_store(),
     "claim_batch_targets": lambda _: dcache.claim_batch_targets(2, now=2_000),
+    # each claims first, so that it has a claim of its own to renew, release or requeue
+    "renew_claims": lambda _: _claimed_then(lambda: dcache.renew_claims("renewer", now=2_001), "renewer"),
+    "release_claims": lambda _: _claimed_then(lambda: dcache.release_claims("releaser"), "releaser"),
+    "requeue_stale_claims": lambda _: _claimed_then(
+        lambda: dcache.requeue_stale_claims(0, now=2_001), "requeuer"
+    ),
+    "requeue_in_flight": lambda _: _claimed_then(lambda: dcache.requeue_in_flight(now=2_001), "restarted"),
+    "runner_name": lambda _: dcache.runner_name(),
+    "stale_claims": lambda _: dcache.stale_claims(0, now=2_000),
     "close_db": lambda _: dcache.close_db(),
     "create_batch_job": lambda _: dcache.create_batch_job(make_job(_new_id()), make_targets(3)),
     "evict_batch_oldest": lambda _: dcache.evict_batch_oldest(0),
@@ -95,9 +104,18 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "touch_batch_job": lambda _: dcache.touch_batch_job("job-1", now=2_000),
     "unix_now": lambda _: dcache.unix_now(),
     "update_batch_target": lambda _: dcache.update_batch_target("job-1", 1, "done", result=RESULT, now=2_000),
+    "update_batch_targets": lambda _: dcache.update_batch_targets(
+        "job-1", [{"idx": 1, "status": "done", "result": RESULT}], now=2_000
+    ),
     "vacuum_relations": lambda _: _refused(dcache.vacuum_relations, dcache.StoreUnavailable, "vacuum_rel"),
     "vacuum_store": lambda _: dcache.vacuum_store(),
 }
+
+
+def _claimed_then(call: Callable[[], object], runner: str) -> object:
+    """One target claimed by ``runner`` (if any is pending), then ``call``."""
+    dcache.claim_batch_targets(1, runner=runner, now=2_000)
+    return call()
 
 
 def public_functions() -> list[str]:

@@ -211,6 +211,8 @@ def test_show_reads_only_the_columns_it_prints_a_page_at_a_time(
                 "url": t.url,
                 "error": t.error,
                 "hint": t.hint,
+                "attempts": t.attempts,
+                "runner": t.runner,
                 "result_bytes": None if t.result is None else len(t.result.encode()),
             }
             for t in dcache.BatchTarget.select()
@@ -290,7 +292,7 @@ def test_show_lists_a_target_a_foreign_writer_stored_below_idx_0(target: str) ->
     finally:
         dcache.close_db()
     rows = ok(sift(target, "show", "j")).splitlines()[10:]
-    assert [row.split()[:3] for row in rows] == [
-        ["-1", "pending", "https://foreign/"],
-        ["0", "pending", "https://example.com/0"],
+    assert [row.split()[:4] for row in rows] == [  # idx, status, attempts, url (no runner: unclaimed)
+        ["-1", "pending", "0", "https://foreign/"],
+        ["0", "pending", "0", "https://example.com/0"],
     ]
