@@ -471,6 +471,60 @@ REFUSED: dict[str, tuple[Callable[[], Any], type[Exception], str, str]] = {
         "idx",
         "",
     ),
+    "BatchTarget.update(runner)": (
+        lambda: T.update(runner="forged").where(T.job_id == "j").execute(),
+        dcache.ModelWriteRefused,
+        "runner",
+        "claim_batch_targets",
+    ),
+    "BatchTarget.update(heartbeat)": (
+        lambda: T.update(heartbeat=NOW).execute(),
+        dcache.ModelWriteRefused,
+        "heartbeat",
+        "renew_claims",
+    ),
+    "BatchTarget.update(attempts)": (
+        lambda: T.update(attempts=T.attempts + 1).execute(),
+        dcache.ModelWriteRefused,
+        "attempts",
+        "requeue_stale_claims",
+    ),
+    "target.save() of its runner": (
+        save_changed(lambda: target("j", 1), runner="forged"),
+        dcache.ModelWriteRefused,
+        "runner",
+        "release_claims",
+    ),
+    "target.save() of its heartbeat and status": (
+        save_changed(lambda: target("j", 1), heartbeat=NOW, status="running"),
+        dcache.ModelWriteRefused,
+        "heartbeat",
+        "renew_claims",
+    ),
+    "target.save() of its attempts": (
+        save_changed(lambda: target("j", 1), attempts=0),
+        dcache.ModelWriteRefused,
+        "attempts",
+        "claim_batch_targets",
+    ),
+    "BatchTarget.insert of a claimed target": (
+        lambda: T.insert(**new_target(heartbeat=NOW)).execute(),
+        dcache.ModelWriteRefused,
+        "heartbeat",
+        "renew_claims",
+    ),
+    "BatchTarget.create with attempts": (
+        lambda: T.create(**new_target(attempts=2)),
+        dcache.ModelWriteRefused,
+        "attempts",
+        "claim_batch_targets",
+    ),
+    "BatchTarget.bulk_create with a runner": (
+        lambda: T.bulk_create([T(**new_target(runner="forged"))]),  # type: ignore[no-untyped-call]
+        dcache.ModelWriteRefused,
+        "runner",
+        "claim_batch_targets",
+    ),
     "target.save() of options not JSON": (
         save_changed(lambda: target("j", 1), options="{'a': 1}"),
         dcache.InvalidBatchInput,
