@@ -58,9 +58,10 @@ def restore_store(
     store itself, or a schema that could run code or make data on read (generated or hidden columns, a
     view, a trigger that is not the store's own), or a row the store's functions would not write (a NUL in
     any text, an unknown status or caller_class, options not JSON, a key longer than ``MAX_KEY_BYTES``, a
-    value of the wrong type, attempts that are not a non-negative int), or rows that break a rule ``check_store`` holds the store to (counts, byte
-    sizes, idx ranges, orphan targets, a result on a pending target), or one the open store cannot hold:
-    the open store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
+    value of the wrong type, attempts that are not a non-negative int), or rows that break a rule
+    ``check_store`` holds the store to (counts, byte sizes, idx ranges, orphan targets, a result on a
+    pending target, a runner's running target with no attempt), or one the open store cannot hold: the
+    open store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
     """
     if db.deferred:
         raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
