@@ -520,7 +520,7 @@ REFUSED: dict[str, tuple[Callable[[], Any], type[Exception], str, str]] = {
         "claim_batch_targets",
     ),
     "BatchTarget.bulk_create with a runner": (
-        lambda: T.bulk_create([T(**new_target(runner="forged"))]),  # type: ignore[no-untyped-call]
+        lambda: T.bulk_create([T(**new_target(runner="forged"))]),
         dcache.ModelWriteRefused,
         "runner",
         "claim_batch_targets",

@@ -29,7 +29,6 @@ class _Seen:
     writes: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)  # -> (host, t)
     submissions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     lost: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    claims_lost: set[tuple[int, str, int]] = field(default_factory=set)  # (host, job, idx) refused late
     requeued: int = 0  # targets the keepers put back to pending
     failed_stale: int = 0  # targets the keepers failed at their last attempt
     finished: set[str] = field(default_factory=set)  # jobs some host set a final status of
@@ -51,8 +50,6 @@ class _Seen:
                     seen.lost.append((host, r))
                 elif r["k"] == "finish":
                     seen.finished.add(r["job"])
-                elif r["k"] == "claim_lost":
-                    seen.claims_lost.add((host, r["job"], r["idx"]))
                 elif r["k"] == "requeue":
                     seen.requeued += r["n"]
                     seen.failed_stale += r["failed"]
@@ -94,18 +91,26 @@ def check_run(run: HostsRun, budget: int) -> list[Check]:
 def _claims_exact(seen: _Seen, targets: list[tuple[Any, ...]], killed: int | None) -> Check:
     """Each stored target's ``attempts`` is the number of claims the journals record of it (the killed
     host's last claim may be missing from its journal: one, at most); and every claim a later one
-    superseded was the killed host's (its claims went stale) or was refused its write (``ClaimLost``)."""
+    superseded (any but the one its stored write names, else its latest) was the killed host's: a live host
+    renews its claims, so none of them may go stale (one that did had its write refused, ``ClaimLost``, but
+    ``stale_after`` is then too short for the renewals)."""
     problems: list[str] = []
-    for job, idx, _, _, _, attempts in targets:
+    holders: dict[tuple[str, int], tuple[int, int]] = {}
+    for job, idx, _, result, error, attempts in targets:
         claims = seen.claims.get((job, idx), [])
         unnamed = attempts - len(claims)
         if not (unnamed == 0 or (unnamed == 1 and killed is not None)):
             problems.append(f"{job} target {idx} has {attempts} attempts, {len(claims)} claims journaled")
+        if (written_by := _writer_named(result, error)) in claims:
+            holders[(job, idx)] = written_by
     for (job, idx), claims in seen.claims.items():
-        for host, _ in claims[:-1]:
-            if host != killed and (host, job, idx) not in seen.claims_lost:
+        holder = holders.get((job, idx), claims[-1])
+        for host, number in claims:
+            if (host, number) != holder and host != killed:
                 held = [h for h, _ in claims]
-                problems.append(f"{job} target {idx} claimed by hosts {held} while host {host} held it")
+                problems.append(
+                    f"{job} target {idx} claimed by hosts {held}: host {host} lived, its claim went stale"
+                )
     total = sum(len(c) for c in seen.claims.values())
     again = sum(len(c) - 1 for c in seen.claims.values())
     detail = f"{total:,} claims journaled, {again} of a target claimed before"
@@ -134,10 +139,11 @@ def _claimed_by_writer(seen: _Seen, targets: list[tuple[Any, ...]], killed: int 
         if not claims:
             problems.append(f"{job} target {idx} is {status} but no host claimed it")
             continue
-        host, number = claims[-1]  # the claim that holds it: any earlier one went stale
+        written_by = _writer_named(result, error)
+        # The claim that holds it: the one its write names, else the latest (any other one went stale).
+        host, number = written_by if written_by in claims else claims[-1]
         if status == TargetStatus.RUNNING:
             continue
-        written_by = _writer_named(result, error)
         if written_by != (host, number) and not (number == -1 and written_by and written_by[0] == host):
             problems.append(
                 f"{job} target {idx} was claimed by host {host} (claim {number}), written by {written_by}"
