@@ -80,7 +80,9 @@ class Host:
         self.claim_numbers = itertools.count()
         self.numbers_lock = threading.Lock()
         self.empty_claims = 0  # calls that found nothing to claim (written in the end record)
-        self.name = f"{config.prefix}-host-{config.host}"  # the runner name of every claim this host makes
+        # Each runner thread's name, which its claims record: a late write of one thread's requeued claim
+        # must not pass as another's (their claims would share a name).
+        self.names = [f"{config.prefix}-host-{config.host}-{n}" for n in range(config.settings.workers)]
         self.go = threading.Event()  # the coordinator said go
         self.warmed = threading.Barrier(1)
 
@@ -100,7 +102,8 @@ class Host:
                 for n in range(API_THREADS)
             ]
             runners = [
-                self.thread(self.runner, seed + 50 + n, name=f"runner-{n}") for n in range(c.settings.workers)
+                self.thread(self.runner, seed + 50 + n, self.names[n], name=f"runner-{n}")
+                for n in range(c.settings.workers)
             ]
             host_threads = [*api, *runners, self.thread(self.keeper, name="keeper")]
             try:
@@ -196,11 +199,11 @@ class Host:
 
     # -- the runner side ---------------------------------------------------------------------------------
 
-    def runner(self, seed: int) -> None:
+    def runner(self, seed: int, name: str) -> None:
         rng = random.Random(seed)
         while not self.stop.is_set():
             started = time.perf_counter()
-            claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB, runner=self.name)
+            claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB, runner=name)
             latency = time.perf_counter() - started
             if not claimed:
                 with self.numbers_lock:
@@ -221,7 +224,7 @@ class Host:
                     self.fetch(rng, held)
                     results.append(self.outcome(rng, target, number))
                     held[job_id] -= 1
-                self.write_results(job_id, results)
+                self.write_results(job_id, results, name)
             if evicted := dcache.evict_batch_oldest(self.config.settings.budget):
                 self.journal.write(k="evict", n=evicted)
 
@@ -252,15 +255,15 @@ class Host:
         result = envelope(rng, self.text, target.url, host=self.config.host, claim=number)
         return {"idx": target.idx, "status": TargetStatus.DONE, "result": result}
 
-    def write_results(self, job_id: str, results: list[dict[str, Any]]) -> None:
-        """The job's arrived results in one call (``update_batch_targets``, as this host's runner); when a
+    def write_results(self, job_id: str, results: list[dict[str, Any]], name: str) -> None:
+        """The job's arrived results in one call (``update_batch_targets``, as runner ``name``); when a
         claim among them was lost, each target alone, and a lost claim's write is dropped, as the README's
         runner drops it: the target's new holder writes it."""
         try:
-            dcache.update_batch_targets(job_id, results, runner=self.name)
+            dcache.update_batch_targets(job_id, results, runner=name)
             written = results
         except ClaimLost:
-            written = [entry for entry in results if self.write_one(job_id, entry)]
+            written = [entry for entry in results if self.write_one(job_id, entry, name)]
         except (JobNotFound, TargetNotFound):
             self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
             return
@@ -272,13 +275,17 @@ class Host:
         if written:
             self.finish(job_id)
 
-    def write_one(self, job_id: str, entry: dict[str, Any]) -> bool:
-        """One target's write as this host's runner: False when its claim was lost (nothing written)."""
+    def write_one(self, job_id: str, entry: dict[str, Any], name: str) -> bool:
+        """One target's write as runner ``name``: False when its claim was lost, or its job deleted
+        (nothing written)."""
         fields = {name: entry[name] for name in ("result", "error", "hint") if name in entry}
         try:
-            dcache.update_batch_target(job_id, entry["idx"], entry["status"], runner=self.name, **fields)
+            dcache.update_batch_target(job_id, entry["idx"], entry["status"], runner=name, **fields)
         except ClaimLost:
             self.journal.write(k="claim_lost", job=job_id, idx=entry["idx"])
+            return False
+        except (JobNotFound, TargetNotFound):
+            self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
             return False
         return True
 
@@ -300,11 +307,13 @@ class Host:
         self.journal.write(k="finish", job=job_id, status=status.value)
 
     def keeper(self) -> None:
-        """On a timer, whether or not there is work: renew this host's claims, requeue any host's stale
-        claims (recording how many went back to pending and how many failed at their last attempt), and
-        finish a job whose every target is written but whose status is not (its last writer died first)."""
+        """On a timer, whether or not there is work: renew the claims of this host's runners, requeue any
+        host's stale claims (recording how many went back to pending and how many failed at their last
+        attempt), and finish a job whose every target is written but whose status is not (its last writer
+        died first)."""
         while not self.stop.wait(RENEW_EVERY_S):
-            dcache.renew_claims(self.name)
+            for name in self.names:
+                dcache.renew_claims(name)
             before = dcache.stats()  # this thread alone requeues in this process: the difference is its own
             if dcache.requeue_stale_claims(
                 self.config.stale_after, max_attempts=MAX_ATTEMPTS, reason=STALE_REASON
