@@ -22,7 +22,7 @@ from conftest import SUFFIX, drop_schema, postgres_target
 from sift import dcache
 from sift.cli.simulation.coordinator import HostsRun, assign, run_hosts
 from sift.cli.simulation.cores import busy_pct, cores_time
-from sift.cli.simulation.host import RESCUE_REASON, Host, HostConfig
+from sift.cli.simulation.host import MAX_ATTEMPTS, STALE_REASON, Host, HostConfig
 from sift.cli.simulation.hosts_verdicts import check_run
 from sift.cli.simulation.journal import read_journal
 from sift.cli.simulation.workload import Settings, plan
@@ -48,9 +48,8 @@ HOSTS = [
     "--fetch-ms",
     "10",
 ]
-#: The budget keeps about a third of the jobs (the rest are evicted): eviction goes oldest lease first, and a
-#: rescue gives the jobs it fails a new lease, so a budget of a few jobs could keep only failed ones, and the
-#: tampering tests need finished jobs that are still findable.
+#: The budget keeps about a third of the jobs (the rest are evicted, oldest lease first): the tampering tests
+#: need finished jobs that are still findable.
 SETTINGS = Settings(jobs=80, targets=8, workers=2, budget=320 * 1024, seed=4)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
@@ -78,14 +77,16 @@ def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 def store_rows(target: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Jobs (id, status, error, targets_done, targets_total, nbytes) and targets (job_id, status, result),
-    read with the package's own connection closed and a plain query."""
+    """Jobs (id, status, error, targets_done, targets_total, nbytes) and targets (job_id, status, result,
+    error, runner, attempts), read with the package's own connection closed and a plain query."""
     dcache.open_db(target)
     try:
         jobs = dcache.db.execute_sql(
             "SELECT id, status, error, targets_done, targets_total, nbytes FROM batch_job"
         ).fetchall()
-        targets = dcache.db.execute_sql("SELECT job_id, status, result FROM batch_target").fetchall()
+        targets = dcache.db.execute_sql(
+            "SELECT job_id, status, result, error, runner, attempts FROM batch_target"
+        ).fetchall()
     finally:
         dcache.close_db()
     return jobs, targets
@@ -105,21 +106,26 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     ]
     kill = summary["kill"]
     assert kill["host"] == 2 and kill["held_targets"] >= 1
-    assert summary["total"]["rescued"] >= 1 and hosts[2]["rescued"] == 0  # only survivors rescue
+    # The killed host's claims were requeued, by the survivors' keepers only, and none failed: each target
+    # it held had attempts left. No live host's write was refused.
+    assert summary["total"]["requeued"] >= 1 and hosts[2]["requeued"] == 0
+    assert summary["total"]["failed_stale"] == 0 and summary["total"]["claims_lost"] == 0
     assert summary["total"]["targets_written"] == sum(h["targets_written"] for h in hosts)
     assert 0 < summary["cores_busy_pct"] <= 100  # the hosts ran: some core was busy
-    # Independently of the check: every job ended; the counts follow the target rows; each job with a
-    # target left running (the killed host's) was rescued, and so was any other rescued job still stored
-    # only with every target written (its last writer, the killed host, died before it set the status).
+    # Independently of the check: every job ended, each target written by a runner (none failed stale),
+    # claimed once or, when the killed host's claim of it was requeued, twice (by the counts the keepers
+    # recorded at most), its last claim a survivor's or the killed host's own; the counts follow the rows.
     jobs, targets = store_rows(store_target)
-    running = {job for job, status, _ in targets if status == "running"}
-    rescued = {job for job, status, error, *_ in jobs if error == RESCUE_REASON}
     assert {status for _, status, *_ in jobs} <= {"done", "partial", "failed"}
-    assert running <= rescued and len(rescued) <= summary["total"]["rescued"]
-    assert all(done == total for job, _, _, done, total, _ in jobs if job in rescued - running)
+    assert {status for _, status, *_ in targets} <= {"done", "failed"}
+    assert not [t for t in targets if t[3] == STALE_REASON]
+    assert {attempts for *_, attempts in targets} <= {1, 2} and MAX_ATTEMPTS > 2
+    assert sum(attempts - 1 for *_, attempts in targets) <= summary["total"]["requeued"]
+    prefix = f"{journal_prefix(Path(summary['journals']))}-host-"
+    assert {runner for *_, runner, _ in targets} <= {f"{prefix}{h}-{n}" for h in (0, 1, 2) for n in (0, 1)}
     finished: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for job, status, result in targets:
+    for job, status, result, *_ in targets:
         finished[job] = finished.get(job, 0) + (status in ("done", "failed"))
         sizes[job] = sizes.get(job, 0) + (0 if result is None else len(result.encode("utf-8")))
     assert [(j[3], j[5]) for j in jobs] == [(finished.get(j[0], 0), sizes.get(j[0], 0)) for j in jobs]
@@ -128,6 +134,12 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     journals = Path(summary["journals"])
     assert read_journal(journals / "host-0.jsonl")[-1]["k"] == "end"
     assert read_journal(journals / "host-2.jsonl")[-1]["k"] != "end"
+
+
+def journal_prefix(journals: Path) -> str:
+    """The run's prefix, from the first job a host's journal records."""
+    first = next(r for r in read_journal(journals / "host-0.jsonl") if r["k"] == "sub")
+    return str(first["id"]).rpartition("-")[0]
 
 
 def test_cores_busy_is_the_share_of_cpu_time_not_idle(
@@ -197,10 +209,28 @@ def a_record(run: HostsRun, kind: str, host: int = 0, **match: Any) -> dict[str,
     )
 
 
+CLAIMS_CHECK = "no target held by two runners at once; each attempt claimed once"
+REQUEUES_CHECK = "every job finished, none failed by a requeue, and every requeue recorded"
+
+
 def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
+    """Host 1 claimed a target just before host 0 did, though host 1 lived: the two held it at once."""
     claim = a_record(checked, "claim")
-    checked.journals[1].append({**claim, "c": 10_000})
-    assert failing(checked) == ["every target claimed at most once"]
+    checked.journals[1].append({**claim, "c": 10_000, "t": claim["t"] - 0.001})
+    assert failing(checked) == [CLAIMS_CHECK]
+
+
+def test_attempts_the_journals_do_not_match_fail_the_check(checked: HostsRun) -> None:
+    """A written target whose stored attempts (0) fall short of the claims its claimer journaled."""
+    sql = "UPDATE batch_target SET attempts = ? WHERE job_id = ? AND idx = ?"
+    job, idx, attempts = dcache.db.execute_sql(
+        "SELECT job_id, idx, attempts FROM batch_target WHERE status = 'done' LIMIT 1"
+    ).fetchone()
+    dcache.db.execute_sql(sql, (0, job, idx))
+    try:
+        assert failing(checked) == [CLAIMS_CHECK]
+    finally:
+        dcache.db.execute_sql(sql, (attempts, job, idx))
 
 
 def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(checked: HostsRun) -> None:
@@ -212,7 +242,7 @@ def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(check
     dcache.db.execute_sql(sql, ('"host": 0,', '"host": 1,', job, idx))
     try:
         assert failing(checked) == [
-            "every target out of pending was claimed, and written once by its claimer"
+            "every target out of pending was claimed, and written once by its last claimer"
         ]
     finally:
         dcache.db.execute_sql(sql, ('"host": 1,', '"host": 0,', job, idx))
@@ -231,29 +261,48 @@ def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
         dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes - 1 WHERE id = ?", (job,))
 
 
-def test_a_live_hosts_job_failed_by_the_rescue_fails_the_check(checked: HostsRun) -> None:
-    """A finished job whose every target a surviving host claimed, failed with the rescue's reason."""
-    assert checked.kill is not None
-    by_killed = {
-        job
-        for job, _ in (
-            tuple(g) for r in checked.journals[checked.kill.host] if r["k"] == "claim" for g in r["got"]
-        )
-    }
-    done = dcache.db.execute_sql("SELECT id, status, error FROM batch_job WHERE status = 'done'").fetchall()
-    job, status, error = next(row for row in done if row[0] not in by_killed)
-    dcache.db.execute_sql(
-        "UPDATE batch_job SET status = 'failed', error = ? WHERE id = ?", (RESCUE_REASON, job)
-    )
+def test_a_target_failed_stale_with_attempts_left_fails_the_check(checked: HostsRun) -> None:
+    """A failed target given the requeue's reason: no runner wrote that, and MAX_ATTEMPTS allowed more."""
+    job, idx, error = dcache.db.execute_sql(
+        "SELECT job_id, idx, error FROM batch_target WHERE status = 'failed' LIMIT 1"
+    ).fetchone()
+    sql = "UPDATE batch_target SET error = ? WHERE job_id = ? AND idx = ?"
+    dcache.db.execute_sql(sql, (STALE_REASON, job, idx))
     try:
-        assert failing(checked) == ["no job of a live host failed by the rescue"]
+        assert failing(checked) == [
+            "every target out of pending was claimed, and written once by its last claimer",
+            REQUEUES_CHECK,
+        ]
     finally:
-        dcache.db.execute_sql("UPDATE batch_job SET status = ?, error = ? WHERE id = ?", (status, error, job))
+        dcache.db.execute_sql(sql, (error, job, idx))
+
+
+def test_requeues_the_keepers_did_not_record_fail_the_check(checked: HostsRun) -> None:
+    """A stored target claimed by the killed host before its journaled claim (so claimed twice, once
+    requeued), while no keeper's journal records a requeue."""
+    assert checked.kill is not None
+    job, idx = dcache.db.execute_sql("SELECT job_id, idx FROM batch_target LIMIT 1").fetchone()
+    first = min(
+        r["t"]
+        for records in checked.journals.values()
+        for r in records
+        if r["k"] == "claim" and [job, idx] in r["got"]
+    )
+    extra = {"k": "claim", "c": 10_000, "t": first - 0.001, "lat": 0.0, "got": [[job, idx]]}
+    checked.journals[checked.kill.host].append(extra)
+    for records in checked.journals.values():
+        records[:] = [r for r in records if r["k"] != "requeue"]
+    sql = "UPDATE batch_target SET attempts = attempts + ? WHERE job_id = ? AND idx = ?"
+    dcache.db.execute_sql(sql, (1, job, idx))
+    try:
+        assert failing(checked) == [REQUEUES_CHECK]
+    finally:
+        dcache.db.execute_sql(sql, (-1, job, idx))
 
 
 def test_a_job_lost_by_a_live_host_fails_the_check(checked: HostsRun) -> None:
-    checked.journals[0].append({"k": "lost", "job": "x", "why": "rescued while this host held a claim"})
-    assert failing(checked) == ["no job of a live host failed by the rescue"]
+    checked.journals[0].append({"k": "lost", "job": "x", "why": "deleted while this host held a claim"})
+    assert failing(checked) == [REQUEUES_CHECK]
 
 
 def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) -> None:
@@ -281,15 +330,15 @@ def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
 
 
 def test_a_stale_after_too_short_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """With stale_after 0 every live job is stale at once: the rescue fails jobs that live hosts hold,
-    and the check says so (no host is killed here, so any rescue is wrong)."""
+    """With stale_after 0 every claim is stale at once: the keepers requeue claims that live hosts hold
+    (their late writes are refused, ClaimLost), and the check says so (no host is killed here)."""
     argv = ["--hosts", "2", "--no-kill", "--jobs", "400", "--targets", "10", "--stale-after", "0s"]
     code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", "--json", *argv)
     summary = json.loads(out)
     assert code == 1 and summary["ok"] is False and summary["kill"] is None
-    assert summary["total"]["rescued"] > 0
+    assert summary["total"]["requeued"] > 0
     failed = [check["name"] for check in summary["invariants"] if not check["ok"]]
-    assert failed == ["no job of a live host failed by the rescue"]
+    assert failed[0] == CLAIMS_CHECK and set(failed) <= {CLAIMS_CHECK, REQUEUES_CHECK}
 
 
 def test_hosts_need_a_store_processes_can_share(capsys: pytest.CaptureFixture[str]) -> None:
@@ -308,7 +357,7 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         "store",
         "journals",
         "killed",
-        "rescued",
+        "requeued",
         "submissions",
         "longest",
         "eviction",
@@ -320,7 +369,16 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         rf"  cores busy +[0-9.]+% of this machine's {os.cpu_count()} cores during the run .*", lines[10]
     )
     header = lines[12].split()
-    assert header[:8] == ["host", "state", "seconds", "targets", "targets/s", "claims", "claims/s", "rescued"]
+    assert header[:8] == [
+        "host",
+        "state",
+        "seconds",
+        "targets",
+        "targets/s",
+        "claims",
+        "claims/s",
+        "requeued",
+    ]
     assert [line.split()[:2] for line in lines[13:15]] == [["0", "finished"], ["1", "finished"]]
     assert lines[15].split()[0] == "total"
     assert lines[-1] == "All invariants hold."
@@ -346,12 +404,6 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
         (["--stale-after", "5s"], 1, "sift: --stale-after: only with --hosts\n"),  # the default, given
         (["--no-kill"], 1, "sift: --no-kill: only with --hosts\n"),
         (["--stale-after", "soon"], 1, "sift: --stale-after: 'soon' is not a duration"),  # parsed first
-        (
-            ["--hosts", "2", "--fetch-ms", "4000"],
-            1,
-            "sift: --fetch-ms: fetches of 4000 ms (up to 6000 ms) outlast --stale-after 5s: the hosts would "
-            "rescue jobs they are still fetching; give a shorter --fetch-ms or a longer --stale-after\n",
-        ),
         (["--hosts", "2", "--fetch-ms", "-1"], 2, "argument --fetch-ms: must be a whole number from 0"),
         (["--hosts", "2", "--fetch-ms", "0.5"], 2, "argument --fetch-ms: must be a whole number from 0"),
     ],
@@ -359,9 +411,9 @@ def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFix
 def test_host_options_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
 ) -> None:
-    """Without --hosts no host fetches, is killed or is rescued, so --fetch-ms, --no-kill and --stale-after
-    would change nothing: refused, even at their defaults, as are fetches that outlast --stale-after and
-    values that are not whole milliseconds; no store is made either way."""
+    """Without --hosts no host fetches, is killed or is requeued, so --fetch-ms, --no-kill and --stale-after
+    would change nothing: refused, even at their defaults, as are values that are not whole milliseconds;
+    no store is made either way."""
     got, out, err = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
     assert (got, out) == (code, "")
     assert message in err

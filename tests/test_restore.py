@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import make_job, make_targets, snapshot
+from test_upgrade import original_file
 
 from sift import dcache
 from sift.dcache import restore, tables
@@ -79,6 +80,32 @@ BAD_ROWS = [
     ("target-result", f"UPDATE batch_target SET result = 'r' || {NUL} {TARGET}", "batch_target", "result"),
     ("target-error", f"UPDATE batch_target SET error = 'e' || {NUL} {TARGET}", "batch_target", "error"),
     ("target-hint", f"UPDATE batch_target SET hint = 'h' || {NUL} {TARGET}", "batch_target", "hint"),
+    ("target-runner", f"UPDATE batch_target SET runner = 'r' || {NUL} {TARGET}", "batch_target", "runner"),
+    ("target-runner-blob", f"UPDATE batch_target SET runner = x'7231' {TARGET}", "batch_target", "runner"),
+    (
+        "target-heartbeat-real",
+        f"UPDATE batch_target SET heartbeat = 1.5 {TARGET}",
+        "batch_target",
+        "heartbeat",
+    ),
+    (
+        "target-heartbeat-text",
+        f"UPDATE batch_target SET heartbeat = 'now' {TARGET}",
+        "batch_target",
+        "heartbeat",
+    ),
+    (
+        "target-attempts-below-0",
+        f"UPDATE batch_target SET attempts = -1 {TARGET}",
+        "batch_target",
+        "attempts",
+    ),
+    (
+        "target-attempts-text",
+        f"UPDATE batch_target SET attempts = 'one' {TARGET}",
+        "batch_target",
+        "attempts",
+    ),
 ]
 
 
@@ -119,3 +146,65 @@ def test_what_the_rules_allow_is_restored_on_either_destination(dest: str, tmp_p
     assert dcache.db.execute_sql(query).fetchall() == expected
     assert expected[0][3] == '{"a":"\\u0000"}'
     assert dcache.check_store().ok
+
+
+TARGET_ROWS = (
+    f"SELECT {tables.TARGET_COLUMN_LIST}, runner, heartbeat, attempts FROM batch_target ORDER BY job_id, idx"
+)
+
+
+def claimed_source(path: Path) -> Path:
+    """The three jobs, job-1's targets claimed: 0 and 1 by ``r1`` at 50 (1 then requeued by a stale claim, so
+    pending on its first attempt), 2 by ``r2`` at 60, renewed at 70; job-3's untouched."""
+    source_store(path)
+    dcache.open_db(path)
+    assert len(dcache.claim_batch_targets(2, per_job=2, runner="r1", now=50)) == 2
+    dcache.update_batch_target("job-1", 0, "done", result="ok", runner="r1", now=55)
+    assert dcache.requeue_stale_claims(10, now=65) == 1
+    claimed = dcache.claim_batch_targets(1, per_job=1, runner="r2", now=60)
+    assert [(t.job_id, t.idx) for t in claimed] == [("job-1", 1)]
+    assert dcache.renew_claims("r2", now=70) == 1
+    dcache.close_db()
+    return path
+
+
+def test_claims_are_restored_as_stored_on_either_destination(dest: str, tmp_path: Path) -> None:
+    source = claimed_source(tmp_path / "source.db")
+    with closing(sqlite3.connect(source)) as conn:
+        expected = conn.execute(TARGET_ROWS).fetchall()
+    assert {row[8:] for row in expected} >= {("r1", 50, 1), ("r2", 70, 2), (None, None, 0)}
+    dcache.open_db(dest)
+    dcache.restore_store(source)
+    assert dcache.db.execute_sql(TARGET_ROWS).fetchall() == expected
+    assert dcache.check_store().ok
+    assert dcache.renew_claims("r2", now=80) == 1  # the restored claim is still r2's
+
+
+def test_a_source_the_original_service_wrote_restores_unclaimed(dest: str, tmp_path: Path) -> None:
+    source = original_file(tmp_path / "original.db")
+    dcache.open_db(dest)
+    report = dcache.restore_store(source)
+    assert (report.jobs, report.targets) == (1, 3)
+    rows = dcache.db.execute_sql(
+        "SELECT idx, status, runner, heartbeat, attempts FROM batch_target ORDER BY idx"
+    )
+    assert rows.fetchall() == [
+        (0, "done", None, None, 0),
+        (1, "running", None, None, 0),
+        (2, "pending", None, None, 0),
+    ]
+    assert dcache.check_store().ok
+
+
+def test_a_running_claim_with_no_attempt_is_refused_by_the_integrity_rules(dest: str, tmp_path: Path) -> None:
+    source = claimed_source(tmp_path / "source.db")
+    with closing(sqlite3.connect(source)) as conn:
+        conn.execute("UPDATE batch_target SET attempts = 0 WHERE runner = 'r2'")
+        conn.commit()
+    dcache.open_db(dest)
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        dcache.restore_store(source)
+    assert info.value.field == "source"
+    assert "target_attempts" in info.value.problem
+    assert snapshot() == before

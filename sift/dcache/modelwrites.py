@@ -30,6 +30,18 @@ __all__ = ["ModelRules"]
 
 #: A target's fields that move its job's counts: written only as ``update_batch_target`` writes them.
 TARGET_RUN_FIELDS = ("status", "result", "error", "hint")
+#: A target's claim fields: written only by the claim functions (a hand-written runner would forge a claim,
+#: and ``attempts`` counts claims), so a model write may not set them.
+TARGET_CLAIM_FIELDS = {
+    "runner": "is the claim's runner; claim_batch_targets(limit, runner=...) claims a target and "
+    "release_claims(runner) gives it back",
+    "heartbeat": "is the claim's heartbeat; renew_claims(runner) renews it and "
+    "requeue_stale_claims(stale_after) requeues a stale claim",
+    "attempts": "counts the target's claims; claim_batch_targets(...) counts one more and "
+    "requeue_stale_claims(stale_after, max_attempts=...) fails a target past its last attempt",
+}
+#: The values a new target's claim fields take (the tables' defaults): no other value may be inserted.
+TARGET_CLAIM_DEFAULTS = {"runner": None, "heartbeat": None, "attempts": 0}
 #: Job fields no write through the model may set: the key, the job's shape, and what follows its targets.
 JOB_FIXED = {
     "id": "is the job's key; create_batch_job(...) a new job instead",
@@ -63,6 +75,8 @@ class ModelRules:
             return save(force_insert, only)
         dirty: set[str] = instance.__dict__["_dirty"]
         names = {f if isinstance(f, str) else f.name for f in only} if only is not None else set(dirty)
+        for name in sorted(names & TARGET_CLAIM_FIELDS.keys()):
+            refuse(name, f"{TARGET_CLAIM_FIELDS[name]} (target.save() may not set it)")
         run_fields = [name for name in TARGET_RUN_FIELDS if name in names]
         if not run_fields:
             return save(False, only)
@@ -77,7 +91,8 @@ class ModelRules:
     def insert(self, query: Any, run: RunQuery) -> Any:
         """Rows are created as ``create_batch_job`` (a job, no targets) and ``put_batch_targets`` (pending
         targets) create them, all in one transaction; ``replace``, ``on_conflict`` and ``insert_from`` are
-        refused. Returns the key of a single row, or the keys of every row (as PostgreSQL's RETURNING)."""
+        refused, and so is a target whose claim fields are not a new target's (no runner, no heartbeat, no
+        attempt). Returns the key of a single row, or the keys of every row (as PostgreSQL's RETURNING)."""
         model = query.model
         if query._on_conflict is not None:
             refuse(
@@ -88,7 +103,13 @@ class ModelRules:
             refuse("query", f"{model.__name__}.insert_from() is not checked row by row; {_add(model)}")
         single = isinstance(query._insert, dict)
         rows = [query._insert] if single else query._insert
-        instances = [model(**named) for named in _named_rows(model, rows, query._columns)]
+        named_rows = _named_rows(model, rows, query._columns)
+        if model is BatchTarget:
+            for named in named_rows:
+                for name, default in TARGET_CLAIM_DEFAULTS.items():
+                    if named.get(name, default) != default:
+                        refuse(name, f"{TARGET_CLAIM_FIELDS[name]} (a new target is unclaimed)")
+        instances = [model(**named) for named in named_rows]
         with db.write():
             if model is BatchJob:
                 for job in instances:
@@ -105,7 +126,8 @@ class ModelRules:
 
     def update(self, query: Any, run: RunQuery) -> Any:
         """A job's status and error move its lease to now (unless the update sets the lease); its key,
-        shape and counts are refused. A target's key and run fields are refused: they move the counts."""
+        shape and counts are refused. A target's key and run fields are refused (they move the counts),
+        and so are its claim fields (``runner``, ``heartbeat``, ``attempts``: the claim functions')."""
         names = {field.name: value for field, value in query._update.items()}
         if query.model is BatchJob:
             for name, problem in JOB_FIXED.items():
@@ -119,6 +141,9 @@ class ModelRules:
             for name in ("job", "idx", *TARGET_RUN_FIELDS):
                 if name in names:
                     refuse(name, _target_problem(name))
+            for name, problem in TARGET_CLAIM_FIELDS.items():
+                if name in names:
+                    refuse(name, f"{problem} (BatchTarget.update/save may not set it)")
             _check_target_values(names)
         return run(query)
 

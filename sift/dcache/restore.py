@@ -31,7 +31,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .reports import RestoreReport
-from .tables import JOB_COLUMN_LIST, JOB_COLUMNS, TARGET_COLUMN_LIST, TARGET_COLUMNS
+from .tables import CLAIM_COLUMNS, JOB_COLUMNS, TARGET_COLUMNS
 
 __all__ = ["BYTES_PER_STEP", "ROWS_PER_STEP", "restore_store"]
 
@@ -50,15 +50,18 @@ def restore_store(
 ) -> RestoreReport:
     """Copy every job and target of the SQLite store file at ``source`` into the open store (either
     backend), which must hold no job and no target: jobs in their insertion order (newest-wins ties keep
-    their winner), ``options`` as stored, all in one transaction. ``progress(done, total)`` counts rows.
+    their winner), ``options`` as stored, each target's claim (``runner``, ``heartbeat``, ``attempts``) as
+    stored, or unclaimed (no runner, no heartbeat, no attempt) from a file an older sift or the original
+    service wrote, all in one transaction. ``progress(done, total)`` counts rows.
 
     Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
     store itself, or a schema that could run code or make data on read (generated or hidden columns, a
     view, a trigger that is not the store's own), or a row the store's functions would not write (a NUL in
     any text, an unknown status or caller_class, options not JSON, a key longer than ``MAX_KEY_BYTES``, a
-    value of the wrong type), or rows that break a rule ``check_store`` holds the store to (counts, byte
-    sizes, idx ranges, orphan targets, a result on a pending target), or one the open store cannot hold:
-    the open store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
+    value of the wrong type, attempts that are not a non-negative int), or rows that break a rule
+    ``check_store`` holds the store to (counts, byte sizes, idx ranges, orphan targets, a result on a
+    pending target, a runner's running target with no attempt), or one the open store cannot hold: the
+    open store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
     """
     if db.deferred:
         raise StoreNotOpen("no database is open: call sift.dcache.open_db(target) first")
@@ -135,16 +138,19 @@ def _copy(
     """Copy both tables, each row checked column by column, inside the caller's transaction."""
     mark = db.backend.param
     done = 0
-    for table, columns, order, rules in (
-        ("batch_job", JOB_COLUMN_LIST, "_rowid_", _JOB_RULES),
-        ("batch_target", TARGET_COLUMN_LIST, "job_id, idx", _TARGET_RULES),
+    claims = _claim_columns(src)
+    target_rules = _TARGET_RULES + tuple(_CLAIM_RULES[name] for name in claims)
+    for table, names, order, rules in (
+        ("batch_job", JOB_COLUMNS, "_rowid_", _JOB_RULES),
+        ("batch_target", TARGET_COLUMNS + claims, "job_id, idx", target_rules),
     ):
-        marks = ", ".join([mark] * (columns.count(",") + 1))
+        columns = ", ".join(names)
+        marks = ", ".join([mark] * len(names))
         insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
         # json_valid, last, is SQLite's verdict on options: the rule that lets a row move back.
         extra = ", json_valid(options)" if table == "batch_target" else ""
         for rows in _batches(src, f"SELECT {columns}{extra} FROM {table} ORDER BY {order}", path):
-            _check_rows(table, rules, rows, path)
+            _check_rows(table, names, rules, rows, path)
             try:
                 db.executemany(insert, [row[:-1] for row in rows] if extra else rows)
             except (BatchError, peewee.DatabaseError) as exc:
@@ -156,6 +162,13 @@ def _copy(
             done += len(rows)
             if progress is not None:
                 progress(done, total)
+
+
+def _claim_columns(src: sqlite3.Connection) -> tuple[str, ...]:
+    """The claim columns the source's targets have, in the store's order: none in a file that an older sift
+    or the original service wrote (its targets then take the defaults: unclaimed)."""
+    present = {row[1] for row in src.execute("PRAGMA table_info(batch_target)")}
+    return tuple(name for name in CLAIM_COLUMNS if name in present)
 
 
 def _refuse_violations(path: str) -> None:
@@ -189,6 +202,11 @@ def _batches(src: sqlite3.Connection, sql: str, path: str) -> Iterator[list[Any]
 def _integer(field: str, value: Any) -> None:
     if type(value) is not int:
         validation.invalid(field, f"must be an integer, got {type(value).__name__}")
+
+
+def _optional_integer(field: str, value: Any) -> None:
+    if value is not None:
+        _integer(field, value)
 
 
 def _json(field: str, value: str, valid: Any) -> None:
@@ -244,14 +262,24 @@ _TARGET_RULES: tuple[Callable[[str, Any], object], ...] = (
     _target_status,
     *(validation.optional_text,) * 3,  # result, error, hint
 )
+#: A claim column's rule, for a source that has it; the rule between a claim's columns (a runner's running
+#: target has an attempt) is the integrity check's ``target_attempts``.
+_CLAIM_RULES: dict[str, Callable[[str, Any], object]] = {
+    "runner": validation.optional_text,
+    "heartbeat": _optional_integer,
+    "attempts": validation.count,
+}
 
 
 def _check_rows(
-    table: str, rules: tuple[Callable[[str, Any], object], ...], rows: list[Any], path: str
+    table: str,
+    names: tuple[str, ...],
+    rules: tuple[Callable[[str, Any], object], ...],
+    rows: list[Any],
+    path: str,
 ) -> None:
     """Refuse the first row a rule refuses: ``InvalidBatchInput`` (field ``source``) naming the table, the
     row and the column."""
-    names = JOB_COLUMNS if table == "batch_job" else TARGET_COLUMNS
     for row in rows:
         try:
             for name, rule, value in zip(names, rules, row, strict=False):  # targets: json_valid last

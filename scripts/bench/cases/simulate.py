@@ -23,7 +23,7 @@ SIM_HOSTS = (1, 4)
 
 def pg_simulate(server: PgServer, sizes: Sizes, report: Report) -> None:
     """End to end: ``sift simulate --hosts 1`` and ``--hosts 4`` (``--no-kill``: no host is SIGKILLed, so
-    both sides do the same work; ``--stale-after 10m``: nor is a job rescued because a busy machine delayed
+    both sides do the same work; ``--stale-after 10m``: nor is a claim requeued because a busy machine delayed
     it), each run on a new schema of its own, the sides alternating, for each of SIM_FETCH_MS. The figure is
     the run's own total targets/s (targets written by the runners over the run's time, from its JSON); a run
     whose end check fails stops the bench."""

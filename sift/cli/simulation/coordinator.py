@@ -6,22 +6,26 @@ Each host process opens the store itself (one SQLite file for all, or one Postgr
   of an idempotency key goes to another host than its original, as a client's retry through a load
   balancer may. Each thread keeps at most ``IN_FLIGHT`` of its jobs unfinished, polling them with
   ``batch_job`` (and ``batch_targets`` once one finished) before it submits more.
-- runner threads (``--workers``): ``claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB)``, then for each
-  target a fetch (it waits ``--fetch-ms`` on average, as a real fetch waits on the network with the GIL
-  released; one in ``SLOW_EVERY`` is slow besides, and touches the lease of every job the runner holds a
-  claim of while it waits), ``update_batch_target`` with the result, ``set_batch_job_status`` once the
-  job's ``targets_done`` reaches ``targets_total``, and ``evict_batch_oldest(budget)`` after each claim.
-- a rescuer thread: ``rescue_stale_jobs(stale_after, RESCUE_REASON)`` every ``RESCUE_EVERY_S``.
+- runner threads (``--workers``): ``claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB, runner=...)`` (each
+  thread its own runner name), then for each target a fetch (it waits ``--fetch-ms`` on average, as a real
+  fetch waits on the network with the GIL released; one in ``SLOW_EVERY`` is slow besides, and touches the
+  lease of every job the runner holds a claim of while it waits), then each job's arrived results in one
+  ``update_batch_targets(job_id, results, runner=...)`` (a lost claim's write is dropped), then
+  ``set_batch_job_status`` once the job's ``targets_done`` reaches ``targets_total``, and
+  ``evict_batch_oldest(budget)`` after each claim.
+- a keeper thread, every ``RENEW_EVERY_S`` whether or not there is work: ``renew_claims`` of each of the
+  host's runners, ``requeue_stale_claims(stale_after, max_attempts=MAX_ATTEMPTS)``, and the final status of
+  a job whose every target is written (its last writer may have died before it set it).
 
 The store's functions run on the real clock, so ``stale_after`` is real seconds. Part-way through (a third
 of the planned targets written, and the victim holding claimed targets it has not written yet) the coordinator
-SIGKILLs the last host. The others rescue its jobs once their leases are ``stale_after`` old, and claim the
-jobs it had submitted but nobody had started. The run ends when every survivor has sent its submissions
-and seen them finish, and no job is queued or running.
+SIGKILLs the last host. The others requeue its claims once their heartbeats are ``stale_after`` old, claim
+and finish them, and claim the jobs it had submitted but nobody had started. The run ends when every
+survivor has sent its submissions and seen them finish, and no job is queued or running.
 
 What each host did is in its journal: a file of JSON lines that it alone appends to, with every claim (the
 targets, as soon as ``claim_batch_targets`` returned, and how long the call took), every target written,
-every submission's answer and every rescue. Each record is one ``write(2)`` to a file opened ``O_APPEND``,
+every submission's answer and every requeue. Each record is one ``write(2)`` to a file opened ``O_APPEND``,
 with no buffer in the process: once the call has returned, the record is in the kernel's page cache, which
 a SIGKILL of the process does not lose. An fsync would add a guard against a crash of the whole machine,
 which the simulation does not model. A claim commits in the store before its record is written, so the

@@ -1,4 +1,4 @@
-"""One host process of ``sift simulate --hosts``: API threads, runner threads and a rescuer on one store."""
+"""One host process of ``sift simulate --hosts``: API threads, runner threads and a claim keeper."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sift import dcache
-from sift.dcache import BatchTarget, JobNotFound, JobStatus, TargetNotFound, TargetStatus
+from sift.dcache import BatchJob, BatchTarget, ClaimLost, JobNotFound, JobStatus, TargetNotFound, TargetStatus
 from sift.dcache.models import LIVE_JOB_STATUSES
 
 from ..store import OPEN_TIMEOUT_S, is_postgres
 from .journal import Journal
 from .workload import ERRORS, FAIL_P, JobSpec, Settings, corpus, envelope, final_status, submission
 
-__all__ = ["API_THREADS", "RESCUE_REASON", "Host", "HostConfig", "host_main", "job_id_of"]
+__all__ = ["API_THREADS", "MAX_ATTEMPTS", "STALE_REASON", "Host", "HostConfig", "host_main", "job_id_of"]
 
 
 #: API threads per host.
@@ -36,13 +36,16 @@ PER_JOB = 2
 SLOW_EVERY = 40
 SLOW_TOUCHES = 3
 TOUCH_EVERY_S = 0.02
-#: How often each host's rescuer calls rescue_stale_jobs.
-RESCUE_EVERY_S = 0.5
+#: How often each host's keeper renews its claims and requeues any host's stale claims (whether or not
+#: there is work): ``stale_after`` is whole seconds, at least ten renewals.
+RENEW_EVERY_S = 0.5
+#: A target's claims before a stale one fails it: one host killed once leaves every target an attempt.
+MAX_ATTEMPTS = 3
 #: How long an idle runner or a polling API thread waits before trying again.
 IDLE_S = 0.01
 POLL_S = 0.005
-#: The error a rescued job gets.
-RESCUE_REASON = "rescued: its host stopped renewing the lease (simulated SIGKILL)"
+#: The error of a target whose last attempt's claim went stale.
+STALE_REASON = "its host stopped renewing the claim (simulated SIGKILL)"
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,15 @@ class Host:
         self.claim_numbers = itertools.count()
         self.numbers_lock = threading.Lock()
         self.empty_claims = 0  # calls that found nothing to claim (written in the end record)
+        # Each runner thread's name, which its claims record: a late write of one thread's requeued claim
+        # must not pass as another's (their claims would share a name).
+        self.names = [f"{config.prefix}-host-{config.host}-{n}" for n in range(config.settings.workers)]
         self.go = threading.Event()  # the coordinator said go
         self.warmed = threading.Barrier(1)
 
     def serve(self, conn: multiprocessing.connection.Connection) -> None:
         c = self.config
-        threads = API_THREADS + c.settings.workers + 3  # and the rescuer, the main thread, one spare
+        threads = API_THREADS + c.settings.workers + 3  # and the keeper, the main thread, one spare
         options: dict[str, Any] = {"max_connections": threads} if is_postgres(c.target) else {}
         dcache.open_db(c.target, timeout=OPEN_TIMEOUT_S, **options)
         try:
@@ -96,9 +102,10 @@ class Host:
                 for n in range(API_THREADS)
             ]
             runners = [
-                self.thread(self.runner, seed + 50 + n, name=f"runner-{n}") for n in range(c.settings.workers)
+                self.thread(self.runner, seed + 50 + n, self.names[n], name=f"runner-{n}")
+                for n in range(c.settings.workers)
             ]
-            host_threads = [*api, *runners, self.thread(self.rescuer, name="rescuer")]
+            host_threads = [*api, *runners, self.thread(self.keeper, name="keeper")]
             try:
                 self.warmed.wait()
             except threading.BrokenBarrierError:  # a thread could not connect: the host does not start
@@ -192,11 +199,11 @@ class Host:
 
     # -- the runner side ---------------------------------------------------------------------------------
 
-    def runner(self, seed: int) -> None:
+    def runner(self, seed: int, name: str) -> None:
         rng = random.Random(seed)
         while not self.stop.is_set():
             started = time.perf_counter()
-            claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB)
+            claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB, runner=name)
             latency = time.perf_counter() - started
             if not claimed:
                 with self.numbers_lock:
@@ -208,16 +215,23 @@ class Host:
             got = [[target.job_id, target.idx] for target in claimed]
             self.journal.write(k="claim", c=number, t=time.monotonic(), lat=round(latency, 6), got=got)
             held = collections.Counter(target.job_id for target in claimed)
+            by_job: dict[str, list[BatchTarget]] = {}
             for target in claimed:
-                self.fetch(rng, held)
-                self.write_target(rng, target, number)
-                held[target.job_id] -= 1
+                by_job.setdefault(target.job_id, []).append(target)
+            for job_id, targets in by_job.items():
+                results = []
+                for target in targets:
+                    self.fetch(rng, held)
+                    results.append(self.outcome(rng, target, number))
+                    held[job_id] -= 1
+                self.write_results(job_id, results, name)
             if evicted := dcache.evict_batch_oldest(self.config.settings.budget):
                 self.journal.write(k="evict", n=evicted)
 
     def fetch(self, rng: random.Random, held: collections.Counter[str]) -> None:
         """A fetch waits on the network from half to one and a half times ``fetch_s`` (none at 0); a slow one
-        waits longer besides, and renews the lease of each job the runner holds targets of."""
+        waits longer besides, and renews the lease of each job the runner holds targets of (the claims are
+        the keeper's to renew)."""
         if self.config.fetch_s:
             time.sleep(rng.uniform(0.5, 1.5) * self.config.fetch_s)
         if rng.random() >= 1 / SLOW_EVERY:
@@ -231,32 +245,55 @@ class Host:
                     except JobNotFound:
                         self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
 
-    def write_target(self, rng: random.Random, target: BatchTarget, number: int) -> None:
-        job_id, idx, host = target.job_id, target.idx, self.config.host
+    def outcome(self, rng: random.Random, target: BatchTarget, number: int) -> dict[str, Any]:
+        """A fetched target's write: failed with an error and hint naming this host and claim, or done with
+        a page that names them."""
+        if rng.random() < FAIL_P:
+            error, hint = rng.choice(ERRORS)
+            text = f"{error} (host {self.config.host}, claim {number})"
+            return {"idx": target.idx, "status": TargetStatus.FAILED, "error": text, "hint": hint}
+        result = envelope(rng, self.text, target.url, host=self.config.host, claim=number)
+        return {"idx": target.idx, "status": TargetStatus.DONE, "result": result}
+
+    def write_results(self, job_id: str, results: list[dict[str, Any]], name: str) -> None:
+        """The job's arrived results in one call (``update_batch_targets``, as runner ``name``); when a
+        claim among them was lost, each target alone, and a lost claim's write is dropped, as the README's
+        runner drops it: the target's new holder writes it."""
         try:
-            if rng.random() < FAIL_P:
-                error, hint = rng.choice(ERRORS)
-                text = f"{error} (host {host}, claim {number})"
-                dcache.update_batch_target(job_id, idx, TargetStatus.FAILED, error=text, hint=hint)
-                ok, size = False, 0
-            else:
-                result = envelope(rng, self.text, target.url, host=host, claim=number)
-                dcache.update_batch_target(job_id, idx, TargetStatus.DONE, result=result)
-                ok, size = True, len(result.encode("utf-8"))
+            dcache.update_batch_targets(job_id, results, runner=name)
+            written = results
+        except ClaimLost:
+            written = [entry for entry in results if self.write_one(job_id, entry, name)]
         except (JobNotFound, TargetNotFound):
             self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
             return
-        self.journal.write(k="done", job=job_id, idx=idx, ok=ok, size=size, t=time.monotonic())
-        self.finish(job_id)
+        t = time.monotonic()
+        for entry in written:
+            size = len(entry["result"].encode("utf-8")) if "result" in entry else 0
+            ok = entry["status"] == TargetStatus.DONE
+            self.journal.write(k="done", job=job_id, idx=entry["idx"], ok=ok, size=size, t=t)
+        if written:
+            self.finish(job_id)
+
+    def write_one(self, job_id: str, entry: dict[str, Any], name: str) -> bool:
+        """One target's write as runner ``name``: False when its claim was lost, or its job deleted
+        (nothing written)."""
+        fields = {name: entry[name] for name in ("result", "error", "hint") if name in entry}
+        try:
+            dcache.update_batch_target(job_id, entry["idx"], entry["status"], runner=name, **fields)
+        except ClaimLost:
+            self.journal.write(k="claim_lost", job=job_id, idx=entry["idx"])
+            return False
+        except (JobNotFound, TargetNotFound):
+            self.journal.write(k="lost", job=job_id, why="deleted while this host held a claim")
+            return False
+        return True
 
     def finish(self, job_id: str) -> None:
         """After a write: the job's final status once every target is written (by whichever runner sees
         it first; another seeing it too writes the same status)."""
         job = dcache.batch_job(job_id)
         if job is None:  # finished by another runner and evicted since: nothing left to do
-            return
-        if job.status == JobStatus.FAILED and job.error == RESCUE_REASON:
-            self.journal.write(k="lost", job=job_id, why="rescued while this host held a claim")
             return
         if job.status != JobStatus.RUNNING or job.targets_done < job.targets_total:
             return
@@ -269,10 +306,30 @@ class Host:
             return
         self.journal.write(k="finish", job=job_id, status=status.value)
 
-    def rescuer(self) -> None:
-        while not self.stop.wait(RESCUE_EVERY_S):
-            if rescued := dcache.rescue_stale_jobs(self.config.stale_after, RESCUE_REASON):
-                self.journal.write(k="rescue", n=rescued)
+    def keeper(self) -> None:
+        """On a timer, whether or not there is work: renew the claims of this host's runners, requeue any
+        host's stale claims (recording how many went back to pending and how many failed at their last
+        attempt), and finish a job whose every target is written but whose status is not (its last writer
+        died first)."""
+        while not self.stop.wait(RENEW_EVERY_S):
+            for name in self.names:
+                dcache.renew_claims(name)
+            before = dcache.stats()  # this thread alone requeues in this process: the difference is its own
+            if dcache.requeue_stale_claims(
+                self.config.stale_after, max_attempts=MAX_ATTEMPTS, reason=STALE_REASON
+            ):
+                after = dcache.stats()
+                requeued, failed = (
+                    after[n] - before[n] for n in ("targets_requeued", "targets_failed_stale")
+                )
+                self.journal.write(k="requeue", n=requeued, failed=failed)
+            written: Any = BatchJob.select(BatchJob.id).where(
+                BatchJob.id.startswith(f"{self.config.prefix}-")
+                & (BatchJob.status == JobStatus.RUNNING)
+                & (BatchJob.targets_done >= BatchJob.targets_total)
+            )
+            for (job_id,) in written.tuples():
+                self.finish(job_id)
 
 
 def job_id_of(prefix: str, number: int) -> str:

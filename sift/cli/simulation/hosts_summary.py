@@ -16,7 +16,7 @@ from ..report import Column, emit_json, format_count, format_size, key_values, p
 from ..store import CommandError
 from .coordinator import HostsRun, run_hosts
 from .cores import PROC_STAT
-from .host import API_THREADS
+from .host import API_THREADS, MAX_ATTEMPTS, RENEW_EVERY_S
 from .hosts_verdicts import check_run
 from .stores import kept_schema_note, shown_store
 from .verdicts import Check, jobs_by_status, summary_footer
@@ -67,7 +67,9 @@ def _rates(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "targets_claimed": claimed,
         "claims_per_s": round(len(latencies) / seconds, 1) if seconds > 0 else None,
         "empty_claims": sum(r.get("empty_claims", 0) for r in records if r["k"] == "end"),
-        "rescued": sum(r["n"] for r in records if r["k"] == "rescue"),
+        "requeued": sum(r["n"] for r in records if r["k"] == "requeue"),
+        "failed_stale": sum(r["failed"] for r in records if r["k"] == "requeue"),
+        "claims_lost": sum(1 for r in records if r["k"] == "claim_lost"),
         "evicted": sum(r["n"] for r in records if r["k"] == "evict"),
         "submissions": sum(1 for r in records if r["k"] == "sub"),
         "claim_p50_ms": ms(_percentile(latencies, 0.50)),
@@ -77,7 +79,7 @@ def _rates(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
 
 def longest_wait(journals: dict[int, list[dict[str, Any]]]) -> float | None:
     """The longest a created job waited from its submission to its first claim (seconds): what
-    ``stale_after`` must exceed, since rescue_stale_jobs fails a queued job as readily as a running one."""
+    a queued job's wait, which no claim's heartbeat covers."""
     created: dict[str, float] = {}
     first_claim: dict[str, float] = {}
     for records in journals.values():
@@ -115,6 +117,8 @@ def _summary(
         "settings": asdict(settings),
         "hosts": run.hosts,
         "stale_after": args.stale_after,
+        "renew_every_s": RENEW_EVERY_S,
+        "max_attempts": MAX_ATTEMPTS,
         "fetch_ms": args.fetch_ms,
         "kill": None if run.kill is None else asdict(run.kill),
         "seconds": round(run.seconds, 3),
@@ -148,7 +152,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
     yield (
         f"Simulated {format_count(subs['sent'])} of {format_count(subs['planned'])} submissions on "
         f"{plural(summary['hosts'], 'host')} ({API_THREADS} API threads, {s['workers']} runner threads and a "
-        f"rescuer each; fetches of {summary['fetch_ms']} ms on average) in {summary['seconds']:.1f} s "
+        f"claim keeper each; fetches of {summary['fetch_ms']} ms on average) in {summary['seconds']:.1f} s "
         f"(seed {s['seed']})"
     )
     yield ""
@@ -167,9 +171,11 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
             ("journals", summary["journals"]),
             ("killed", killed),
             (
-                "rescued",
-                f"{plural(total['rescued'], 'job')} by rescue_stale_jobs (stale after "
-                f"{summary['stale_after']} s)",
+                "requeued",
+                f"{plural(total['requeued'], 'target')} back to pending, {total['failed_stale']} failed at "
+                f"their last of {summary['max_attempts']} attempts, by requeue_stale_claims (stale after "
+                f"{summary['stale_after']} s, claims renewed every {summary['renew_every_s']} s); "
+                f"{plural(total['claims_lost'], 'late write')} refused (ClaimLost)",
             ),
             (
                 "submissions",
@@ -198,7 +204,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
                 "targets/s": f"{row['targets_per_s'] or 0:,.1f}",
                 "claims": format_count(row["claims"]),
                 "claims/s": f"{row['claims_per_s'] or 0:,.1f}",
-                "rescued": format_count(row["rescued"]),
+                "requeued": format_count(row["requeued"]),
                 "p50": "-" if row["claim_p50_ms"] is None else f"{row['claim_p50_ms']:.1f} ms",
                 "p99": "-" if row["claim_p99_ms"] is None else f"{row['claim_p99_ms']:.1f} ms",
             }
@@ -211,7 +217,7 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
         Column("targets/s", "targets/s", right=True),
         Column("claims", "claims", right=True),
         Column("claims/s", "claims/s", right=True),
-        Column("rescued", "rescued", right=True),
+        Column("requeued", "requeued", right=True),
         Column("claim p50", "p50", right=True),
         Column("claim p99", "p99", right=True),
     ]

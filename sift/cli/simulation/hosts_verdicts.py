@@ -10,11 +10,11 @@ from typing import Any
 
 from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
-from sift.dcache.models import FINAL_TARGET_STATUSES, IDEM_JOB_STATUSES
+from sift.dcache.models import IDEM_JOB_STATUSES
 
 from ..report import plural
 from .coordinator import STALL_S, HostsRun
-from .host import RESCUE_REASON, job_id_of
+from .host import MAX_ATTEMPTS, STALE_REASON, job_id_of
 from .verdicts import Check, store_checks
 
 __all__ = ["check_run"]
@@ -24,20 +24,24 @@ __all__ = ["check_run"]
 class _Seen:
     """The journals, indexed."""
 
-    claims: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)  # -> (host, claim)
+    #: -> (host, claim), in the order they were claimed (a journal's time is the machine's monotonic clock)
+    claims: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)
     writes: dict[tuple[str, int], list[tuple[int, float]]] = field(default_factory=dict)  # -> (host, t)
     submissions: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     lost: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    requeued: int = 0  # targets the keepers put back to pending
+    failed_stale: int = 0  # targets the keepers failed at their last attempt
     finished: set[str] = field(default_factory=set)  # jobs some host set a final status of
 
     @classmethod
     def of(cls, journals: dict[int, list[dict[str, Any]]]) -> _Seen:
         seen = cls()
+        claimed: dict[tuple[str, int], list[tuple[float, int, int]]] = {}
         for host, records in journals.items():
             for r in records:
                 if r["k"] == "claim":
                     for job, idx in r["got"]:
-                        seen.claims.setdefault((job, idx), []).append((host, r["c"]))
+                        claimed.setdefault((job, idx), []).append((r["t"], host, r["c"]))
                 elif r["k"] == "done":
                     seen.writes.setdefault((r["job"], r["idx"]), []).append((host, r["t"]))
                 elif r["k"] == "sub":
@@ -46,6 +50,10 @@ class _Seen:
                     seen.lost.append((host, r))
                 elif r["k"] == "finish":
                     seen.finished.add(r["job"])
+                elif r["k"] == "requeue":
+                    seen.requeued += r["n"]
+                    seen.failed_stale += r["failed"]
+        seen.claims = {key: [(host, c) for _, host, c in sorted(claims)] for key, claims in claimed.items()}
         return seen
 
 
@@ -55,13 +63,15 @@ def check_run(run: HostsRun, budget: int) -> list[Check]:
     killed = run.kill.host if run.kill else None
     J, T = BatchJob, BatchTarget
     mine = f"{run.prefix}-"
-    target_rows: Any = T.select(T.job_id, T.idx, T.status, T.result, T.error).where(T.job_id.startswith(mine))
+    target_rows: Any = T.select(T.job_id, T.idx, T.status, T.result, T.error, T.attempts).where(
+        T.job_id.startswith(mine)
+    )
     job_rows: Any = J.select(J.id, J.caller, J.idem_key, J.status, J.error).where(J.id.startswith(mine))
     targets: list[tuple[Any, ...]] = list(target_rows.tuples())
     jobs: list[tuple[Any, ...]] = list(job_rows.tuples())
-    checks = [_claimed_once(seen), _claimed_by_writer(seen, targets, killed)]
+    checks = [_claims_exact(seen, targets, killed), _claimed_by_writer(seen, targets, killed)]
     checks += store_checks(dcache.check_store(), budget, whole=True)
-    checks.append(_rescues_were_right(seen, targets, jobs, killed))
+    checks.append(_requeues_right(seen, targets, jobs, killed))
     checks.append(_idempotent(run, seen, jobs))
     bad = {h: code for h, code in run.exit_codes.items() if h != killed and (code != 0 or run.errors[h])}
     checks.append(
@@ -78,37 +88,63 @@ def check_run(run: HostsRun, budget: int) -> list[Check]:
     return checks
 
 
-def _claimed_once(seen: _Seen) -> Check:
-    twice = sorted(key for key, claims in seen.claims.items() if len(claims) > 1)
+def _claims_exact(seen: _Seen, targets: list[tuple[Any, ...]], killed: int | None) -> Check:
+    """Each stored target's ``attempts`` is the number of claims the journals record of it (the killed
+    host's last claim may be missing from its journal: one, at most); and every claim a later one
+    superseded (any but the one its stored write names, else its latest) was the killed host's: a live host
+    renews its claims, so none of them may go stale (one that did had its write refused, ``ClaimLost``, but
+    ``stale_after`` is then too short for the renewals)."""
+    problems: list[str] = []
+    holders: dict[tuple[str, int], tuple[int, int]] = {}
+    for job, idx, _, result, error, attempts in targets:
+        claims = seen.claims.get((job, idx), [])
+        unnamed = attempts - len(claims)
+        if not (unnamed == 0 or (unnamed == 1 and killed is not None)):
+            problems.append(f"{job} target {idx} has {attempts} attempts, {len(claims)} claims journaled")
+        if (written_by := _writer_named(result, error)) in claims:
+            holders[(job, idx)] = written_by
+    for (job, idx), claims in seen.claims.items():
+        holder = holders.get((job, idx), claims[-1])
+        for host, number in claims:
+            if (host, number) != holder and host != killed:
+                held = [h for h, _ in claims]
+                problems.append(
+                    f"{job} target {idx} claimed by hosts {held}: host {host} lived, its claim went stale"
+                )
     total = sum(len(c) for c in seen.claims.values())
-    detail = f"{total:,} claimed targets, {len(twice)} claimed more than once"
-    if twice:
-        detail += (
-            f", e.g. {twice[0][0]} target {twice[0][1]} by hosts {[h for h, _ in seen.claims[twice[0]]]}"
-        )
-    return Check("every target claimed at most once", not twice, detail)
+    again = sum(len(c) - 1 for c in seen.claims.values())
+    detail = f"{total:,} claims journaled, {again} of a target claimed before"
+    if problems:
+        detail = f"{len(problems)} problems, first: {problems[0]}"
+    return Check("no target held by two runners at once; each attempt claimed once", not problems, detail)
 
 
 def _claimed_by_writer(seen: _Seen, targets: list[tuple[Any, ...]], killed: int | None) -> Check:
     """A target out of pending was claimed; a written one was written once, by its claimer (its journal, and
     the host and claim number in the stored result or error, say so); a claimed one is out of pending."""
     problems: list[str] = []
-    stored = {(job, idx): status for job, idx, status, _, _ in targets}
-    for job, idx, status, result, error in targets:
+    stored = {(job, idx): status for job, idx, status, *_ in targets}
+    for job, idx, status, result, error, attempts in targets:
         key = (job, idx)
         claims = seen.claims.get(key, [])
         writers = [host for host, _ in seen.writes.get(key, [])]
         if status == TargetStatus.PENDING:
             continue
-        if not claims:
-            if killed is None or status != TargetStatus.RUNNING:  # else the killed host's last claim
-                problems.append(f"{job} target {idx} is {status} but no host claimed it")
+        if status == TargetStatus.FAILED and error == STALE_REASON:  # failed by a requeue: nobody wrote it
+            if writers:
+                problems.append(f"{job} target {idx} failed stale, but journaled as written by {writers}")
             continue
-        host, number = claims[0]
-        if status == TargetStatus.RUNNING:
+        if len(claims) < attempts:  # its last claim is the killed host's, which died before the record
+            claims = [*claims, (killed if killed is not None else -1, -1)]
+        if not claims:
+            problems.append(f"{job} target {idx} is {status} but no host claimed it")
             continue
         written_by = _writer_named(result, error)
-        if written_by != (host, number):
+        # The claim that holds it: the one its write names, else the latest (any other one went stale).
+        host, number = written_by if written_by in claims else claims[-1]
+        if status == TargetStatus.RUNNING:
+            continue
+        if written_by != (host, number) and not (number == -1 and written_by and written_by[0] == host):
             problems.append(
                 f"{job} target {idx} was claimed by host {host} (claim {number}), written by {written_by}"
             )
@@ -116,14 +152,14 @@ def _claimed_by_writer(seen: _Seen, targets: list[tuple[Any, ...]], killed: int 
             problems.append(
                 f"{job} target {idx} was claimed by host {host}, journaled as written by {writers}"
             )
-    for key in seen.claims:
-        if stored.get(key) == TargetStatus.PENDING:
-            problems.append(f"{key[0]} target {key[1]} was claimed but is pending")
+    for key, claims in seen.claims.items():
+        if stored.get(key) == TargetStatus.PENDING and any(host != killed for host, _ in claims):
+            problems.append(f"{key[0]} target {key[1]} was claimed by a live host but is pending")
     detail = (
         f"{len(targets):,} targets" if not problems else f"{len(problems)} problems, first: {problems[0]}"
     )
     return Check(
-        "every target out of pending was claimed, and written once by its claimer", not problems, detail
+        "every target out of pending was claimed, and written once by its last claimer", not problems, detail
     )
 
 
@@ -141,57 +177,49 @@ def _writer_named(result: str | None, error: str | None) -> tuple[int, int] | No
     return None
 
 
-def _rescues_were_right(
+def _requeues_right(
     seen: _Seen, targets: list[tuple[Any, ...]], jobs: list[tuple[Any, ...]], killed: int | None
 ) -> Check:
-    """A live host never lost a job it was working on, and the killed host owed something on each rescued
-    job: a target it claimed (or a claim no journal names) and never wrote, or the job's last write, after
-    which it died before it could set the job's final status."""
-    owed = _owed_by(killed, seen, targets) if killed is not None else set()
-    rescued = [
-        job for job, _, _, status, error in jobs if status == JobStatus.FAILED and error == RESCUE_REASON
-    ]
-    wrong = [job for job in rescued if job not in owed]
-    lost = [(host, r) for host, r in seen.lost if host != killed]
-    ok = not wrong and not lost
-    if ok:
-        detail = (
-            f"{len(rescued)} rescued jobs in the store, each owed by the killed host; 0 lost by live hosts"
-        )
-    else:
-        detail = f"{len(wrong)} rescued jobs the killed host owed nothing" + (
-            f" (e.g. {wrong[0]})" if wrong else ""
-        )
-        detail += f"; {len(lost)} jobs lost by live hosts" + (
-            f" (e.g. host {lost[0][0]}: {lost[0][1]['job']} {lost[0][1]['why']})" if lost else ""
-        )
-    return Check("no job of a live host failed by the rescue", ok, detail)
-
-
-def _owed_by(killed: int, seen: _Seen, targets: list[tuple[Any, ...]]) -> set[str]:
-    """The jobs the killed host left unfinished: it held a target of the job still running, or it wrote
-    the job's last target (by its journal, or a write of a target it claimed that its journal lacks)."""
-    owed: set[str] = set()
-    unfinished: set[str] = set()
-    last: dict[str, tuple[float, int]] = {}  # job -> (time, host) of its latest journaled write
-    for job, idx, status, _, _ in targets:
-        claims = seen.claims.get((job, idx), [])
-        claimer = claims[0][0] if claims else killed  # a claim no journal names is the killed host's
-        if status == TargetStatus.RUNNING and claimer == killed:
-            owed.add(job)
-        elif status in FINAL_TARGET_STATUSES and claimer == killed and not seen.writes.get((job, idx)):
-            owed.add(job)  # written, then killed before the record
-        if status not in FINAL_TARGET_STATUSES:
-            unfinished.add(job)
-        for host, at in seen.writes.get((job, idx), []):
-            if at > last.get(job, (-1.0, 0))[0]:
-                last[job] = (at, host)
-    owed.update(
+    """Every job finished; no target failed stale while ``MAX_ATTEMPTS`` allowed another attempt (one host
+    killed takes one attempt from each target it held); no live host lost a job; and what the keepers
+    recorded covers what the stored targets show: each attempt beyond a target's last was a requeue."""
+    problems: list[str] = []
+    live = [
         job
-        for job, (_, host) in last.items()
-        if host == killed and job not in unfinished and job not in seen.finished
+        for job, _, _, status, _ in jobs
+        if status not in (JobStatus.DONE, JobStatus.PARTIAL, JobStatus.FAILED)
+    ]
+    if live:
+        problems.append(f"{len(live)} jobs not finished (e.g. {live[0]})")
+    stale = [
+        (job, idx)
+        for job, idx, status, _, error, _ in targets
+        if status == TargetStatus.FAILED and error == STALE_REASON
+    ]
+    if stale and (killed is not None) < MAX_ATTEMPTS:
+        problems.append(f"{len(stale)} targets failed stale with attempts left (e.g. {stale[0]})")
+    requeued = sum(
+        attempts - (status != TargetStatus.PENDING)
+        for _, _, status, _, error, attempts in targets
+        if attempts and not (status == TargetStatus.FAILED and error == STALE_REASON)
+    ) + sum(attempts - 1 for *_, error, attempts in targets if error == STALE_REASON)
+    if requeued > seen.requeued or len(stale) > seen.failed_stale:
+        problems.append(
+            f"the stored targets show {requeued} requeued and {len(stale)} failed stale, the keepers "
+            f"recorded {seen.requeued} and {seen.failed_stale}"
+        )
+    lost = [(host, r) for host, r in seen.lost if host != killed]
+    if lost:
+        problems.append(f"{len(lost)} jobs lost by live hosts (e.g. host {lost[0][0]}: {lost[0][1]['job']})")
+    detail = (
+        f"{len(jobs)} stored jobs finished; {plural(seen.requeued, 'target')} requeued, "
+        f"{seen.failed_stale} failed stale"
+        if not problems
+        else f"{len(problems)} problems, first: {problems[0]}"
     )
-    return owed
+    return Check(
+        "every job finished, none failed by a requeue, and every requeue recorded", not problems, detail
+    )
 
 
 def _idempotent(run: HostsRun, seen: _Seen, jobs: list[tuple[Any, ...]]) -> Check:
