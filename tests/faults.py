@@ -107,6 +107,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "update_batch_targets": lambda _: dcache.update_batch_targets(
         "job-1", [{"idx": 1, "status": "done", "result": RESULT}], now=2_000
     ),
+    "url_host": lambda _: dcache.url_host("https://example.com/"),
     "vacuum_relations": lambda _: _refused(dcache.vacuum_relations, dcache.StoreUnavailable, "vacuum_rel"),
     "vacuum_store": lambda _: dcache.vacuum_store(),
 }

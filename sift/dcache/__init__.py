@@ -35,6 +35,7 @@ from .errors import (
     StoreUnavailable,
     TargetNotFound,
 )
+from .hosts import url_host
 from .integrity import check_store
 from .manager import (
     batch_job,
@@ -143,6 +144,7 @@ __all__ = [
     "unix_now",
     "update_batch_target",
     "update_batch_targets",
+    "url_host",
     "vacuum_relations",
     "vacuum_store",
 ]
