@@ -92,6 +92,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "restore_store": lambda path: _refused(
         lambda: dcache.restore_store(path), dcache.InvalidBatchInput, "is the open store itself"
     ),
+    "finish_batch_job": lambda _: dcache.finish_batch_job("job-2", now=2_000),  # running, every target done
     "rescue_stale_jobs": lambda _: dcache.rescue_stale_jobs(0, "host lost", now=2_000),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),

@@ -49,6 +49,7 @@ WRITES = [
     "release_claims",
     "requeue_stale_claims",
     "requeue_in_flight",
+    "finish_batch_job",
     "rescue_stale_jobs",
     "mark_in_flight_failed",
     "evict_batch_oldest",

@@ -361,18 +361,59 @@ def test_plain_sqlite3_load_deferred_begin_fails(file_store: Path, begin: str) -
     )
 
 
-# -- Claims: claimers, renewers, releasers and requeuers in several processes, on both backends ------------
+# -- Claims: claimers, renewers, releasers, requeuers, sweepers and evictors in several processes ------------
 
 CLAIM_JOBS = 4
 CLAIM_TARGETS = 30
 RUNNERS = 3
+DOOMED_JOBS = 6  # finished long ago and holding no bytes: only the sweep may take them
+SWEEP_TTL = 3_600  # far longer than the run: a job that runners touch is never swept
+LIVE_STATUSES = ("queued", "running")
+FINAL_STATUSES = ("done", "partial", "failed", "cancelled")
+
+# Every deleted job and target is written down by a trigger of the test's own, with the job's status and
+# lease at that moment, so the end can tell what the sweeps and evictions took, and that no job was live.
+_DELETION_LOG = {
+    "sqlite": [
+        "CREATE TABLE deleted_job (id TEXT, status TEXT, lease INTEGER, nbytes INTEGER, at INTEGER)",
+        "CREATE TABLE deleted_target (job_id TEXT, idx INTEGER, status TEXT, result TEXT, error TEXT,"
+        " runner TEXT, attempts INTEGER)",
+        "CREATE TRIGGER log_deleted_job AFTER DELETE ON batch_job BEGIN INSERT INTO deleted_job"
+        " VALUES (old.id, old.status, old.lease, old.nbytes, unixepoch()); END",
+        "CREATE TRIGGER log_deleted_target AFTER DELETE ON batch_target BEGIN INSERT INTO deleted_target"
+        " VALUES (old.job_id, old.idx, old.status, old.result, old.error, old.runner, old.attempts); END",
+    ],
+    "postgres": [
+        "CREATE TABLE deleted_job (id TEXT, status TEXT, lease BIGINT, nbytes BIGINT, at BIGINT)",
+        "CREATE TABLE deleted_target (job_id TEXT, idx INTEGER, status TEXT, result TEXT, error TEXT,"
+        " runner TEXT, attempts INTEGER)",
+        # now() is the deleting transaction's start: a sweep reads its clock before that
+        "CREATE FUNCTION log_deleted_job() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO"
+        " deleted_job VALUES (OLD.id, OLD.status, OLD.lease, OLD.nbytes, extract(epoch FROM now())::bigint);"
+        " RETURN OLD; END $$",
+        "CREATE TRIGGER log_deleted_job AFTER DELETE ON batch_job FOR EACH ROW EXECUTE FUNCTION"
+        " log_deleted_job()",
+        "CREATE FUNCTION log_deleted_target() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO"
+        " deleted_target VALUES (OLD.job_id, OLD.idx, OLD.status, OLD.result, OLD.error, OLD.runner,"
+        " OLD.attempts);"
+        " RETURN OLD; END $$",
+        "CREATE TRIGGER log_deleted_target AFTER DELETE ON batch_target FOR EACH ROW EXECUTE FUNCTION"
+        " log_deleted_target()",
+    ],
+}
+_DROP_DELETION_LOG = [
+    "DROP TRIGGER log_deleted_job{on}",
+    "DROP TRIGGER log_deleted_target{on_target}",
+]
 
 
-def _claim_runner(target: str, name: str, seed: int, barrier: Any) -> dict[str, Any]:
-    """Claim, write (as this runner), renew, and now and then release; count what it did."""
+def _claim_runner(target: str, name: str, seed: int, runners_done: Any, barrier: Any) -> dict[str, Any]:
+    """Claim, write (as this runner) and finish the job its write completes, renew, and now and then
+    release; count what it did. A write after the claim was taken is refused (ClaimLost), or finds its job
+    gone once that job finished without it and was evicted."""
     dcache.open_db(target)
     rng = random.Random(seed)
-    done = {"claimed": 0, "released": 0, "written": 0, "refused": 0}
+    done = {"claimed": 0, "released": 0, "written": 0, "refused": 0, "gone": 0, "finished": 0}
     barrier.wait()
     for _ in range(60):
         claimed = dcache.claim_batch_targets(4, per_job=2, runner=name)
@@ -384,11 +425,16 @@ def _claim_runner(target: str, name: str, seed: int, barrier: Any) -> dict[str, 
             try:
                 dcache.update_batch_target(t.job_id, t.idx, "done", result=name, runner=name)
                 done["written"] += 1
+                done["finished"] += dcache.finish_batch_job(t.job_id) is not None
             except dcache.ClaimLost:
                 done["refused"] += 1
+            except (dcache.JobNotFound, dcache.TargetNotFound):
+                done["gone"] += 1
             dcache.renew_claims(name)
     done["released"] += dcache.release_claims(name)
     dcache.close_db()
+    with runners_done.get_lock():
+        runners_done.value += 1
     return done
 
 
@@ -403,48 +449,128 @@ def _requeuer(target: str, max_attempts: int, barrier: Any) -> dict[str, Any]:
     return {"moved": moved}
 
 
+def _until_runners_stop(runners_done: Any, step: Callable[[], int]) -> int:
+    """``step()`` again and again while the runners work, and once more after the last one stopped."""
+    total = 0
+    while True:
+        last = runners_done.value == RUNNERS
+        total += step()
+        if last:
+            return total
+        time.sleep(0.005)  # pacing only: leave the 2 cores to the runners
+
+
+def _sweeper(target: str, runners_done: Any, barrier: Any) -> dict[str, Any]:
+    """Sweep with a TTL longer than the run, as long as the runners work: only long-finished jobs go."""
+    dcache.open_db(target)
+    barrier.wait()
+    swept = _until_runners_stop(runners_done, lambda: dcache.sweep_batch(SWEEP_TTL))
+    dcache.close_db()
+    return {"swept": swept}
+
+
+def _evictor(target: str, runners_done: Any, barrier: Any) -> dict[str, Any]:
+    """Evict to a budget of 0 as long as the runners work: finished jobs holding bytes go, no live one."""
+    dcache.open_db(target)
+    barrier.wait()
+    evicted = _until_runners_stop(runners_done, lambda: dcache.evict_batch_oldest(0))
+    dcache.close_db()
+    return {"evicted": evicted}
+
+
 def _claims_worker(kind: str, *args: Any) -> dict[str, Any]:
-    return _claim_runner(*args) if kind == "runner" else _requeuer(*args)
+    workers: dict[str, Callable[..., dict[str, Any]]] = {
+        "runner": _claim_runner,
+        "requeuer": _requeuer,
+        "sweeper": _sweeper,
+        "evictor": _evictor,
+    }
+    return workers[kind](*args)
 
 
-def test_claimers_renewers_releasers_and_requeuers_keep_every_count(shared_store: str) -> None:
-    from helpers import run_processes
+def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_count(
+    shared_store: str,
+) -> None:
+    from helpers import SPAWN, create_partial, run_processes
 
-    for j in range(CLAIM_JOBS):
+    backend = "postgres" if shared_store.startswith("postgresql:") else "sqlite"
+    for statement in _DELETION_LOG[backend]:
+        db.execute_sql(statement)
+    now = dcache.unix_now()
+    for j in range(1, CLAIM_JOBS):
         dcache.create_batch_job(
-            make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j), make_targets(CLAIM_TARGETS)
+            make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, lease=now),
+            make_targets(CLAIM_TARGETS),
         )
-    args: list[tuple[Any, ...]] = [("runner", shared_store, f"runner-{r}", r) for r in range(RUNNERS)]
+    # job-0 waits for one more target than it has: it can never finish, so no eviction may take it.
+    job_0 = make_job("job-0", targets_total=CLAIM_TARGETS + 1, created_at=now, lease=now)
+    create_partial(job_0, make_targets(CLAIM_TARGETS))
+    for d in range(DOOMED_JOBS):
+        dcache.create_batch_job(make_job(f"doomed-{d}", status="done", targets_total=0, lease=1_000))
+    runners_done = SPAWN.Value("i", 0)
+    args: list[tuple[Any, ...]] = [
+        ("runner", shared_store, f"runner-{r}", r, runners_done) for r in range(RUNNERS)
+    ]
     args += [("requeuer", shared_store, 4), ("requeuer", shared_store, 10**6)]
+    args += [("sweeper", shared_store, runners_done), ("evictor", shared_store, runners_done)]
     reports = run_processes(_claims_worker, args)
     assert not [r for r in reports if "errors" in r], reports
     runners = [r for r in reports if "claimed" in r]  # reports come in the order the processes end
     assert len(runners) == RUNNERS
-    # A target's attempts count its claims, less the ones given back by a release.
+
+    # What went: the long-finished jobs, by the sweep; finished jobs holding bytes, by eviction. No job
+    # was deleted while queued or running, and each went whole, exactly once.
+    deleted = db.execute_sql("SELECT id, status, lease, nbytes, at FROM deleted_job").fetchall()
+    assert [row for row in deleted if row[1] not in FINAL_STATUSES] == []
+    assert len({row[0] for row in deleted}) == len(deleted)
+    swept = sum(r.get("swept", 0) for r in reports)
+    evicted = sum(r.get("evicted", 0) for r in reports)
+    assert swept + evicted == len(deleted)
+    assert sorted(row[0] for row in deleted if row[0].startswith("doomed-")) == sorted(
+        f"doomed-{d}" for d in range(DOOMED_JOBS)
+    )
+    for job_id, _status, lease, nbytes, at in deleted:
+        assert nbytes > 0 or lease + SWEEP_TTL <= at, (job_id, lease, nbytes, at)
+    swept_or_evicted = {row[0] for row in deleted}
+    assert "job-0" not in swept_or_evicted
+    print(f"\n{backend}: {swept} jobs swept, {evicted} evicted, of {len(deleted)} deleted")
+
+    # A target's attempts count its claims, less the ones given back by a release: over the targets left
+    # and the ones deleted with their finished jobs.
     claimed = sum(r["claimed"] for r in runners)
     released = sum(r["released"] for r in runners)
-    rows = db.execute_sql(
-        "SELECT job_id, status, result, error, runner, attempts FROM batch_target"
-    ).fetchall()
-    assert sum(row[5] for row in rows) == claimed - released
+    columns = "job_id, status, result, error, runner, attempts"
+    rows = db.execute_sql(f"SELECT {columns} FROM batch_target").fetchall()
+    gone = db.execute_sql(f"SELECT {columns} FROM deleted_target")
+    gone_rows = gone.fetchall()
+    assert {row[0] for row in gone_rows} <= swept_or_evicted
+    assert [row for row in gone_rows if row[1] not in ("done", "failed")] == []
+    every = rows + gone_rows
+    assert sum(row[5] for row in every) == claimed - released
     # Every stored result is its target's last holder's: no late write of a requeued claim landed.
-    for _job_id, status, result, error, runner, attempts in rows:
+    for _job_id, status, result, error, runner, attempts in every:
         assert status in ("pending", "running", "done", "failed"), status
         if status == "done":
             assert result == runner and attempts >= 1
         if status == "failed":
             assert (result, error) == (None, "taken for dead") and attempts >= 4
-    assert sum(r["written"] for r in runners) == sum(1 for row in rows if row[1] == "done")
-    # Each job counts each final target once, and its bytes are its results' bytes.
+    assert sum(r["written"] for r in runners) == sum(1 for row in every if row[1] == "done")
+    # Each job left counts each final target once, and its bytes are its results' bytes.
     for j in range(CLAIM_JOBS):
         job = dcache.batch_job(f"job-{j}")
-        assert job is not None
+        if job is None:
+            assert f"job-{j}" in swept_or_evicted
+            continue
         final = [row for row in rows if row[0] == job.id and row[1] in ("done", "failed")]
         assert job.targets_done == len(final)
         assert job.nbytes == sum(len(row[2].encode()) for row in final if row[2] is not None)
-        if job.targets_done < job.targets_total:
-            assert job.status == "running"
+        # Live while it has work left; once complete, finished by the runner whose write completed it (or
+        # by the requeue that failed its last target).
+        assert (job.status in LIVE_STATUSES) == (job.targets_done < job.targets_total), job
     dcache.requeue_in_flight(max_attempts=10**6)  # whatever is still claimed goes back: nothing is lost
     left = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
     assert left == 0
+    for statement in _DROP_DELETION_LOG:
+        on = " ON batch_job" if backend == "postgres" else ""
+        db.execute_sql(statement.format(on=on, on_target=on.replace("batch_job", "batch_target")))
     assert dcache.check_store().ok

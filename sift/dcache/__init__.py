@@ -9,6 +9,7 @@ from .backends.sqlite import SerializedSqliteDatabase
 from .backup import backup_store
 from .claims import (
     claim_batch_targets,
+    finish_batch_job,
     release_claims,
     renew_claims,
     requeue_in_flight,
@@ -119,6 +120,7 @@ __all__ = [
     "create_batch_job",
     "db",
     "evict_batch_oldest",
+    "finish_batch_job",
     "evict_candidates",
     "live_batch_jobs",
     "live_batch_jobs_total",

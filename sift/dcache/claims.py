@@ -16,12 +16,14 @@ import peewee
 from . import validation
 from .counters import counters
 from .database import db, retried
+from .errors import JobNotFound
 from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
 from .statements import Slot, Statement, literal
 from .validation import Duration
 
 __all__ = [
     "claim_batch_targets",
+    "finish_batch_job",
     "release_claims",
     "renew_claims",
     "requeue_in_flight",
@@ -169,6 +171,10 @@ def _finished_status() -> peewee.Node:
     )
 
 
+# The job, locked before its targets are counted: on PostgreSQL every target write holds it, so the count
+# that follows, in a statement of its own (a snapshot taken after the lock), sees each write committed.
+_LOCK_JOB = Statement(lambda: db.backend.lock_rows(J.select(J.status).where(J.id == Slot("job_id"))))
+_JOB_STATUS = Statement(lambda: J.select(J.status).where(J.id == Slot("job_id")))
 _FINISH_JOB = Statement(
     lambda: J.update({J.status: _finished_status(), J.lease: Slot("now")}).where(
         (J.id == Slot("job_id"))
@@ -303,3 +309,20 @@ def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:
     counters.add("targets_requeued", requeued)
     counters.add("targets_failed_stale", failed.total())
     return requeued + failed.total()
+
+
+@retried
+def finish_batch_job(job_id: str, *, now: int | None = None) -> JobStatus | None:
+    """A live job whose every target is final becomes done (none failed), failed (every one failed) or
+    partial, with ``lease = now``, and that status is returned; a job with targets still to finish, or
+    already finished, is left alone (None). The runner's call after its job's last write."""
+    job_id = validation.job_id(job_id)
+    now = validation.now(now)
+    with db.write():
+        if not _LOCK_JOB.rows(job_id=job_id):
+            counters.add("batch_write_miss")
+            raise JobNotFound(job_id)
+        if not _FINISH_JOB.run(job_id=job_id, now=now):
+            return None
+        status = _JOB_STATUS.scalar(job_id=job_id)
+    return JobStatus(status)

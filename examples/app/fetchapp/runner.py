@@ -21,7 +21,7 @@ from typing import Any
 
 import peewee
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
+from sift.dcache import BatchJob, BatchTarget, TargetStatus
 
 from .fetcher import StubFetcher
 from .web import LIVE, TTL
@@ -87,7 +87,7 @@ def step(fetch: Fetch, runner: str, stop: threading.Event, pool: futures.Executo
         future.cancel()
     for job_id, results in writes.items():
         write_results(job_id, results, runner)
-        finish_if_complete(job_id)
+        finish(job_id)
     if claimed:
         dcache.evict_batch_oldest(settings.budget)
     return len(claimed)
@@ -123,36 +123,6 @@ def write_results(job_id: str, results: list[dict[str, Any]], runner: str) -> No
             continue
 
 
-def finish_if_complete(job_id: str) -> bool:
-    """A live job whose every target is final becomes done (none failed), failed (all did) or partial,
-    in one conditional UPDATE: a job cancelled meanwhile stays cancelled. Returns whether it finished."""
-    job = dcache.batch_job(job_id)
-    if job is None or job.status not in LIVE or job.targets_done < job.targets_total:
-        return False
-    failed = (
-        BatchTarget.select()
-        .where((BatchTarget.job_id == job_id) & (BatchTarget.status == TargetStatus.FAILED.value))
-        .count()
-    )
-    status = (
-        JobStatus.DONE
-        if failed == 0
-        else JobStatus.FAILED
-        if failed >= job.targets_total
-        else JobStatus.PARTIAL
-    )
-    finished = (
-        BatchJob.update(status=status.value)
-        .where(
-            (BatchJob.id == job_id)
-            & BatchJob.status.in_(LIVE)
-            & (BatchJob.targets_done >= BatchJob.targets_total)
-        )
-        .execute()
-    )
-    return bool(finished)
-
-
 def finish_complete_jobs() -> int:
     """Finish every live job whose targets are all final (its runner died between its last write and
     finishing it). Returns how many finished."""
@@ -160,7 +130,16 @@ def finish_complete_jobs() -> int:
     # (batch_job_claim) instead of every job in the table.
     live = peewee.ValueLiterals(BatchJob.status.in_(LIVE))
     complete = BatchJob.select(BatchJob.id).where(live & (BatchJob.targets_done >= BatchJob.targets_total))
-    return sum(finish_if_complete(job.id) for job in complete)
+    return sum(finish(job.id) for job in complete)
+
+
+def finish(job_id: str) -> bool:
+    """Finish the job if its every target is final (``finish_batch_job``); whether it finished. A job
+    swept or evicted meanwhile has nothing left to finish."""
+    try:
+        return dcache.finish_batch_job(job_id) is not None
+    except dcache.JobNotFound:
+        return False
 
 
 def keep_claims(runner: str, stop: threading.Event, settings: Settings) -> None:

@@ -79,10 +79,10 @@ def test_a_late_write_after_a_requeue_is_dropped_and_the_new_runner_finishes(
         ("pending", None),
     ]
     runner.write_results(job.id, [{"idx": new[0].idx, "status": "done", "result": "fresh"}], "fresh")
-    assert not runner.finish_if_complete(job.id)  # target 1 still to do
+    assert not runner.finish(job.id)  # target 1 still to do
     dcache.claim_batch_targets(1, runner="fresh")
     runner.write_results(job.id, [{"idx": 1, "status": "failed", "error": "timeout"}], "fresh")
-    assert runner.finish_if_complete(job.id)
+    assert runner.finish(job.id)
     stored = dcache.batch_job(job.id)
     assert stored is not None and (stored.status, stored.targets_done) == ("partial", 2)
 
@@ -96,7 +96,7 @@ def test_a_job_cancelled_while_fetched_stays_cancelled(
     dcache.claim_batch_targets(1, runner="r1")
     dcache.set_batch_job_status(job.id, "cancelled")
     runner.write_results(job.id, [{"idx": 0, "status": "done", "result": "x"}], "r1")
-    assert not runner.finish_if_complete(job.id)
+    assert not runner.finish(job.id)
     assert runner.finish_complete_jobs() == 0
     stored = dcache.batch_job(job.id)
     assert stored is not None and stored.status == "cancelled"
@@ -113,7 +113,7 @@ def test_finish_complete_jobs_finishes_what_a_dead_runner_wrote_last(
         [{"idx": 0, "status": "done", "result": "a"}, {"idx": 1, "status": "done", "result": "b"}],
         runner="died",
     )
-    assert runner.finish_complete_jobs() == 1  # it died before finish_if_complete
+    assert runner.finish_complete_jobs() == 1  # it died before it finished the job
     stored = dcache.batch_job(job.id)
     assert stored is not None and stored.status == "done"
 
