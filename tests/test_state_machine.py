@@ -466,6 +466,22 @@ class StoreMachine(RuleBasedStateMachine):
             target.status, target.runner, target.heartbeat = "pending", None, None
             target.attempts -= 1
 
+    @rule(data=st.data(), now=times)
+    def finish(self, data: st.DataObject, now: int) -> None:
+        job_id = self.some_job_id(data)
+        job = self.jobs.get(job_id)
+        expected = None
+        if job is not None and job.status in LIVE and job.targets_done >= job.targets_total:
+            failed = sum(1 for t in job.targets.values() if t.status == "failed")
+            expected = "done" if failed == 0 else "failed" if failed >= job.targets_total else "partial"
+        allowed: set[type[Exception]] = set() if job else {dcache.JobNotFound}
+        out = self.call(allowed, dcache.finish_batch_job, job_id, now=now)
+        if job is not None:
+            assert out == expected
+            event(f"finish: {expected}")
+        if job is not None and expected is not None:
+            job.status, job.lease = expected, now
+
     @rule(stale_after=ttls, max_attempts=st.sampled_from([1, 2, 3]), reason=texts, now=times)
     def requeue(self, stale_after: Any, max_attempts: int, reason: str, now: int) -> None:
         moved = 0
