@@ -177,6 +177,8 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_STALE_CLAIMS": {"batch_target_running"},
     "_COUNT_FAILED": {JOB_BY_ID},
     "_FINISH_JOB": {JOB_BY_ID, TARGETS_OF_JOB},  # a job whose targets are all final: counts its failed
+    "_LOCK_JOB": {JOB_BY_ID},
+    "_JOB_STATUS": {JOB_BY_ID},
     "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOB": {JOB_BY_ID},
     "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases
