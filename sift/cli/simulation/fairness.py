@@ -15,12 +15,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sift.dcache import url_host
+from sift.dcache import BatchTarget, TargetStatus, url_host
 
 from ..report import Column, format_count, table
 from .workload import FLOOD_CALLER, JobSpec
 
-__all__ = ["CallerSeen", "FairnessLog", "caller_rows", "fairness_lines", "fairness_report", "host_peaks"]
+__all__ = [
+    "CallerSeen",
+    "FairnessLog",
+    "caller_rows",
+    "fairness_lines",
+    "fairness_report",
+    "journal_callers",
+    "running_urls",
+]
 
 #: How many hosts the human summary lists (the JSON holds every host).
 SHOWN_HOSTS = 8
@@ -101,13 +109,36 @@ def caller_rows(callers: Iterable[CallerSeen]) -> list[dict[str, Any]]:
     return [seen.row() for seen in sorted(callers, key=lambda seen: seen.caller)]
 
 
-def host_peaks(running_samples: Iterable[Iterable[str]]) -> dict[str, int]:
-    """Each host's peak over samples of the running targets' URLs."""
-    peaks: dict[str, int] = {}
-    for urls in running_samples:
-        for host, n in collections.Counter(url_host(url) for url in urls).items():
-            peaks[host] = max(peaks.get(host, 0), n)
-    return peaks
+def running_urls() -> collections.Counter[str]:
+    """The store's running targets by host, read in one statement (a consistent snapshot); their number is
+    bounded by what the runners hold, and the partial index of running targets finds them."""
+    T = BatchTarget
+    rows: Any = T.select(T.url).where(T.status == TargetStatus.RUNNING).tuples()
+    return collections.Counter(url_host(url) for (url,) in rows)
+
+
+def journal_callers(
+    specs: Iterable[JobSpec], prefix: str, journals: dict[int, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Each caller's row from the hosts' journals, merged by time (one monotonic clock on one machine): its
+    first submission, its first and last stored result, and the flood's targets in the claims journaled
+    from its first submission to the claim of its first target."""
+    spec_of = {f"{prefix}-{spec.number:05d}": spec for spec in specs}
+    by_number = {spec.number: spec for spec in spec_of.values()}
+    log = FairnessLog(spec_of.values())
+    events: list[tuple[float, int, dict[str, Any]]] = []
+    for records in journals.values():
+        events += [
+            (r["t"], order, r) for order, r in enumerate(records) if r["k"] in ("sub", "claim", "done")
+        ]
+    for t, _, r in sorted(events, key=lambda e: (e[0], e[1])):
+        if r["k"] == "sub":
+            log.submitted(by_number[r["n"]].caller, t)
+        elif r["k"] == "claim":
+            log.claimed((spec_of[job].caller, "") for job, _ in r["got"] if job in spec_of)
+        elif r["job"] in spec_of:
+            log.results(spec_of[r["job"]].caller, t)
+    return caller_rows(log.callers.values())
 
 
 def fairness_report(

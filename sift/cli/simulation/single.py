@@ -18,6 +18,7 @@ Reconciliation is the runner's alone, as in a real deployment: the callers (the 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import secrets
 import threading
@@ -254,10 +255,8 @@ class Simulation:
         if job is None or job.status in (JobStatus.QUEUED, JobStatus.RUNNING):
             return
         dcache.batch_targets(job_id)
-        try:
+        with contextlib.suppress(JobNotFound):  # swept or evicted in between
             dcache.touch_batch_job(job_id, now=self.clock.now())
-        except JobNotFound:  # swept or evicted in between
-            pass
 
     # -- runners ----------------------------------------------------------------------------------------
 
@@ -296,7 +295,9 @@ class Simulation:
             sweep_at = now if due else sweep_at
             if rng.random() < FAIL_P:
                 error, hint = rng.choice(ERRORS)
-                results.append({"idx": target.idx, "status": TargetStatus.FAILED, "error": error, "hint": hint})
+                results.append(
+                    {"idx": target.idx, "status": TargetStatus.FAILED, "error": error, "hint": hint}
+                )
             else:
                 result = envelope(rng, self.corpus, target.url)
                 results.append({"idx": target.idx, "status": TargetStatus.DONE, "result": result})

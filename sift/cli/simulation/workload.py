@@ -3,8 +3,8 @@
 The mixed workload (the default): callers of both classes submit jobs; some repeat one of their recent
 idempotency keys (a client's retry) and must be answered from the store. The flood workload: one caller
 submits many big jobs first, then several small callers submit small jobs; a few hot hosts take a large
-share of the URLs, the rest spread over many hosts. A result is a JSON page envelope of random size whose body is cut
-from a text with non-ASCII words, so that UTF-8 bytes and characters differ.
+share of the URLs, the rest spread over many hosts. A result is a JSON page envelope of random size whose
+body is cut from a text with non-ASCII words, so that UTF-8 bytes and characters differ.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "ERRORS",
     "FAIL_P",
     "FLOOD_CALLER",
+    "NO_OPTIONS",
     "WORKLOADS",
     "ClaimOptions",
     "JobSpec",
@@ -109,6 +110,10 @@ class ClaimOptions:
         return given
 
 
+#: The claim's own defaults.
+NO_OPTIONS = ClaimOptions()
+
+
 def settings_of(args: argparse.Namespace) -> Settings:
     """The settings given on the command line (sizes and durations already parsed)."""
     return Settings(
@@ -167,7 +172,8 @@ def flood_plan(settings: Settings) -> list[JobSpec]:
     rng = random.Random(settings.seed)
     big = max(1, settings.jobs // 2)
     specs = [
-        JobSpec(n, *FLOOD_CALLER, f"req-{n:05d}", settings.targets, repeat=False, flood=True) for n in range(big)
+        JobSpec(n, *FLOOD_CALLER, f"req-{n:05d}", settings.targets, repeat=False, flood=True)
+        for n in range(big)
     ]
     for n in range(big, settings.jobs):
         caller, caller_class = SMALL_CALLERS[(n - big) % len(SMALL_CALLERS)]
@@ -205,7 +211,11 @@ def target_urls(spec: JobSpec) -> list[str]:
         urls = []
         for idx in range(spec.targets):
             hot = rng.random() < HOT_SHARE
-            host = f"hot-{rng.randrange(HOT_HOSTS)}.example" if hot else f"site-{rng.randrange(COLD_HOSTS)}.example"
+            host = (
+                f"hot-{rng.randrange(HOT_HOSTS)}.example"
+                if hot
+                else f"site-{rng.randrange(COLD_HOSTS)}.example"
+            )
             urls.append(f"https://{host}/{spec.caller}/{spec.number}/{idx}")
         return urls
     return [f"https://{spec.caller}.example/page/{spec.number}/{idx}" for idx in range(spec.targets)]
