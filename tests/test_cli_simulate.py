@@ -4,15 +4,18 @@ by reading the file with plain sqlite3 and computing sizes in Python."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_helpers import connect_ro, run, run_on_terminal, sift_script
+from conftest import SUFFIX, drop_schema, postgres_target
 
 from sift import dcache
 from sift.cli import build_parser
+from sift.cli.simulation.single import CLAIM_LIMIT
 from sift.cli.simulation.workload import Settings, plan
 from sift.cli.units import parse_duration, parse_size
 
@@ -257,3 +260,122 @@ def test_command_line_defaults_are_the_settings_defaults() -> None:
     )
     assert parse_size(args.budget) == Settings().budget
     assert parse_duration(args.ttl) == Settings().ttl
+
+
+# -- The flood workload ----------------------------------------------------------------------------------
+
+#: Four flood jobs of 150 targets, then one small job from each small caller: the small callers submit
+#: while most of the flood is still pending.
+FLOOD = ["--workload", "flood", "--jobs", "8", "--targets", "150", "--workers", "3", "--budget", "1GB"]
+FLOOD_TARGETS = 4 * 150
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new store for one run: a file, or a schema of the test's own on the PostgreSQL server."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "sim.db")
+        return
+    request.getfixturevalue("postgres_schema")  # skips (or fails, under CI) without a server
+    schema = f"sift_flood_{SUFFIX}"
+    drop_schema(schema)
+    try:
+        yield postgres_target(schema)
+    finally:
+        dcache.close_db()
+        drop_schema(schema)
+
+
+def flood_run(capsys: pytest.CaptureFixture[str], target: str, *extra: str) -> dict[str, Any]:
+    code, out, err = run(capsys, "simulate", "--db", target, "--json", *FLOOD, *extra)
+    summary: dict[str, Any] = json.loads(out)
+    failed = [check for check in summary["invariants"] if not check["ok"]]
+    assert (code, failed, err) == (0, [], "")
+    return summary
+
+
+def small_callers(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = summary["fairness"]["callers"]
+    assert [row["caller"] for row in rows] == ["flood", "small-0", "small-1", "small-2", "small-3"]
+    assert rows[0]["targets"] == FLOOD_TARGETS and rows[0]["jobs"] == 4
+    return rows[1:]
+
+
+@pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
+def test_flood_fair_and_oldest_first(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fair claiming hands each small caller a target within a few claims of its first submission, while
+    most of the flood is still pending; oldest-first claiming hands out every target of the flood first.
+    Counted in claims (the runners claim one at a time, under the lock that records them), not in time."""
+    fair = flood_run(capsys, store_target)
+    assert fair["fairness"]["claim"] == {}
+    for row in small_callers(fair):
+        assert row["first_result_s"] is not None and row["last_result_s"] >= row["first_result_s"]
+        # A claim running at the submission, then the round robin: a small caller waits two claims at most.
+        assert row["flood_before_first"] <= 2 * CLAIM_LIMIT
+        assert row["flood_at_submit"] + row["flood_before_first"] < FLOOD_TARGETS
+    assert fair["fairness"]["small_first_result_median_s"] is not None
+    dcache.close_db()
+    if store_target.startswith("postgresql"):
+        drop_schema(store_target.rpartition("schema=")[2])
+    else:
+        for path in Path(store_target).parent.glob("sim.db*"):
+            path.unlink()
+    oldest = flood_run(capsys, store_target, "--oldest-first")
+    assert oldest["fairness"]["claim"] == {"fair": False}
+    for row in small_callers(oldest):
+        # Every flood target was handed out (once at least) before the small caller's first.
+        assert row["flood_at_submit"] + row["flood_before_first"] >= FLOOD_TARGETS
+    fair_waits = sorted(row["flood_before_first"] for row in small_callers(fair))
+    oldest_waits = sorted(row["flood_before_first"] for row in small_callers(oldest))
+    assert fair_waits[-1] < oldest_waits[0]
+
+
+@pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
+def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--per-host 2: the end check asserts no host ever had more than 2 targets running, counted from the
+    runners' in-flight targets; the hot hosts reached the limit."""
+    summary = flood_run(capsys, store_target, "--per-host", "2")
+    fairness = summary["fairness"]
+    assert fairness["claim"] == {"per_host": 2}
+    check = [c for c in summary["invariants"] if c["name"] == "no host ever had more than 2 targets running"]
+    assert check and check[0]["ok"]
+    peaks = fairness["host_peaks"]
+    assert max(peaks.values()) == fairness["busiest_host_peak"] <= 2
+    assert {peaks[f"hot-{n}.example"] for n in range(3)} == {2}
+    assert summary["tally"]["targets_written"] >= FLOOD_TARGETS
+
+
+def test_flood_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--workload", "flood", "--jobs", "6", "--targets", "10", "--weights", "restricted=2,fleet=1"]
+    code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("Callers (claim_batch_targets with weights={'restricted': 2, 'fleet': 1})")
+    assert lines[at + 1].split() == [
+        *("caller", "class", "jobs", "targets", "first", "result", "last", "result"),
+        *("flood", "targets", "before", "its", "first"),
+    ]
+    assert [line.split()[0] for line in lines[at + 2 : at + 6]] == ["flood", "small-0", "small-1", "small-2"]
+    assert lines[at + 7].startswith(
+        "Busiest hosts (peak of targets running at once, from the runner threads'"
+    )
+    assert lines[-1] == "All invariants hold."
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--weights", "fleet"], "sift: --weights: expected CLASS=N[,CLASS=N]"),
+        (["--weights", "fleet=0"], "sift: --weights: expected CLASS=N[,CLASS=N]"),
+        (["--weights", "fleet=2,fleet=3"], "sift: --weights: expected CLASS=N[,CLASS=N]"),
+        (["--weights", "=2"], "sift: --weights: expected CLASS=N[,CLASS=N]"),
+    ],
+)
+def test_bad_weights_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "simulate", "--db", tmp_path / "sim.db", *argv)
+    assert (code, out) == (1, "")
+    assert err.startswith(message)
+    assert list(tmp_path.iterdir()) == []

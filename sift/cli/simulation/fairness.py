@@ -60,6 +60,7 @@ class CallerSeen:
             "targets": self.targets,
             "first_result_s": wait(self.first_result),
             "last_result_s": wait(self.last_result),
+            "flood_at_submit": self.flood_at_submit,
             "flood_before_first": self.flood_before_first,
         }
 
