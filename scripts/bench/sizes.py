@@ -59,6 +59,9 @@ class Sizes:
     sim_jobs: int  # PostgreSQL: submissions of each sift simulate --hosts run
     sim_rounds: int  # runs of each side (--hosts 1, --hosts 4)
     sim_fetch_jobs: int  # the same with fetches that wait on the network (--fetch-ms)
+    flood_jobs: int  # fairness: submissions of each sift simulate --workload flood run (half the flood's)
+    flood_targets: int  # fairness: targets of each flood job
+    flood_rounds: int  # fairness: runs of each side (fair, oldest first)
     tail_rounds: int  # SQLite tail: rounds of each side
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
@@ -106,6 +109,9 @@ FULL = Sizes(
     sim_jobs=300,
     sim_rounds=2,
     sim_fetch_jobs=150,
+    flood_jobs=40,
+    flood_targets=500,
+    flood_rounds=2,
     tail_rounds=8,
     tail_calls=600,
     compare_rounds=30,
@@ -153,6 +159,9 @@ QUICK = Sizes(
     sim_jobs=30,
     sim_rounds=1,
     sim_fetch_jobs=12,
+    flood_jobs=8,
+    flood_targets=150,
+    flood_rounds=1,
     tail_rounds=2,
     tail_calls=60,
     compare_rounds=4,
