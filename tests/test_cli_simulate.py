@@ -296,7 +296,7 @@ def flood_run(capsys: pytest.CaptureFixture[str], target: str, *extra: str) -> d
 
 
 def small_callers(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = summary["fairness"]["callers"]
+    rows: list[dict[str, Any]] = summary["fairness"]["callers"]
     assert [row["caller"] for row in rows] == ["flood", "small-0", "small-1", "small-2", "small-3"]
     assert rows[0]["targets"] == FLOOD_TARGETS and rows[0]["jobs"] == 4
     return rows[1:]
