@@ -53,6 +53,12 @@ __all__ = ["CLAIM_LIMIT", "MAX_ATTEMPTS", "PER_JOB", "RESTART_REASON", "SimClock
 STEP_S = 2
 #: Chance that a caller polls one of its earlier jobs after a submission.
 POLL_P = 0.3
+#: Jobs a caller of the mixed workload keeps unfinished before it waits for one (polling) to send more: a
+#: client that waits for its results, which keeps the queue as short as the runners keep up with. The flood's
+#: callers do not wait.
+CALLER_IN_FLIGHT = 4
+#: How long (real seconds) a waiting caller sleeps between its polls.
+WAIT_POLL_S = 0.002
 #: Targets one claim takes, and at most how many of one job.
 CLAIM_LIMIT = 4
 PER_JOB = 2
@@ -213,17 +219,36 @@ class Simulation:
 
     def submissions(self, specs: list[JobSpec], rng: random.Random) -> None:
         mine: list[str] = []
+        unfinished: list[str] = []
         for spec in specs:
             self.checkpoint()
+            if not spec.flood:
+                self.wait_for_room(unfinished)
             if self.abort.is_set():
                 return
-            self.submit_one(spec, rng, mine)
+            if job_id := self.submit_one(spec, rng, mine):
+                unfinished.append(job_id)
             with self.lock:
                 self.handled += 1
                 if self.handled == self.crash_after:
                     self.crashing.set()
 
-    def submit_one(self, spec: JobSpec, rng: random.Random, mine: list[str]) -> None:
+    def wait_for_room(self, unfinished: list[str]) -> None:
+        """Until fewer than CALLER_IN_FLIGHT of the caller's jobs are unfinished: poll them, parking while
+        the runner is down."""
+        while not self.abort.is_set():
+            unfinished[:] = [job_id for job_id in unfinished if self.live(job_id)]
+            if len(unfinished) < CALLER_IN_FLIGHT:
+                return
+            time.sleep(WAIT_POLL_S)
+            self.checkpoint()
+
+    def live(self, job_id: str) -> bool:
+        job = dcache.batch_job(job_id)
+        return job is not None and job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+    def submit_one(self, spec: JobSpec, rng: random.Random, mine: list[str]) -> str | None:
+        """Submit ``spec``; the id of the job it created, None when the store answered a repeat."""
         self.add(submissions=1)
         job_id = f"{self.prefix}-{spec.number:05d}"
         now = self.clock.now()
@@ -238,7 +263,7 @@ class Simulation:
                 right = found in self.created.get((spec.caller, spec.idem_key), set())
             self.add(idem_hits=1, idem_wrong=0 if right else 1)
             self.resolved()
-            return
+            return None
         with self.lock:
             self.created.setdefault((spec.caller, spec.idem_key), set()).add(job_id)
             self.tally.jobs_created += 1
@@ -247,6 +272,7 @@ class Simulation:
         mine.append(job_id)
         if rng.random() < POLL_P:
             self.poll(rng.choice(mine))
+        return job_id
 
     def poll(self, job_id: str) -> None:
         """A caller reads one of its jobs; a finished one's results are fetched, which renews its lease."""

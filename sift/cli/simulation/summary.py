@@ -102,8 +102,9 @@ def _claim_checks(sim: Simulation, counters: dict[str, int], fairness: dict[str,
             "stats() claims and writes agree with what the runners' calls returned",
             (counters["targets_claimed"], counters["target_writes"], counters["late_writes_refused"])
             == (t.targets_claimed, t.targets_written, t.claims_lost),
-            f"claimed {counters['targets_claimed']}/{t.targets_claimed}, written {counters['target_writes']}/"
-            f"{t.targets_written}, late writes refused {counters['late_writes_refused']}/{t.claims_lost}",
+            f"claimed {counters['targets_claimed']:,}/{t.targets_claimed:,}, written "
+            f"{counters['target_writes']:,}/{t.targets_written:,}, late writes refused "
+            f"{counters['late_writes_refused']}/{t.claims_lost}",
         ),
         Check(
             "the restart requeued what the runner held and failed no target; none left running",
