@@ -24,25 +24,23 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sift import dcache
-from sift.dcache import BatchTarget, ClaimLost, JobNotFound, JobStatus, TargetNotFound, TargetStatus
+from sift.dcache import JobNotFound, JobStatus
 
 from ..report import format_size
 from ..store import OPEN_TIMEOUT_S
 from .fairness import FairnessLog
+from .runners import CLAIM_LIMIT, MAX_ATTEMPTS, PER_JOB, RunnerThreads
+from .tally import SimClock, Tally
 from .workload import (
-    ERRORS,
-    FAIL_P,
     FLOOD_CALLER,
     ClaimOptions,
     JobSpec,
     Settings,
     corpus,
-    envelope,
-    final_status,
     plan,
     submission,
 )
@@ -59,67 +57,7 @@ POLL_P = 0.3
 CALLER_IN_FLIGHT = 4
 #: How long (real seconds) a waiting caller sleeps between its polls.
 WAIT_POLL_S = 0.002
-#: Targets one claim takes, and at most how many of one job.
-CLAIM_LIMIT = 4
-PER_JOB = 2
-#: How often (real seconds) the keeper renews the runners' claims and requeues stale ones.
-KEEP_EVERY_S = 0.02
-#: A target's claims before a stale one fails it: one restart leaves every target attempts to spare.
-MAX_ATTEMPTS = 3
-#: How long an idle runner waits (real seconds) before it claims again.
-IDLE_S = 0.005
 RESTART_REASON = "runner restarted (simulated crash)"
-STALE_REASON = "its runner stopped renewing the claim"
-
-
-class SimClock:
-    """The simulated clock: advances a fixed step per target written; says when a sweep is due."""
-
-    def __init__(self, start: int, step: int, sweep_every: int) -> None:
-        self._lock = threading.Lock()
-        self._now = start
-        self.start = start
-        self.step = step
-        self.sweep_every = max(1, sweep_every)
-        self._next_sweep = start + self.sweep_every
-
-    def now(self) -> int:
-        with self._lock:
-            return self._now
-
-    def tick(self) -> tuple[int, bool]:
-        """Advance one step; return the new time and whether a sweep is due at it."""
-        with self._lock:
-            self._now += self.step
-            due = self._now >= self._next_sweep
-            if due:
-                self._next_sweep = self._now + self.sweep_every
-            return self._now, due
-
-
-@dataclass
-class Tally:
-    """What the run did, counted as the calls returned."""
-
-    submissions: int = 0
-    jobs_created: int = 0
-    idem_hits: int = 0
-    idem_wrong: int = 0
-    idem_started_anew: int = 0
-    polls: int = 0
-    claims: int = 0
-    targets_claimed: int = 0
-    targets_written: int = 0
-    targets_failed: int = 0
-    targets_lost: int = 0
-    claims_lost: int = 0
-    stale_requeued: int = 0
-    stale_failed: int = 0
-    sweeps: int = 0
-    jobs_swept: int = 0
-    jobs_evicted: int = 0
-    restart_requeued: int = 0
-    restart_failed: int = 0
 
 
 class Simulation:
@@ -164,6 +102,7 @@ class Simulation:
         self.errors: list[BaseException] = []
         self.corpus = corpus(settings.seed)
         self.handled = 0
+        self.runners = RunnerThreads(self)
 
     # -- bookkeeping ------------------------------------------------------------------------------------
 
@@ -284,128 +223,6 @@ class Simulation:
         with contextlib.suppress(JobNotFound):  # swept or evicted in between
             dcache.touch_batch_job(job_id, now=self.clock.now())
 
-    # -- runners ----------------------------------------------------------------------------------------
-
-    def runner(self, name: str, seed: int) -> None:
-        rng = random.Random(seed)
-        held = self.held.setdefault(name, {})
-        while not self.halted():
-            with self.store_lock:
-                claimed = dcache.claim_batch_targets(
-                    CLAIM_LIMIT, per_job=PER_JOB, runner=name, now=self.clock.now(), **self.claim.kwargs()
-                )
-                held.update({(t.job_id, t.idx): t.url for t in claimed})
-                self.fairness.claimed((self.spec_of[t.job_id].caller, t.url) for t in claimed)
-            if not claimed:
-                time.sleep(IDLE_S)
-                continue
-            self.add(claims=1, targets_claimed=len(claimed))
-            by_job: dict[str, list[BatchTarget]] = {}
-            for target in claimed:
-                by_job.setdefault(target.job_id, []).append(target)
-            for job_id, targets in by_job.items():
-                if self.crashing.is_set() or self.abort.is_set():
-                    return  # the crash: what this runner holds stays running, for the restart to requeue
-                self.run_job_targets(rng, name, job_id, targets)
-            self.add(jobs_evicted=dcache.evict_batch_oldest(self.settings.budget))
-
-    def run_job_targets(self, rng: random.Random, name: str, job_id: str, targets: list[BatchTarget]) -> None:
-        """Fetch the job's claimed targets, then write their results in one call; sweep when it is due."""
-        results: list[dict[str, Any]] = []
-        sweep_at: int | None = None
-        now = self.clock.now()
-        for target in targets:
-            if self.crashing.is_set() or self.abort.is_set():
-                return  # the crash: the results fetched so far are lost with the process; its claims stay
-            now, due = self.clock.tick()
-            sweep_at = now if due else sweep_at
-            if rng.random() < FAIL_P:
-                error, hint = rng.choice(ERRORS)
-                results.append(
-                    {"idx": target.idx, "status": TargetStatus.FAILED, "error": error, "hint": hint}
-                )
-            else:
-                result = envelope(rng, self.corpus, target.url)
-                results.append({"idx": target.idx, "status": TargetStatus.DONE, "result": result})
-        written = self.write(name, job_id, results, now)
-        if written is None:
-            return
-        failed = sum(1 for entry in written if entry["status"] == TargetStatus.FAILED)
-        self.add(targets_written=len(written), targets_failed=failed)
-        if written:
-            self.finish(job_id, now)
-        if sweep_at is not None:
-            swept = dcache.sweep_batch(self.settings.ttl, now=sweep_at)
-            self.add(sweeps=1, jobs_swept=swept)
-
-    def write(
-        self, name: str, job_id: str, results: list[dict[str, Any]], now: int
-    ) -> list[dict[str, Any]] | None:
-        """The job's results in one ``update_batch_targets`` as runner ``name``; when a claim among them was
-        lost (requeued as stale), each alone, dropping a lost one's write as the documented runner does. A
-        job swept meanwhile loses them all. Returns the entries written; None if the runner crashed first
-        (they stay running in the store)."""
-        held = self.held[name]
-        with self.store_lock:
-            if self.crashing.is_set():
-                return None
-            try:
-                dcache.update_batch_targets(job_id, results, runner=name, now=now)
-                written = results
-            except ClaimLost:
-                written = [entry for entry in results if self.write_one(name, job_id, entry, now)]
-            except (JobNotFound, TargetNotFound):
-                written = []
-            urls = [held.pop((job_id, entry["idx"])) for entry in results if (job_id, entry["idx"]) in held]
-            self.fairness.finished(urls)
-            if written:
-                self.fairness.results(self.spec_of[job_id].caller, time.monotonic())
-        self.add(targets_lost=len(results) - len(written))
-        return written
-
-    def write_one(self, name: str, job_id: str, entry: dict[str, Any], now: int) -> bool:
-        fields = {key: entry[key] for key in ("result", "error", "hint") if key in entry}
-        try:
-            dcache.update_batch_target(job_id, entry["idx"], entry["status"], runner=name, now=now, **fields)
-        except ClaimLost:
-            self.add(claims_lost=1)
-            return False
-        except (JobNotFound, TargetNotFound):
-            return False
-        return True
-
-    def finish(self, job_id: str, now: int) -> None:
-        """After a write: the job's final status once every target is written (by whichever runner sees it
-        first; another seeing it too writes the same status)."""
-        job = dcache.batch_job(job_id)
-        if job is None or job.status != JobStatus.RUNNING or job.targets_done < job.targets_total:
-            return
-        targets = dcache.batch_targets(job_id) or []
-        failed = sum(1 for target in targets if target.status == TargetStatus.FAILED)
-        status, error = final_status(failed, job.targets_total)
-        try:
-            dcache.set_batch_job_status(job_id, status, error, now=now)
-        except JobNotFound:
-            return
-        self.resolved()
-
-    def keeper(self) -> None:
-        """On a timer, whether or not there is work: renew every runner's claims, requeue stale claims
-        (none should be: the renewals come far more often than ``stale_after`` of simulated time)."""
-        while not (self.halted() or self.abort.wait(KEEP_EVERY_S)):
-            now = self.clock.now()
-            for name in list(self.held):
-                dcache.renew_claims(name, now=now)
-            before = dcache.stats()  # this thread alone requeues while it runs: the difference is its own
-            if dcache.requeue_stale_claims(
-                self.stale_after, max_attempts=MAX_ATTEMPTS, reason=STALE_REASON, now=now
-            ):
-                after = dcache.stats()
-                self.add(
-                    stale_requeued=after["targets_requeued"] - before["targets_requeued"],
-                    stale_failed=after["targets_failed_stale"] - before["targets_failed_stale"],
-                )
-
     # -- the run ----------------------------------------------------------------------------------------
 
     def show_status(self) -> None:
@@ -503,11 +320,11 @@ def threads(sim: Simulation, phase: int) -> tuple[list[threading.Thread], list[t
     ]
     runners = [
         threading.Thread(
-            target=sim.guarded(sim.runner, f"{sim.prefix}-runner-{phase}-{n}", base + 50 + n),
+            target=sim.guarded(sim.runners.runner, f"{sim.prefix}-runner-{phase}-{n}", base + 50 + n),
             name=f"runner-{n}",
             daemon=True,
         )
         for n in range(sim.settings.workers)
     ]
-    runners.append(threading.Thread(target=sim.guarded(sim.keeper), name="keeper", daemon=True))
+    runners.append(threading.Thread(target=sim.guarded(sim.runners.keeper), name="keeper", daemon=True))
     return callers, runners
