@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sift import dcache, testing
-from sift.dcache import BatchJob, BatchTarget, claims, db, manager
+from sift.dcache import BatchJob, BatchTarget, claimorder, claims, db, manager
 from sift.dcache.statements import Statement
 
 
@@ -102,7 +102,7 @@ def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
 
 
 #: The modules whose compiled statements are the store's rules.
-RULE_MODULES = (manager, claims)
+RULE_MODULES = (manager, claims, claimorder)
 
 
 def rule_statements() -> dict[str, Statement]:

@@ -118,6 +118,10 @@ class Backend(Protocol):
     def errors(self) -> AbstractContextManager[None]:
         """A block whose driver errors become the package's (as every statement's do)."""
 
+    def bytewise(self, expr: peewee.Node) -> peewee.ColumnBase:
+        """A text expression compared and ordered byte by byte (PostgreSQL's ``COLLATE "C"``), so both
+        backends order callers and hosts alike."""
+
     def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
         """``query`` locking the rows it selects until the transaction ends (skipping rows another
         transaction holds, with ``skip_locked``), where the backend needs row locks."""

@@ -1,0 +1,185 @@
+"""The claim's order: a ring of callers taking weighted turns, a cursor that carries a round over from one
+claim to the next, and a per-host limit on running targets; on every backend."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets, snapshot
+
+from sift import dcache
+from sift.dcache import db
+
+
+def keys(targets: list[dcache.BatchTarget]) -> list[tuple[str, int]]:
+    return [(t.job_id, t.idx) for t in targets]
+
+
+def callers(targets: list[dcache.BatchTarget]) -> list[str]:
+    return [t.job_id.split("/")[0] for t in targets]
+
+
+def add_job(caller: str, name: str, count: int, *, created_at: int, cls: str = "fleet", **fields: Any) -> str:
+    """A job ``caller/name`` of ``count`` targets; ``fields`` go to each target (url=... for its host)."""
+    job_id = f"{caller}/{name}"
+    dcache.create_batch_job(
+        make_job(job_id, caller=caller, caller_class=cls, targets_total=count, created_at=created_at),
+        make_targets(count, **fields),
+    )
+    return job_id
+
+
+def add_hosted_job(caller: str, name: str, hosts: list[str], *, created_at: int, cls: str = "fleet") -> str:
+    """A job whose target ``i`` is on ``hosts[i]``."""
+    job_id = f"{caller}/{name}"
+    targets = [dcache.BatchTarget(idx=i, url=f"https://{h}/{i}", options="{}") for i, h in enumerate(hosts)]
+    dcache.create_batch_job(
+        make_job(job_id, caller=caller, caller_class=cls, targets_total=len(hosts), created_at=created_at),
+        targets,
+    )
+    return job_id
+
+
+def test_a_later_caller_is_not_starved_behind_a_flood(store: Any) -> None:
+    """The flood: one caller's 200 jobs of 500 targets, then another caller's job of 5; the next claim of 10
+    hands the second caller at least one target."""
+    with db.atomic():
+        for n in range(200):
+            job = make_job(f"flood/{n}", caller="flood", targets_total=500, created_at=1 + n)
+            dcache.create_batch_job(job, make_targets(500))
+    add_job("small", "only", 5, created_at=10_000)
+    got = dcache.claim_batch_targets(10, now=20_000)
+    assert len(got) == 10
+    assert "small" in callers(got)
+    assert Counter(callers(got)) == {"flood": 5, "small": 5}
+
+
+@pytest.mark.parametrize("sizes", [(7, 13), (1,), (400,), (3, 50, 11)])
+def test_weights_split_the_claims_three_to_one(store: Any, sizes: tuple[int, ...]) -> None:
+    """Weights 3:1 by caller class: 400 targets claimed in claims of various sizes split 300:100, within
+    one round's turns at every point, while both callers have work."""
+    for n in range(4):
+        add_job("fleet-caller", f"j{n}", 150, created_at=1 + n, cls="fleet")
+        add_job("restricted-caller", f"j{n}", 150, created_at=1 + n, cls="restricted")
+    weights = {"fleet": 3, "restricted": 1}
+    seen: Counter[str] = Counter()
+    step = 0
+    while sum(seen.values()) < 400:
+        size = min(sizes[step % len(sizes)], 400 - sum(seen.values()))
+        step += 1
+        got = dcache.claim_batch_targets(size, weights=weights, now=10)
+        assert len(got) == size
+        seen.update(callers(got))
+        total = sum(seen.values())
+        # after any prefix of the turn-by-turn order, each caller is at most one turn off its share
+        assert abs(seen["fleet-caller"] - 3 * total / 4) <= 3
+        assert abs(seen["restricted-caller"] - total / 4) <= 1
+    assert seen == {"fleet-caller": 300, "restricted-caller": 100}
+
+
+def test_the_exact_order_of_a_small_case(store: Any) -> None:
+    """Three callers: a (fleet, weight 2, two jobs), b and c (restricted, a class not named: weight 1);
+    per_job=3. The ring starts at the first caller in byte order and carries over from claim to claim."""
+    add_job("a", "old", 4, created_at=5, cls="fleet")
+    add_job("a", "new", 2, created_at=6, cls="fleet")
+    add_job("b", "x", 3, created_at=1, cls="restricted")
+    add_job("c", "y", 2, created_at=3, cls="restricted")
+    weights = {"fleet": 2}
+    first = dcache.claim_batch_targets(4, per_job=3, weights=weights, now=10)
+    assert keys(first) == [("a/old", 0), ("a/old", 1), ("b/x", 0), ("c/y", 0)]
+    # c's turn was used up: a round from a (per_job counts within one claim), b, c; then a's next turn:
+    # a/old has nothing left, so its next job
+    second = dcache.claim_batch_targets(5, per_job=3, weights=weights, now=11)
+    assert keys(second) == [("a/old", 2), ("a/old", 3), ("b/x", 1), ("c/y", 1), ("a/new", 0)]
+    # a's turn goes on (1 of 2 used), then b; c has nothing left and leaves the ring
+    third = dcache.claim_batch_targets(10, per_job=3, weights=weights, now=12)
+    assert keys(third) == [("a/new", 1), ("b/x", 2)]
+    assert dcache.claim_batch_targets(10, weights=weights, now=13) == []
+
+
+def test_a_caller_mid_turn_keeps_its_turn_in_the_next_claim(store: Any) -> None:
+    add_job("a", "j", 10, created_at=1, cls="fleet")
+    add_job("b", "j", 10, created_at=1, cls="restricted")
+    weights = {"fleet": 3}
+    assert callers(dcache.claim_batch_targets(2, weights=weights, now=1)) == ["a", "a"]
+    assert callers(dcache.claim_batch_targets(3, weights=weights, now=1)) == ["a", "b", "a"]
+    assert callers(dcache.claim_batch_targets(4, weights=weights, now=1)) == ["a", "a", "b", "a"]
+
+
+def test_fair_false_keeps_the_oldest_job_first_across_callers(store: Any) -> None:
+    add_job("a", "late", 2, created_at=30)
+    add_job("b", "early", 3, created_at=10)
+    add_job("c", "middle", 2, created_at=20)
+    got = dcache.claim_batch_targets(10, fair=False, now=40)
+    early, middle, late = (
+        [("b/early", i) for i in range(3)],
+        [("c/middle", 0), ("c/middle", 1)],
+        [("a/late", 0), ("a/late", 1)],
+    )
+    assert keys(got) == early + middle + late
+
+
+def test_a_host_at_its_limit_is_skipped_and_other_work_flows(store: Any) -> None:
+    add_hosted_job("a", "hot", ["hot.example"] * 6 + ["b.example", "a.example"], created_at=1)
+    add_hosted_job("b", "mixed", ["hot.example", "c.example", "c.example"], created_at=2)
+    got = dcache.claim_batch_targets(20, per_host=2, now=5)
+    hosts = Counter(t.url.split("/")[2] for t in got)
+    assert hosts == {"hot.example": 2, "a.example": 1, "b.example": 1, "c.example": 2}
+    # within a job, host by host in byte order, lowest idx first within a host
+    # turn by turn: a's a.example, b's c.example, a's b.example, b's c.example, a's hot.example, b's
+    # hot.example (now full); then a's job has only hot.example left, at its limit
+    assert keys(got) == [
+        ("a/hot", 7),
+        ("b/mixed", 1),
+        ("a/hot", 6),
+        ("b/mixed", 2),
+        ("a/hot", 0),
+        ("b/mixed", 0),
+    ]
+    assert dcache.claim_batch_targets(20, per_host=2, now=6) == []  # every host left is at its limit
+    dcache.update_batch_target("a/hot", 0, "done", result="ok", now=7)
+    again = dcache.claim_batch_targets(20, per_host=2, now=8)
+    assert keys(again) == [("a/hot", 1)]
+
+
+def test_per_host_counts_targets_running_from_earlier_claims(store: Any) -> None:
+    add_hosted_job("a", "j", ["h.example"] * 5, created_at=1)
+    assert len(dcache.claim_batch_targets(1, now=1)) == 1  # no limit: one running on h.example
+    assert keys(dcache.claim_batch_targets(5, per_host=3, now=2)) == [("a/j", 1), ("a/j", 2)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"weights": {"fleet": 0}}, "weights"),
+        ({"weights": {"fleet": 1.5}}, "weights"),
+        ({"weights": {"fleet": True}}, "weights"),
+        ({"weights": {1: 2}}, "weights"),
+        ({"weights": [("fleet", 2)]}, "weights"),
+        ({"weights": {f"c{i}": 1 for i in range(1001)}}, "weights"),
+        ({"weights": {"fleet": 2}, "fair": False}, "weights"),
+        ({"per_host": 0}, "per_host"),
+        ({"per_host": -1}, "per_host"),
+        ({"per_host": "2"}, "per_host"),
+        ({"fair": 1}, "fair"),
+    ],
+)
+def test_bad_weights_and_per_host_name_the_field_and_change_nothing(
+    store: Any, kwargs: dict[str, Any], field: str
+) -> None:
+    add_job("a", "j", 3, created_at=1)
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput) as caught:
+        dcache.claim_batch_targets(2, now=5, **kwargs)
+    assert caught.value.field == field
+    assert snapshot() == before
+
+
+def test_every_insert_records_the_targets_host(store: Any) -> None:
+    urls = ["https://User@Example.COM.:8443/x", "mailto:someone", "http://[::1]:80/"]
+    targets = [dcache.BatchTarget(idx=i, url=u, options="{}") for i, u in enumerate(urls)]
+    dcache.create_batch_job(make_job("j", targets_total=3), targets)
+    rows = db.execute_sql("SELECT idx, host FROM batch_target ORDER BY idx").fetchall()
+    assert [tuple(r) for r in rows] == [(0, "example.com"), (1, ""), (2, "::1")]
