@@ -305,7 +305,8 @@ def small_callers(summary: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_fair_and_oldest_first(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Fair claiming hands each small caller a target within a few claims of its first submission, while
-    most of the flood is still pending; oldest-first claiming hands out every target of the flood first.
+    most of the flood is still pending; oldest-first claiming hands out the flood first (all of it but what
+    is left of its last job, which a claim passes after taking per_job of it).
     Counted in claims (the runners claim one at a time, under the lock that records them), not in time."""
     fair = flood_run(capsys, store_target)
     assert fair["fairness"]["claim"] == {}
@@ -324,8 +325,9 @@ def test_flood_fair_and_oldest_first(store_target: str, capsys: pytest.CaptureFi
     oldest = flood_run(capsys, store_target, "--oldest-first")
     assert oldest["fairness"]["claim"] == {"fair": False}
     for row in small_callers(oldest):
-        # Every flood target was handed out (once at least) before the small caller's first.
-        assert row["flood_at_submit"] + row["flood_before_first"] >= FLOOD_TARGETS
+        # A claim (4 targets, 2 per job) reaches a newer job only once at most one older job has pending
+        # targets left: every flood job but one was handed out whole before the small caller's first.
+        assert row["flood_at_submit"] + row["flood_before_first"] >= FLOOD_TARGETS - FLOOD_TARGETS // 4
     fair_waits = sorted(row["flood_before_first"] for row in small_callers(fair))
     oldest_waits = sorted(row["flood_before_first"] for row in small_callers(oldest))
     assert fair_waits[-1] < oldest_waits[0]

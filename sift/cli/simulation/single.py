@@ -194,9 +194,12 @@ class Simulation:
         job, targets = submission(spec, job_id, now)
         with self.lock:
             self.spec_of[job_id] = spec  # before the runners can claim it
-        found, created = dcache.submit_batch_job(job, targets, self.settings.ttl, now=now)
+        # Under the runners' lock: no claim falls between the submission and its record, so the flood's
+        # targets counted before a caller's first are those of claims that could have seen its job.
         with self.store_lock:
-            self.fairness.submitted(spec.caller, time.monotonic())
+            t = time.monotonic()
+            found, created = dcache.submit_batch_job(job, targets, self.settings.ttl, now=now)
+            self.fairness.submitted(spec.caller, t)
         if not created:
             with self.lock:
                 right = found in self.created.get((spec.caller, spec.idem_key), set())
