@@ -47,6 +47,8 @@ def flood(target: str, sizes: Sizes, extra: list[str], rnd: int) -> list[float]:
     """One ``sift simulate --workload flood`` run: each small caller's wait for its first result (s)."""
     command = [sys.executable, "-m", "sift", "simulate", "--workload", "flood", "--json", "--db", target]
     command += ["--jobs", str(sizes.flood_jobs), "--targets", str(sizes.flood_targets), "--budget", "4GiB"]
+    # A flood outlasts the default ttl in simulated time (2 s a target): no sweep may take its queued jobs.
+    command += ["--ttl", "365d"]
     command += ["--seed", str(rnd + 1), *extra]
     out = subprocess.run(command, capture_output=True, text=True, check=False)
     summary = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {}
