@@ -28,6 +28,9 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "_SELECT_JOB": ({"job_id": "old-7"}, {"batch_job_pkey"}),
     "_SELECT_TARGETS": ({"job_id": "job-3"}, {"batch_job_pkey", "batch_target_pkey"}),
     "_TOUCH": ({"job_id": "job-3", "now": 5}, {"batch_job_pkey"}),
+    # store_load (a metrics scrape): the live jobs by caller, and the running targets with their jobs
+    "_OUTSTANDING": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
+    "_RUNNING": ({}, {"batch_target_running", "batch_job_pkey"}),
 }
 
 

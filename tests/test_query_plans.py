@@ -180,6 +180,10 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOB": {JOB_BY_ID},
     "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases
+    # who waits and which hosts are busy (a metrics scrape): the live jobs by caller, a SCAN of their partial
+    # index; the running targets, a SCAN of theirs, each job by its key
+    "_OUTSTANDING": (*LIVE_SCAN, {"batch_job_ring"}),  # each a partial index of the live jobs
+    "_RUNNING": {"batch_target_running", JOB_BY_ID},
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
@@ -201,7 +205,7 @@ PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
     r"|SCAN \w+ USING (?:COVERING )?INDEX "
-    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_evictable|batch_target_running)"
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_ring|batch_job_evictable|batch_target_running)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
