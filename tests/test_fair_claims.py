@@ -183,3 +183,14 @@ def test_every_insert_records_the_targets_host(store: Any) -> None:
     dcache.create_batch_job(make_job("j", targets_total=3), targets)
     rows = db.execute_sql("SELECT idx, host FROM batch_target ORDER BY idx").fetchall()
     assert [tuple(r) for r in rows] == [(0, "example.com"), (1, ""), (2, "::1")]
+
+
+def test_check_store_reports_a_host_that_is_not_the_urls(store: Any) -> None:
+    add_hosted_job("a", "j", ["a.example", "b.example", "c.example"], created_at=1)
+    assert dcache.check_store().ok
+    # as another program would write it: the column's default, and a host of another URL
+    db.execute_sql("UPDATE batch_target SET host = '' WHERE idx = 1")
+    db.execute_sql("UPDATE batch_target SET host = 'x.example' WHERE idx = 2")
+    report = dcache.check_store()
+    assert [(v.kind, v.job_id) for v in report.violations] == [("target_host", "a/j")]
+    assert "2 targets whose host is not its URL's (idx 1: '', not 'b.example')" in report.violations[0].detail
