@@ -183,3 +183,88 @@ def test_every_insert_records_the_targets_host(store: Any) -> None:
     dcache.create_batch_job(make_job("j", targets_total=3), targets)
     rows = db.execute_sql("SELECT idx, host FROM batch_target ORDER BY idx").fetchall()
     assert [tuple(r) for r in rows] == [(0, "example.com"), (1, ""), (2, "::1")]
+
+
+def test_check_store_reports_a_host_that_is_not_the_urls(store: Any) -> None:
+    add_hosted_job("a", "j", ["a.example", "b.example", "c.example"], created_at=1)
+    assert dcache.check_store().ok
+    # as another program would write it: the column's default, and a host of another URL
+    db.execute_sql("UPDATE batch_target SET host = '' WHERE idx = 1")
+    db.execute_sql("UPDATE batch_target SET host = 'x.example' WHERE idx = 2")
+    report = dcache.check_store()
+    assert [(v.kind, v.job_id) for v in report.violations] == [("target_host", "a/j")]
+    assert "2 targets whose host is not its URL's (idx 1: '', not 'b.example')" in report.violations[0].detail
+
+
+# -- The per-host limit from 8 runner processes at once, watched by a reader ---------------------------------
+
+HOSTS = [f"h{n}.example" for n in range(6)]
+PER_HOST = 2
+RUNNING_BY_HOST = "SELECT host, COUNT(*) FROM batch_target WHERE status = 'running' GROUP BY host"
+UNFINISHED = "SELECT COUNT(*) FROM batch_target WHERE status IN ('pending', 'running')"
+
+
+def _busiest(db_: Any) -> int:
+    return max((row[1] for row in db_.execute_sql(RUNNING_BY_HOST).fetchall()), default=0)
+
+
+def _polite_runner(target: str, name: str, barrier: Any) -> dict[str, Any]:
+    """Claim with the host limit, check the store right after each claim, write each result; until every
+    target is done."""
+    import time
+
+    dcache.open_db(target)
+    done = {"written": 0, "claims": 0, "busiest": 0, "empty": 0}
+    barrier.wait()
+    while True:
+        claimed = dcache.claim_batch_targets(3, per_host=PER_HOST, weights={"fleet": 2}, runner=name)
+        done["claims"] += 1
+        done["busiest"] = max(done["busiest"], _busiest(db))
+        if not claimed:
+            if db.execute_sql(UNFINISHED).fetchone()[0] == 0:
+                break
+            done["empty"] += 1
+            time.sleep(0.005)  # every host with pending work is at its limit: the others' results free it
+            continue
+        for t in claimed:
+            dcache.update_batch_target(t.job_id, t.idx, "done", result=name, runner=name)
+            done["written"] += 1
+    dcache.close_db()
+    return done
+
+
+def _reader(target: str, barrier: Any) -> dict[str, Any]:
+    """Poll the running targets by host until nothing is left to do; report the most seen on one host."""
+    dcache.open_db(target, readonly=True)
+    seen = {"busiest": 0, "polls": 0}
+    barrier.wait()
+    while True:
+        seen["busiest"] = max(seen["busiest"], _busiest(db))
+        seen["polls"] += 1
+        if db.execute_sql(UNFINISHED).fetchone()[0] == 0:
+            break
+    dcache.close_db()
+    return seen
+
+
+def _polite_worker(kind: str, *args: Any) -> dict[str, Any]:
+    return _polite_runner(*args) if kind == "runner" else _reader(*args)
+
+
+def test_per_host_holds_with_8_runner_processes_claiming_at_once(shared_store: str) -> None:
+    from helpers import run_processes
+
+    for c in range(3):
+        for j in range(2):
+            hosts = [HOSTS[(c + j + i) % len(HOSTS)] if i % 3 else HOSTS[0] for i in range(30)]
+            add_hosted_job(f"caller-{c}", f"j{j}", hosts, created_at=j, cls="fleet" if c else "restricted")
+    args: list[tuple[Any, ...]] = [("runner", shared_store, f"runner-{r}") for r in range(8)]
+    args.append(("reader", shared_store))
+    reports = run_processes(_polite_worker, args)
+    assert not [r for r in reports if "errors" in r], reports
+    runners = [r for r in reports if "written" in r]
+    assert sum(r["written"] for r in runners) == 180  # every target done, each once
+    assert max(r["busiest"] for r in reports) == PER_HOST, reports  # reached, never passed
+    assert next(r["polls"] for r in reports if "polls" in r) > 0
+    assert db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status <> 'done'").fetchone()[0] == 0
+    assert dcache.check_store().ok

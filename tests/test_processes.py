@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import make_job, make_target, make_targets
 
 from sift import dcache
 from sift.dcache import db
@@ -366,6 +366,9 @@ def test_plain_sqlite3_load_deferred_begin_fails(file_store: Path, begin: str) -
 CLAIM_JOBS = 4
 CLAIM_TARGETS = 30
 RUNNERS = 3
+#: The runners claim fairly (two callers, weights by class) and politely (targets on 3 hosts).
+PER_HOST = 3
+WEIGHTS = {"fleet": 2}
 
 
 def _claim_runner(target: str, name: str, seed: int, barrier: Any) -> dict[str, Any]:
@@ -375,7 +378,7 @@ def _claim_runner(target: str, name: str, seed: int, barrier: Any) -> dict[str, 
     done = {"claimed": 0, "released": 0, "written": 0, "refused": 0}
     barrier.wait()
     for _ in range(60):
-        claimed = dcache.claim_batch_targets(4, per_job=2, runner=name)
+        claimed = dcache.claim_batch_targets(4, per_job=2, per_host=PER_HOST, weights=WEIGHTS, runner=name)
         done["claimed"] += len(claimed)
         for t in claimed:
             if rng.random() < 0.1:
@@ -411,9 +414,9 @@ def test_claimers_renewers_releasers_and_requeuers_keep_every_count(shared_store
     from helpers import run_processes
 
     for j in range(CLAIM_JOBS):
-        dcache.create_batch_job(
-            make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j), make_targets(CLAIM_TARGETS)
-        )
+        targets = [make_target(i, url=f"https://h{i % 3}.example/{j}/{i}") for i in range(CLAIM_TARGETS)]
+        job = make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, caller=f"caller-{j % 2}")
+        dcache.create_batch_job(job, targets)
     args: list[tuple[Any, ...]] = [("runner", shared_store, f"runner-{r}", r) for r in range(RUNNERS)]
     args += [("requeuer", shared_store, 4), ("requeuer", shared_store, 10**6)]
     reports = run_processes(_claims_worker, args)
@@ -444,6 +447,9 @@ def test_claimers_renewers_releasers_and_requeuers_keep_every_count(shared_store
         assert job.nbytes == sum(len(row[2].encode()) for row in final if row[2] is not None)
         if job.targets_done < job.targets_total:
             assert job.status == "running"
+    # No host over its limit: a requeue or release only lowers the running counts.
+    running = db.execute_sql("SELECT host, COUNT(*) FROM batch_target WHERE status = 'running' GROUP BY host")
+    assert all(count <= PER_HOST for _, count in running.fetchall())
     dcache.requeue_in_flight(max_attempts=10**6)  # whatever is still claimed goes back: nothing is lost
     left = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
     assert left == 0

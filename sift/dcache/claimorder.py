@@ -73,9 +73,13 @@ _SAVE_RING = Statement(
 
 
 def _caller_after(after: bool) -> peewee.Node:
-    """The first caller (byte order) with a live job, after ``after`` when asked: batch_job_ring."""
+    """The first caller (byte order) with a live job that has a pending target, after ``after`` when asked:
+    batch_job_ring, each live job probed in batch_target_pending; callers without pending work cost a probe
+    of each live job, in one statement."""
     caller = db.backend.bytewise(J.caller)
-    where = _live() & (caller > Slot("after")) if after else _live()
+    where = _live() & _has_pending()
+    if after:
+        where &= caller > Slot("after")
     return J.select(J.caller).where(where).order_by(caller).limit(literal(1))
 
 
@@ -122,13 +126,10 @@ def _host_from(inclusive: bool) -> peewee.Node:
 
 _HOST_FROM = Statement(lambda: _host_from(True))
 _HOST_AFTER = Statement(lambda: _host_from(False))
-# The running targets' hosts: read from batch_target_running, bounded by what runners hold.
+# The running targets' hosts, one row each (counted in Python: a GROUP BY sorts): read from
+# batch_target_running, bounded by what runners hold.
 _RUNNING_HOSTS = Statement(
-    lambda: (
-        T.select(target_host(), peewee.fn.COUNT(peewee.SQL("*")))
-        .where(Inline(T.status == TargetStatus.RUNNING.value))
-        .group_by(target_host())
-    )
+    lambda: T.select(target_host()).where(Inline(T.status == TargetStatus.RUNNING.value))
 )
 _PICK = T.alias("pending")
 
@@ -233,7 +234,7 @@ class ClaimOrder:
         """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out."""
         ring = _LOCK_RING.rows()
         if self.per_host is not None:
-            self.running.update({host: count for host, count in _RUNNING_HOSTS.rows()})
+            self.running.update(row[0] for row in _RUNNING_HOSTS.rows())
         if not fair:
             self._oldest_first(limit)
         elif ring:
@@ -259,7 +260,7 @@ class ClaimOrder:
         at once (the same targets: each member's share of k rounds is k times its weight, or all it has)."""
         last, last_used = cursor, used
         current: _Caller | None = None
-        if cursor is not None and used > 0:
+        if cursor is not None and 0 < used < max(self.weights.values(), default=1):  # its turn may go on
             member = self._load(cursor)
             if not member.out and used < member.weight:
                 current = member

@@ -65,6 +65,9 @@ class Backend(Protocol):
     #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
     #: every target as unclaimed, with no attempts.
     claims_stored: bool
+    #: Whether the store has the targets' host column (schema version 4): a read-only open of an older store
+    #: may not, and its check then skips the hosts.
+    hosts_stored: bool
     #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
     statement_key: str
     #: The SQL that reads the byte total (one row, one column).

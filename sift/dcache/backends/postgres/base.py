@@ -25,6 +25,7 @@ class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
     #: Whether the store has the claims' columns (a read-only open of an older version may not), and the key
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
+    hosts_stored: bool = True
     statement_key: str = "postgres"
     #: Whether opening a schema without the store's tables creates them (else StoreMissing).
     create: bool

@@ -71,6 +71,7 @@ class PostgresSchema(PostgresBase):
                 version = self._version()
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
+            self.hosts_stored = version == SCHEMA_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""

@@ -28,6 +28,7 @@ class SqliteBase(peewee.SqliteDatabase):
     #: Whether the store has the claims' columns (a read-only open of an older file may not), and the key
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
+    hosts_stored: bool = True
     statement_key: str = "sqlite"
     #: The ``synchronous`` pragma of every connection the store opens (see ``open_db(durable=)``).
     synchronous_pragma: str

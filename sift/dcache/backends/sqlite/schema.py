@@ -94,6 +94,7 @@ class SqliteSchema(SqliteBase):
         present = dict(self.execute_sql("SELECT name, sql FROM sqlite_master").fetchall())
         redefined = [name for name, text in OWN_INDEXES.items() if present.get(name, text) != text]
         self.use_claim_columns(True)
+        self.hosts_stored = True
         if (
             present.keys() >= SCHEMA_NAMES
             and not redefined
@@ -144,6 +145,7 @@ class SqliteSchema(SqliteBase):
                 f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
             )
         self.use_claim_columns(not self.missing_claim_columns())
+        self.hosts_stored = self.has_host_column()
 
     def check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""
