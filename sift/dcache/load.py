@@ -33,9 +33,11 @@ Inline = peewee.ValueLiterals
 # Each caller's targets in live jobs not yet final (pending or running): the live jobs' rows only, through
 # the partial index of live jobs by caller.
 _OUTSTANDING = Statement(
-    lambda: J.select(J.caller, peewee.fn.SUM(J.targets_total - J.targets_done))
-    .where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
-    .group_by(J.caller)
+    lambda: (
+        J.select(J.caller, peewee.fn.SUM(J.targets_total - J.targets_done))
+        .where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
+        .group_by(J.caller)
+    )
 )
 # Every running target's URL, and its job's caller if that job is live: the partial index of running
 # targets, each job by its key. A correlated subquery, not a join, so the plan cannot start from the jobs

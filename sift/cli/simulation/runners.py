@@ -49,7 +49,10 @@ class RunnerThreads:
                     **self.sim.claim.kwargs(),
                 )
                 held.update({(t.job_id, t.idx): t.url for t in claimed})
-                self.sim.fairness.claimed((self.sim.spec_of[t.job_id].caller, t.url) for t in claimed)
+                sim.fairness.claimed((sim.spec_of[t.job_id].caller, t.url) for t in claimed)
+                if claimed and sim.crash_due.is_set():
+                    sim.crash_due.clear()
+                    sim.crashing.set()  # the crash, at the first claim past the mark: this claim is lost
             if not claimed:
                 time.sleep(IDLE_S)
                 continue

@@ -9,11 +9,12 @@ target is written, and calls ``evict_batch_oldest(budget)`` after each claim. A 
 runners' claims and requeues stale ones on a timer, whether or not there is work. Time is a simulated clock
 (every store call gets ``now=`` from it): it advances ``STEP_S`` seconds per target written, and a sweep
 runs whenever it passes the next multiple of a quarter of the ttl. Once half the submissions are handled,
-the runner crashes: its threads stop after their current target (the targets they still hold stay
-running in the store), the callers wait, the store is reopened as a new runner process would open it, and
-that runner, at its start, calls ``requeue_in_flight`` to put the targets its previous run held back to
-pending; queued jobs are left alone and no job fails because of the restart. Then the callers carry on.
-Reconciliation is the runner's alone, as in a real deployment: the callers (the web workers) never call it.
+the runner crashes at its next claim: its threads stop where they are (the targets they hold, that claim's
+at least, stay running in the store), the callers wait, the store is reopened as a new runner process would
+open it, and that runner, at its start, calls ``requeue_in_flight`` to put the targets its previous run
+held back to pending; queued jobs are left alone and no job fails because of the restart. Then the callers
+carry on. Reconciliation is the runner's alone, as in a real deployment: the callers (the web workers)
+never call it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class Simulation:
         self.stopping = threading.Event()  # every caller done and no job live: the runners stop
         self.flood_in = threading.Event()  # the flooding caller sent all its jobs (flood workload)
         self.crash_after = max(1, len(self.specs) // 2)
+        #: Set once half the submissions are handled: the runner crashes at its next claim, holding it.
+        self.crash_due = threading.Event()
         self.callers_parked = 0
         self.callers_finished = 0
         self.parking = threading.Condition(self.lock)
@@ -170,7 +173,7 @@ class Simulation:
             with self.lock:
                 self.handled += 1
                 if self.handled == self.crash_after:
-                    self.crashing.set()
+                    self.crash_due.set()
 
     def wait_for_room(self, unfinished: list[str]) -> None:
         """Until fewer than CALLER_IN_FLIGHT of the caller's jobs are unfinished: poll them, parking while
@@ -252,8 +255,11 @@ class Simulation:
                 thread.start()
             # The crash, once half the submissions are handled: runners and keeper stop after their current
             # step, callers park; what the runners held stays running in the store.
-            while not (self.crashing.wait(0.2) or self.abort.is_set()):
+            while not (self.crashing.wait(0.05) or self.abort.is_set()):
                 self.show_status()
+                if self.crash_due.is_set() and self.nothing_left(callers):
+                    self.crash_due.clear()
+                    self.crashing.set()  # no claim is left to make: it crashes holding nothing
             self.wait(runners)
             self.wait_for(lambda: self.callers_parked + self.callers_finished == len(callers))
             if not self.abort.is_set():
@@ -281,6 +287,12 @@ class Simulation:
                     thread.join()
         if self.errors:
             raise self.errors[0]
+
+    def nothing_left(self, callers: list[threading.Thread]) -> bool:
+        """Every caller done and no job live: no claim will come."""
+        with self.lock:
+            done = self.callers_finished == len(callers)
+        return done and dcache.live_batch_jobs_total() == 0
 
     def restart(self) -> None:
         """The runner process starts again: it opens the store and, before it takes any work, puts back to
