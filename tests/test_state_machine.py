@@ -330,6 +330,18 @@ class StoreMachine(RuleBasedStateMachine):
     def create(self, job_id: str, spec: Spec, idxs: str | None) -> None:
         self.do_create(job_id, spec, None if idxs is None else list(range(spec.total)))
 
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        caller=st.sampled_from(CALLERS),
+        caller_class=st.sampled_from(["fleet", "restricted"]),
+        total=st.integers(min_value=1, max_value=MAX_TOTAL),
+        created_at=st.integers(min_value=0, max_value=5),
+    )
+    def submit_live(self, job_id: str, caller: str, caller_class: str, total: int, created_at: int) -> None:
+        """A queued job with all its targets pending: claims then meet several callers with work."""
+        spec = Spec(caller, "", "queued", caller_class, total, created_at, 10)
+        self.do_create(job_id, spec, list(range(total)))
+
     @rule(job_id=st.sampled_from(JOB_IDS), spec=specs, idxs=idx_lists)
     def create_with_idxs(self, job_id: str, spec: Spec, idxs: list[int]) -> None:
         """Targets given by idx: often out of range, repeated or fewer than the total, which refuses the
