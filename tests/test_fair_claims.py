@@ -268,3 +268,48 @@ def test_per_host_holds_with_8_runner_processes_claiming_at_once(shared_store: s
     assert next(r["polls"] for r in reports if "polls" in r) > 0
     assert db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status <> 'done'").fetchone()[0] == 0
     assert dcache.check_store().ok
+
+
+# -- The claim's cost: statements by targets handed out and callers served, not by pending targets -------
+
+
+def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every compiled statement the store's functions run from now on, by its SQL."""
+    from sift.dcache.statements import Statement
+
+    seen: list[str] = []
+    for name in ("rows", "run", "scalar"):
+        original = getattr(Statement, name)
+
+        def counted(self: Statement, original: Any = original, **values: Any) -> Any:
+            seen.append(self.sql)
+            return original(self, **values)
+
+        monkeypatch.setattr(Statement, name, counted)
+    return seen
+
+
+#: 1 caller: the ring's row, the first caller, its job, a turn's take (targets, job), the walk round the
+#: ring (next: none, first: known), the other 9 as rounds in one take, the cursor: 1 + 1 + 1 + 2 + 2 + 2 + 1.
+#: 5 callers: 1 + 1 + 1 + 2, then for each other caller the next caller, its job, a take: 4 x 4, the walk
+#: round, one round of 5 takes, the cursor: 5 + 16 + 2 + 10 + 1.
+@pytest.mark.parametrize(("callers_", "expected"), [(1, 10), (5, 34)])
+def test_a_claims_statements_do_not_grow_with_pending_targets(
+    store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, expected: int
+) -> None:
+    """A claim of 10: the ring's row, the walk to each caller and its job, one take per turn (two statements:
+    the targets, the job), whole rounds in one take once the ring is known, the cursor. The same with 1,000
+    or 100,000 pending targets."""
+    counts = []
+    for pending in (1_000, 100_000):
+        db.execute_sql("DELETE FROM batch_target")
+        db.execute_sql("DELETE FROM batch_job")
+        with db.atomic():
+            for c in range(callers_):
+                add_job(f"c{c}", "j", pending // callers_, created_at=1)
+        db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
+        seen = _count_statements(monkeypatch)
+        assert len(dcache.claim_batch_targets(10, now=5)) == 10
+        counts.append(len(seen))
+        monkeypatch.undo()
+    assert counts == [expected, expected]

@@ -415,8 +415,8 @@ def test_claimers_renewers_releasers_and_requeuers_keep_every_count(shared_store
 
     for j in range(CLAIM_JOBS):
         targets = [make_target(i, url=f"https://h{i % 3}.example/{j}/{i}") for i in range(CLAIM_TARGETS)]
-        job = make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, caller=f"caller-{j % 2}")
-        dcache.create_batch_job(job, targets)
+        new = make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, caller=f"caller-{j % 2}")
+        dcache.create_batch_job(new, targets)
     args: list[tuple[Any, ...]] = [("runner", shared_store, f"runner-{r}", r) for r in range(RUNNERS)]
     args += [("requeuer", shared_store, 4), ("requeuer", shared_store, 10**6)]
     reports = run_processes(_claims_worker, args)

@@ -373,6 +373,7 @@ class ClaimOrder:
         rows: list[Any] = []
         if self.per_host is None:
             rows = _CLAIM_TARGETS.rows(job_id=job.id, take=want, runner=self.runner, now=self.now)
+            rows.sort(key=lambda row: row[_IDX])  # RETURNING promises no order
             if len(rows) < want:
                 job.done = True
         else:
@@ -391,12 +392,12 @@ class ClaimOrder:
                         job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
                     )
                     self.running[host] += len(got)
-                    rows += got
+                    rows += sorted(got, key=lambda row: row[_IDX])  # RETURNING promises no order
                     if len(got) == ask and self.running[host] < self.per_host:
                         continue  # the want is met, or the host has more
                 job.host_inclusive = False  # full, or no more of it in this job: the next host
         if rows:
             _CLAIM_JOB.run(job_id=job.id, now=self.now)
             job.taken += len(rows)
-            self.claimed += sorted(rows, key=lambda row: row[_IDX])  # RETURNING promises no order
+            self.claimed += rows
         return len(rows)
