@@ -20,10 +20,11 @@ __all__ = ["COMMAND"]
 STALE_AFTER_DEFAULT = "5s"
 
 EPILOG = (
-    "Callers of both classes submit jobs (some repeat an idempotency key); worker threads write "
-    "synthetic results and evict to the budget after each; sweeps run on a simulated clock; the runner "
-    "crashes half-way and restarts, and only the new runner reconciles (mark_in_flight_failed) at its "
-    "start, never the callers. Exits 1 if the store's invariants do not hold at the end. "
+    "Callers of both classes submit jobs (some repeat an idempotency key); runner threads claim from the "
+    "store (claim_batch_targets), write synthetic results and evict to the budget after each claim, a "
+    "keeper renews and requeues stale claims; sweeps run on a simulated clock; the runner crashes half-way "
+    "and restarts, and only the new runner requeues what it held (requeue_in_flight) at its start, never "
+    "the callers: no job fails because of it. Exits 1 if the store's invariants do not hold at the end. "
     "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
     "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
     "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
