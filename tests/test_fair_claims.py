@@ -396,3 +396,20 @@ class FairClaimMachine(RuleBasedStateMachine):
 
 FairClaimMachine.TestCase.settings = settings(stateful_step_count=40, max_examples=300)
 TestFairClaimMachine = FairClaimMachine.TestCase
+
+
+def test_a_model_write_of_a_url_moves_its_host(store: Any) -> None:
+    add_hosted_job("a", "j", ["a.example", "b.example"], created_at=1)
+    T = dcache.BatchTarget
+    T.update(url="https://C.example:81/x").where(T.idx == 0).execute()
+    stored = T.get((T.job_id == "a/j") & (T.idx == 1))
+    stored.url = "https://d.example/y"
+    stored.save()
+    rows = db.execute_sql("SELECT idx, host FROM batch_target ORDER BY idx").fetchall()
+    assert [tuple(r) for r in rows] == [(0, "c.example"), (1, "d.example")]
+    before = snapshot()
+    with pytest.raises(dcache.ModelWriteRefused) as caught:
+        T.update(url=T.url.concat("/more")).execute()
+    assert caught.value.field == "url"
+    assert snapshot() == before
+    assert dcache.check_store().ok
