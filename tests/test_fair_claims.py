@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 from helpers import make_job, make_targets, snapshot
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from sift import dcache
 from sift.dcache import db
@@ -313,3 +316,100 @@ def test_a_claims_statements_do_not_grow_with_pending_targets(
         counts.append(len(seen))
         monkeypatch.undo()
     assert counts == [expected, expected]
+
+
+# -- A state machine of claims alone: submits, claims, results and releases against the model's ring ---------
+
+
+class FairClaimMachine(RuleBasedStateMachine):
+    """Claims among three callers of two classes, checked claim by claim against the state machine's model
+    of the ring (tests/test_state_machine.py ``ModelClaim``), with results and releases between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        dcache.open_db(":memory:")
+        self.jobs: dict[str, Any] = {}
+        self.seq = 0
+        self.ring: tuple[str | None, int] = (None, 0)
+
+    def teardown(self) -> None:
+        dcache.close_db()
+
+    @rule(
+        caller=st.sampled_from(["carol", "bob", "alice"]),
+        cls=st.sampled_from(["fleet", "restricted"]),
+        total=st.integers(min_value=1, max_value=6),
+        created_at=st.integers(min_value=0, max_value=3),
+    )
+    def submit(self, caller: str, cls: str, total: int, created_at: int) -> None:
+        from test_state_machine import MJob, target_for, url_for
+
+        self.seq += 1
+        job_id = f"{caller}-{self.seq}"
+        dcache.create_batch_job(
+            make_job(job_id, caller=caller, caller_class=cls, targets_total=total, created_at=created_at),
+            [dcache.BatchTarget(idx=i, url=url_for(i), options='{"render":false}') for i in range(total)],
+        )
+        self.jobs[job_id] = MJob(caller, cls, "", "queued", "", total, created_at, 1_000, self.seq)
+        self.jobs[job_id].targets = {i: target_for(i) for i in range(total)}
+
+    @rule(
+        limit=st.integers(min_value=1, max_value=9),
+        per_job=st.sampled_from([None, 1, 2]),
+        per_host=st.sampled_from([None, 1, 2, 3]),
+        order=st.sampled_from(["fair", "weighted", "weighted the other way", "oldest first"]),
+    )
+    def claim(self, limit: int, per_job: int | None, per_host: int | None, order: str) -> None:
+        from test_state_machine import CLAIM_WEIGHTS, ModelClaim
+
+        weights = CLAIM_WEIGHTS[order]
+        expected = ModelClaim(self, limit, per_job, per_host, weights).run(order != "oldest first")  # type: ignore[arg-type]
+        for job_id, idx in expected:
+            self.jobs[job_id].targets[idx].status = "running"
+            self.jobs[job_id].status = "running"
+        got = dcache.claim_batch_targets(
+            limit, per_job=per_job, per_host=per_host, weights=weights, fair=order != "oldest first", now=5
+        )
+        assert keys(got) == expected
+        event(f"claim from {len({t.job_id.split('-')[0] for t in got})} callers")
+
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        running = sorted(
+            (j, i) for j, job in self.jobs.items() for i, t in job.targets.items() if t.status == "running"
+        )
+        if running:
+            job_id, idx = data.draw(st.sampled_from(running))
+            dcache.update_batch_target(job_id, idx, "done", result="r", now=6)
+            self.jobs[job_id].targets[idx].status = "done"
+            job = self.jobs[job_id]
+            if all(t.status == "done" for t in job.targets.values()):
+                job.status = "done"
+
+    @rule()
+    def release(self) -> None:
+        held = [t for job in self.jobs.values() for t in job.targets.values() if t.status == "running"]
+        assert dcache.release_claims(dcache.runner_name()) == len(held)
+        for t in held:
+            t.status = "pending"
+
+
+FairClaimMachine.TestCase.settings = settings(stateful_step_count=40, max_examples=300)
+TestFairClaimMachine = FairClaimMachine.TestCase
+
+
+def test_a_model_write_of_a_url_moves_its_host(store: Any) -> None:
+    add_hosted_job("a", "j", ["a.example", "b.example"], created_at=1)
+    T = dcache.BatchTarget
+    T.update(url="https://C.example:81/x").where(T.idx == 0).execute()
+    stored = T.get((T.job_id == "a/j") & (T.idx == 1))
+    stored.url = "https://d.example/y"
+    stored.save()
+    rows = db.execute_sql("SELECT idx, host FROM batch_target ORDER BY idx").fetchall()
+    assert [tuple(r) for r in rows] == [(0, "c.example"), (1, "d.example")]
+    before = snapshot()
+    with pytest.raises(dcache.ModelWriteRefused) as caught:
+        T.update(url=T.url.concat("/more")).execute()
+    assert caught.value.field == "url"
+    assert snapshot() == before
+    assert dcache.check_store().ok

@@ -294,18 +294,24 @@ class ClaimOrder:
         rounds = remaining // sum(member.weight for member in members)
         if rounds == 0:
             return None
-        got = []
+        got, taken = [], []
         for member in members:
             want = rounds * member.weight
+            before = len(self.claimed)
             took = self._serve(member, want)
             if took < want:
                 member.out = True
             got.append(took)
+            taken.append(self.claimed[before:])
+            del self.claimed[before:]
+        for round_ in range(rounds):  # handed out as turn by turn would: round by round, member by member
+            for member, rows in zip(members, taken, strict=True):
+                self.claimed += rows[round_ * member.weight : (round_ + 1) * member.weight]
         for round_ in range(rounds, 0, -1):
-            before = round_ - 1
+            earlier = round_ - 1
             for member, took in zip(reversed(members), reversed(got), strict=True):
-                if took > before * member.weight:
-                    return member.name, min(member.weight, took - before * member.weight)
+                if took > earlier * member.weight:
+                    return member.name, min(member.weight, took - earlier * member.weight)
         return None  # nobody had anything: every member has left the ring
 
     def _in_order(self, start: _Caller) -> list[_Caller]:
