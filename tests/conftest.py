@@ -82,6 +82,7 @@ def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
     opened = dcache.open_db(postgres_target(schema))
     opened.execute_sql("TRUNCATE batch_job, batch_target")
     opened.execute_sql("UPDATE batch_totals SET nbytes = 0 WHERE nbytes <> 0")
+    opened.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
     return opened
 
 

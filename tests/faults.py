@@ -96,6 +96,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "rescue_stale_jobs": lambda _: dcache.rescue_stale_jobs(0, "host lost", now=2_000),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
+    "store_load": lambda _: dcache.store_load(),
     "store_space": lambda _: dcache.store_space(),
     "submit_batch_job": lambda _: dcache.submit_batch_job(
         make_job(_new_id(), idem_key=_new_id()), make_targets(3), 10**9, now=2_000

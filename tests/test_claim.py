@@ -11,7 +11,7 @@ import pytest
 from helpers import make_job, make_targets, rule_statements, run_processes, snapshot
 
 from sift import dcache
-from sift.dcache import claims, db
+from sift.dcache import claimorder, db
 
 STATUSES = ["queued", "running", "done", "partial", "failed", "cancelled"]
 
@@ -261,39 +261,51 @@ def test_8_processes_claim_each_target_exactly_once(shared_store: str) -> None:
     assert dcache.batch_nbytes() == db.execute_sql("SELECT SUM(nbytes) FROM batch_job").fetchone()[0]
 
 
-# -- PostgreSQL: claimers never wait on a job another transaction holds ------------------------------------
+# -- PostgreSQL: claims take turns, and wait for a job's short write rather than skip it --------------------
 
 #: What another transaction holds while the claim runs: a target write's locks (job, then target, as
-#: postgres.py's lock_target takes them), or another claim's (a job, then its pending targets).
+#: postgres.py's lock_target takes them), or another claim's (the ring's row, which every claim locks first).
 HOLDERS = {
     "target writer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
     "AND t.idx = 1 FOR NO KEY UPDATE OF j FOR UPDATE OF t",
-    "another claimer": "SELECT 1 FROM batch_job j JOIN batch_target t ON t.job_id = j.id WHERE j.id = 'a' "
-    "AND t.status = 'pending' FOR UPDATE",
+    "another claimer": "SELECT 1 FROM batch_claim_ring FOR UPDATE",
 }
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("holder", list(HOLDERS))
-def test_a_claim_skips_a_job_another_transaction_holds(postgres_schema: str, holder: str) -> None:
+def test_a_claim_waits_for_a_job_or_a_claim_another_transaction_holds(
+    postgres_schema: str, holder: str
+) -> None:
+    """A claim that skipped a job held by a result write came back empty while work was pending (several
+    runner processes saw it): a claim now waits for the holder, then hands out the job's targets."""
+    import threading
+
     import psycopg
-    from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
+    from conftest import POSTGRES_URL, open_empty_postgres
 
     open_empty_postgres(postgres_schema)
-    # A claim that waited on the held row would fail after 1 s (the store's lock_timeout), not skip it.
-    dcache.open_db(postgres_target(postgres_schema), timeout=1)
     dcache.create_batch_job(make_job("a", targets_total=3, created_at=1), make_targets(3))
     dcache.create_batch_job(make_job("b", targets_total=2, created_at=2), make_targets(2))
-    try:
-        with psycopg.connect(POSTGRES_URL) as other:
-            other.execute(f"SET search_path TO {postgres_schema}")
-            assert other.execute(HOLDERS[holder]).fetchall()
-            assert keys(dcache.claim_batch_targets(10, now=5)) == [("b", 0), ("b", 1)]
-            assert job_row("a") == ("queued", 1_000, 0, 0, "")
-            other.rollback()
-        assert keys(dcache.claim_batch_targets(10, now=6)) == [("a", 0), ("a", 1), ("a", 2)]
-    finally:
-        dcache.close_db()
+    got: list[Any] = []
+    with psycopg.connect(POSTGRES_URL) as other:
+        other.execute(f"SET search_path TO {postgres_schema}")
+        assert other.execute(HOLDERS[holder]).fetchall()
+        claimer = threading.Thread(target=lambda: got.append(keys(dcache.claim_batch_targets(10, now=5))))
+        claimer.start()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as watcher:
+            waiting = 0
+            while not waiting and claimer.is_alive():  # the claim's session is blocked on a row lock
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = "
+                    "current_database() AND query LIKE %s",
+                    ("%batch_%",),
+                ).fetchone()
+                waiting = row[0] if row else 0
+        assert waiting and not got
+        other.rollback()
+        claimer.join(timeout=60)
+    assert got == [[("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]]
 
 
 # -- PostgreSQL: the claim's plans read the partial indexes, whatever the planner's statistics say -------
@@ -323,7 +335,16 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
     db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
     try:
         plans: list[tuple[str, dict[str, Any]]] = [
-            ("_NEXT_CLAIMABLE_JOB", {"after_created": -1, "after_order": -1}),
+            ("_NEXT_JOB", {"after_created": -1, "after_order": -1}),
+            ("_CALLER_JOB", {"caller": "alice", "after_created": -1, "after_order": -1}),
+            ("_NEXT_CALLER", {"after": "a"}),
+            ("_FIRST_CALLER", {}),
+            ("_HOST_FROM", {"job_id": "job-20", "host": ""}),
+            ("_HOST_AFTER", {"job_id": "job-20", "host": "example.com"}),
+            (
+                "_CLAIM_HOST_TARGETS",
+                {"job_id": "job-20", "host": "example.com", "take": 5, "runner": "r", "now": 5},
+            ),
             ("_CLAIM_TARGETS", {"job_id": "job-20", "take": 5, "runner": "r", "now": 5}),
             ("_RENEW", {"runner": "r", "now": 5}),
             ("_RELEASE", {"runner": "r"}),
@@ -364,7 +385,7 @@ def test_a_claims_update_reads_each_picked_target_once_on_postgres(
     dcache.create_batch_job(make_job("big", targets_total=4_000, created_at=1), make_targets(4_000))
     if analyzed:
         db.execute_sql("ANALYZE batch_target")
-    sql, params = claims._CLAIM_TARGETS.bind({"job_id": "big", "take": 4_000, "runner": "r", "now": 5})
+    sql, params = claimorder._CLAIM_TARGETS.bind({"job_id": "big", "take": 4_000, "runner": "r", "now": 5})
     with db.atomic() as transaction:
         plan = "\n".join(row[0] for row in db.execute_sql(f"EXPLAIN {sql}", params).fetchall())
         transaction.rollback()
@@ -374,8 +395,15 @@ def test_a_claims_update_reads_each_picked_target_once_on_postgres(
     assert len(dcache.claim_batch_targets(4_000, now=5)) == 4_000
 
 
+CLAIMER = {"runner": "r", "now": 5}
 POSTGRES_INDEXES = {
-    "_NEXT_CLAIMABLE_JOB": {"batch_job_claim", "batch_target_pending"},
+    "_NEXT_JOB": {"batch_job_claim", "batch_target_pending"},
+    "_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
+    "_NEXT_CALLER": {"batch_job_ring"},
+    "_FIRST_CALLER": {"batch_job_ring"},
+    "_HOST_FROM": {"batch_target_host"},
+    "_HOST_AFTER": {"batch_target_host"},
+    "_CLAIM_HOST_TARGETS": {"batch_target_host"},
     "_CLAIM_TARGETS": {"batch_target_pending"},
     "_RENEW": {"batch_target_running"},
     "_RELEASE": {"batch_target_running"},

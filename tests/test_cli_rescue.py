@@ -23,7 +23,7 @@ def claimed_store(tmp_path: Path) -> Path:
     populate(path)
     dcache.open_db(path)
     dcache.create_batch_job(make_job("claimed", targets_total=4, created_at=50), make_targets(4))
-    dcache.claim_batch_targets(3, runner="dead-host:7", now=1_000)
+    dcache.claim_batch_targets(3, fair=False, runner="dead-host:7", now=1_000)  # the oldest job: "claimed"
     dcache.db.execute_sql("UPDATE batch_target SET attempts = 3 WHERE job_id = 'claimed' AND idx = 2")
     dcache.close_db()
     return path

@@ -452,3 +452,63 @@ def test_a_host_that_dies_before_it_is_ready_stops_the_run_at_once(tmp_path: Pat
     missing = str(tmp_path / "no-such-directory" / "sim.db")
     with pytest.raises(CommandError, match=r"^host 0 did not start: exit status 1$"):
         run_hosts(SETTINGS, missing, 1, 6, False, tmp_path)
+
+
+# -- The flood workload ----------------------------------------------------------------------------------
+
+#: Two hosts, none killed; four flood jobs of 150 targets, then one small job from each small caller.
+FLOOD = [
+    *("--hosts", "2", "--no-kill", "--workload", "flood", "--jobs", "8", "--targets", "150"),
+    *("--workers", "2", "--budget", "1GB"),
+]
+
+
+def flood_summary(capsys: pytest.CaptureFixture[str], target: str, *extra: str) -> dict[str, Any]:
+    code, out, err = run(capsys, "simulate", "--db", target, "--json", *FLOOD, *extra)
+    summary: dict[str, Any] = json.loads(out)
+    failed = [check for check in summary["invariants"] if not check["ok"]]
+    assert (code, failed, err) == (0, [], "")
+    rows = summary["fairness"]["callers"]
+    assert [row["caller"] for row in rows] == ["flood", "small-0", "small-1", "small-2", "small-3"]
+    assert all(row["first_result_s"] is not None for row in rows)
+    return summary
+
+
+@pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
+def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--per-host 2 across two host processes: the sampler never saw a host above 2 running targets (the
+    end check), and the hot hosts were seen at the limit."""
+    summary = flood_summary(capsys, store_target, "--per-host", "2")
+    fairness = summary["fairness"]
+    assert fairness["claim"] == {"per_host": 2}
+    names = [check["name"] for check in summary["invariants"]]
+    assert "no host ever had more than 2 targets running (sampled)" in names
+    assert fairness["busiest_host_peak"] <= 2 and fairness["host_peaks_counted"].startswith("sampled")
+    assert max(fairness["host_peaks"][f"hot-{n}.example"] for n in range(3)) == 2
+
+
+@pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
+def test_flood_oldest_first_makes_small_callers_wait(
+    store_target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Counted from the journals merged by time: with fair claiming a small caller's first target comes
+    after fewer of the flood's targets than with oldest-first claiming, which hands out the older flood
+    first."""
+    fair = flood_summary(capsys, store_target)
+    dcache.close_db()
+    drop_store(store_target)
+    oldest = flood_summary(capsys, store_target, "--oldest-first")
+    assert oldest["fairness"]["claim"] == {"fair": False}
+
+    def waits(summary: dict[str, Any]) -> list[int]:
+        return sorted(row["flood_before_first"] for row in summary["fairness"]["callers"][1:])
+
+    assert waits(fair)[len(waits(fair)) // 2] < waits(oldest)[len(waits(oldest)) // 2]
+
+
+def drop_store(target: str) -> None:
+    if target.startswith("postgresql"):
+        drop_schema(target.rpartition("schema=")[2])
+    else:
+        for path in Path(target).parent.glob(f"{Path(target).name}*"):
+            path.unlink()

@@ -1,4 +1,5 @@
-"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes and counters."""
+"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes, counters, the busiest
+callers and hosts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import EXPECTED, FROZEN, NOW, connect_ro, dump, populate, run
 from freezegun import freeze_time
+from helpers import make_job, make_target, make_targets
 
 from sift import dcache
 from sift.dcache import stats
@@ -157,3 +159,75 @@ def test_wal_size_while_another_connection_writes(
         assert Path(f"{store_file}-wal").stat().st_size == wal_bytes  # read-only: stats wrote nothing
         code, out, _ = run(capsys, "stats", "--db", store_file)
         assert f"WAL size      {wal_bytes / 1024:.1f} KiB ({wal_bytes:,} bytes)" in out.splitlines()
+
+
+def busy_store(target: str) -> list[dcache.BatchTarget]:
+    """Five callers with 2, 4, 6, 8 and 10 pending targets on hosts a.example to d.example, one finished
+    job, and a claim of 12 targets (at most 2 per job): what it claimed is returned."""
+    dcache.open_db(target)
+    try:
+        for n in range(5):
+            total = 2 * (n + 1)
+            targets = [make_target(i, url=f"https://{'abcd'[i % 4]}.example/{n}/{i}") for i in range(total)]
+            dcache.create_batch_job(
+                make_job(f"job-{n}", caller=f"caller-{n}", targets_total=total, created_at=1_000 + n), targets
+            )
+        dcache.create_batch_job(make_job("old", caller="gone", status="done"), make_targets(3))
+        return dcache.claim_batch_targets(12, per_job=2, runner="r1", now=2_000)
+    finally:
+        dcache.close_db()
+
+
+def test_callers_and_busiest_hosts(shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Per caller, the pending and running targets of its live jobs; per host, its running targets; each
+    list cut at --top, the rest summed in one row (JSON and text)."""
+    claimed = busy_store(shared_store)
+    assert len(claimed) == 10  # 2 of each of the five jobs
+    code, out, err = run(capsys, "stats", "--db", shared_store, "--json", "--top", "2")
+    assert (code, err) == (0, "")
+    load = json.loads(out)["load"]
+    # Outstanding per caller: 2, 4, 6, 8, 10; two of each running.
+    assert load["callers"] == [
+        {"caller": "caller-4", "pending": 8, "running": 2},
+        {"caller": "caller-3", "pending": 6, "running": 2},
+    ]
+    assert load["other_callers"] == {"caller": "(other)", "pending": 0 + 2 + 4, "running": 6}
+    assert load["more_callers"] == 3
+    running_by_host: dict[str, int] = {}
+    for target in claimed:  # the first two targets of each job: hosts a and b
+        host = dcache.url_host(target.url)
+        running_by_host[host] = running_by_host.get(host, 0) + 1
+    assert running_by_host == {"a.example": 5, "b.example": 5}
+    assert load["hosts"] == [{"host": "a.example", "running": 5}, {"host": "b.example", "running": 5}]
+    assert (load["other_hosts"], load["more_hosts"]) == ({"host": "(other)", "running": 0}, 0)
+    code, out, _ = run(capsys, "stats", "--db", shared_store, "--top", "2")
+    lines = out.splitlines()
+    at = lines.index("Callers (targets of their queued and running jobs)")
+    assert lines[at + 1 : at + 5] == [
+        "  caller           pending  running",
+        "  caller-4               8        2",
+        "  caller-3               6        2",
+        "  3 other callers        6        6",
+    ]
+    at = lines.index("Busiest hosts (running targets)")
+    assert lines[at + 1 : at + 4] == ["  host       running", "  a.example        5", "  b.example        5"]
+
+
+def test_callers_and_hosts_of_an_idle_store(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No target running: every caller's outstanding targets are pending, and no host is busy."""
+    code, out, _ = run(capsys, "stats", "--db", store_file, "--json")
+    assert code == 0
+    load = json.loads(out)["load"]
+    live = {e.caller for job_id, e in EXPECTED.items() if job_id in ("job-b", "job-d")}
+    assert {row["caller"] for row in load["callers"]} == live
+    assert sum(row["pending"] for row in load["callers"]) == 2  # the store's two pending targets
+    assert all(row["running"] == 0 for row in load["callers"]) and load["hosts"] == []
+    code, out, _ = run(capsys, "stats", "--db", store_file)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[lines.index("Busiest hosts (running targets)") + 1] == "  none: no target is running"
+
+
+def test_top_must_be_positive(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "stats", "--db", store_file, "--top", "0")
+    assert code != 0 and out == "" and "--top" in err

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 from docs_pages import block, block_path
-from helpers import make_job, make_targets
+from helpers import make_job, make_target, make_targets
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sift import dcache
 from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
-from sift.dcache.metrics import COUNTER_HELP, StoreCollector, register
+from sift.dcache.metrics import CALLER_LABELS, COUNTER_HELP, HOST_LABELS, StoreCollector, register
 
 GAUGES = (
     "sift_batch_nbytes",
@@ -34,14 +34,37 @@ def registry() -> Iterator[CollectorRegistry]:
     yield registry
 
 
+#: The gauges with a label: the busiest callers and hosts.
+LABELED = {
+    "sift_caller_pending_targets": "caller",
+    "sift_caller_running_targets": "caller",
+    "sift_host_running_targets": "host",
+}
+
+
 def scrape(registry: CollectorRegistry) -> dict[str, tuple[str, float]]:
-    """Every sample of the exposition text: name -> (its family's type, value)."""
+    """Every sample of the exposition text without a label: name -> (its family's type, value)."""
     text = generate_latest(registry).decode()
     return {
         sample.name: (family.type, sample.value)
         for family in text_string_to_metric_families(text)
         for sample in family.samples
+        if sample.name not in LABELED
     }
+
+
+def scrape_labeled(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
+    """The labeled gauges' samples: name -> {label value: value}; each family a gauge, each label once."""
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name in LABELED:
+                assert family.type == "gauge" and list(sample.labels) == [LABELED[sample.name]]
+                series = found.setdefault(sample.name, {})
+                label = sample.labels[LABELED[sample.name]]
+                assert label not in series
+                series[label] = sample.value
+    return found
 
 
 def work() -> None:
@@ -123,9 +146,14 @@ def test_with_no_store_open_the_scrape_has_only_the_counters(registry: Collector
     assert found["sift_jobs_created_total"] == ("counter", dcache.stats()["jobs_created"])
 
 
-def test_a_scrape_reads_no_job_or_target_rows(file_store: Path, registry: CollectorRegistry) -> None:
-    """The gauges read the kept total, a partial index of live jobs and SQLite's page counts."""
+def test_a_scrape_reads_no_pending_target_and_no_history(
+    file_store: Path, registry: CollectorRegistry
+) -> None:
+    """The gauges read the kept total, partial indexes of live jobs (the count, and the callers' outstanding
+    targets) and of running targets (the busiest hosts and the callers' running ones), and SQLite's page
+    counts: never a pending target, nor a finished job."""
     work()
+    dcache.claim_batch_targets(2, runner="r1", now=2_000)
     statements: list[str] = []
     conn: sqlite3.Connection = dcache.db.connection()
     conn.set_trace_callback(statements.append)
@@ -135,10 +163,51 @@ def test_a_scrape_reads_no_job_or_target_rows(file_store: Path, registry: Collec
         conn.set_trace_callback(None)
     assert TOTAL_NBYTES_SQL in statements
     reads = [sql for sql in statements if not sql.startswith("PRAGMA") and sql != TOTAL_NBYTES_SQL]
-    assert len(reads) == 1 and "batch_target" not in reads[0]
-    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {reads[0]}"))
-    # batch_job_live and batch_job_claim both hold exactly the live jobs
-    assert re.search(r"INDEX batch_job_(live|claim)\b", plan) and "SCAN batch_job " not in plan + " "
+    assert len(reads) == 3
+    live_count, outstanding, running = reads
+    for sql in (live_count, outstanding):
+        assert "batch_target" not in sql
+        plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        # batch_job_live and batch_job_claim both hold exactly the live jobs
+        assert re.search(r"INDEX batch_job_(live|claim)\b", plan) and "SCAN batch_job " not in plan + " "
+    plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {running}"))
+    assert "INDEX batch_target_running" in plan and "SCAN batch_target " not in plan + " "
+    assert "SCAN batch_job " not in plan + " "  # each running target's job by its key
+
+
+def test_gauges_per_caller_and_host_are_capped(
+    store: dcache.StoreDatabase, registry: CollectorRegistry
+) -> None:
+    """More callers and hosts than the labels allow: the busiest are named, the rest summed in (other), and
+    the series of each gauge add up to the store's own counts."""
+    callers = CALLER_LABELS + 5
+    for n in range(callers):
+        targets = [
+            make_target(i, url=f"https://Host-{(n + i) % (HOST_LABELS + 4)}.example:8080/{n}/{i}")
+            for i in range(n + 1)
+        ]
+        dcache.create_batch_job(
+            make_job(f"job-{n}", caller=f"caller-{n:02d}", targets_total=n + 1, created_at=1_000 + n), targets
+        )
+    dcache.create_batch_job(make_job("gone", caller="old", status="done", targets_total=3), make_targets(3))
+    claimed = dcache.claim_batch_targets(60, per_job=3, runner="r1", now=2_000)
+    found = scrape_labeled(registry)
+    pending, running = found["sift_caller_pending_targets"], found["sift_caller_running_targets"]
+    hosts = found["sift_host_running_targets"]
+    assert len(pending) == len(running) == CALLER_LABELS + 1 and set(pending) == set(running)
+    load = dcache.store_load(callers=CALLER_LABELS, hosts=HOST_LABELS)
+    assert pending == {r.caller: r.pending for r in [*load.callers, load.other_callers]}
+    assert running == {r.caller: r.running for r in [*load.callers, load.other_callers]}
+    assert load.more_callers == 5 and "old" not in pending  # a finished job's caller waits for nothing
+    outstanding = sum(n + 1 for n in range(callers))
+    assert sum(pending.values()) + sum(running.values()) == outstanding
+    assert sum(running.values()) == len(claimed) == sum(hosts.values())
+    assert len(hosts) == HOST_LABELS + 1 and "(other)" in hosts
+    assert all(re.fullmatch(r"host-\d+\.example", h) for h in hosts if h != "(other)")  # url_host's host
+    named = [v for h, v in hosts.items() if h != "(other)"]
+    assert named == sorted(named, reverse=True)
+    # The busiest callers: most outstanding first, which here is the latest callers, with the most targets.
+    assert list(pending)[:3] == [f"caller-{n:02d}" for n in (callers - 1, callers - 2, callers - 3)]
 
 
 # -- The docs' examples ----------------------------------------------------------------------------------

@@ -185,9 +185,21 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
     assert db.execute_sql("SELECT COUNT(*), COUNT(DISTINCT slot) FROM batch_totals").fetchone() == (16, 16)
 
 
+def make_version_3(target: str) -> None:
+    """Turn the store at ``target`` into what sift's schema version 3 made: without version 4's host column,
+    the ring's indexes and its cursor table."""
+    dcache.open_db(target)
+    db.execute_sql("DROP INDEX batch_job_ring, batch_target_host")
+    db.execute_sql("DROP TABLE batch_claim_ring")
+    db.execute_sql("ALTER TABLE batch_target DROP COLUMN host")
+    db.execute_sql("UPDATE sift_schema SET version = 3")
+    dcache.close_db()
+
+
 def make_version_1(target: str) -> None:
-    """Turn the store at ``target`` into what sift's schema version 1 made: without version 2's indexes
-    and version 3's claim columns."""
+    """Turn the store at ``target`` into what sift's schema version 1 made: without version 2's indexes,
+    version 3's claim columns and version 4's host and ring."""
+    make_version_3(target)
     dcache.open_db(target)
     db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending, batch_job_live_lease")
     db.execute_sql("ALTER TABLE batch_target DROP COLUMN runner, DROP COLUMN heartbeat, DROP COLUMN attempts")
@@ -204,7 +216,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
@@ -215,29 +227,50 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     with pytest.raises(dcache.StoreReadOnly):
         dcache.claim_batch_targets(1)
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 3)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
     assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
     assert dcache.batch_nbytes() == 5
     dcache.open_db(pg, readonly=True)  # now current: a read-only open works
 
 
+def test_opening_a_version_3_store_fills_in_the_hosts(pg: str) -> None:
+    """Version 4's upgrade, in one transaction: the host column, every stored target's host computed from
+    its URL in chunks (more targets than one chunk here), the ring's indexes and cursor; claims then work."""
+    from sift.dcache.hosts import BACKFILL_CHUNK
+
+    count = BACKFILL_CHUNK + 7 - (BACKFILL_CHUNK + 7) % 3  # a third of them on each host
+    urls = [f"https://H{i % 3}.Example:80/{i}" for i in range(count)]
+    targets = [dcache.BatchTarget(idx=i, url=url, options="{}") for i, url in enumerate(urls)]
+    dcache.create_batch_job(make_job("job-1", targets_total=count), targets)
+    make_version_3(pg)
+    dcache.open_db(pg, readonly=True)  # a version 3 store reads as it is; its check skips the hosts
+    assert dcache.batch_job("job-1") is not None
+    assert {v.kind for v in dcache.check_store().violations} == {"schema_version", "schema"}
+    dcache.open_db(pg)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
+    hosts = db.execute_sql("SELECT host, COUNT(*) FROM batch_target GROUP BY host ORDER BY host").fetchall()
+    assert hosts == [(f"h{i}.example", count // 3) for i in range(3)]
+    assert dcache.check_store().ok
+    assert len(dcache.claim_batch_targets(10, per_host=2, now=9)) == 6
+
+
 def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
     assert open_from_8_processes(pg) == ["ok"] * 8
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 3)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
     assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
 
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
-    db.execute_sql("UPDATE sift_schema SET version = 4")
-    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 4; this sift knows version 3$"):
+    db.execute_sql("UPDATE sift_schema SET version = 5")
+    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 5; this sift knows version 4$"):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current
-        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 3")
+        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 4")
 
 
 def test_columns_are_bigint_and_options_json(pg: str) -> None:

@@ -28,6 +28,9 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "_SELECT_JOB": ({"job_id": "old-7"}, {"batch_job_pkey"}),
     "_SELECT_TARGETS": ({"job_id": "job-3"}, {"batch_job_pkey", "batch_target_pkey"}),
     "_TOUCH": ({"job_id": "job-3", "now": 5}, {"batch_job_pkey"}),
+    # store_load (a metrics scrape): the live jobs by caller, and the running targets with their jobs
+    "_OUTSTANDING": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
+    "_RUNNING": ({}, {"batch_target_running", "batch_job_pkey"}),
 }
 
 
@@ -80,8 +83,16 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
 #: by primary key, is pinned above).
 NOT_SETTLED = {"_EXPIRED", "_TOUCH"}
-#: The claim's search for its next job, as a runner's claim_batch_targets runs it (its plans: test_claim.py).
-CLAIM_READS = {"_NEXT_CLAIMABLE_JOB": {"after_created": -1, "after_order": -1}}
+#: The claim's searches (the ring's next caller, that caller's next job, a job's next host; fair=False's next
+#: job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
+CLAIM_READS: dict[str, dict[str, Any]] = {
+    "_NEXT_JOB": {"after_created": -1, "after_order": -1},
+    "_CALLER_JOB": {"caller": "alice", "after_created": -1, "after_order": -1},
+    "_NEXT_CALLER": {"after": "a"},
+    "_FIRST_CALLER": {},
+    "_HOST_FROM": {"job_id": "job-3", "host": ""},
+    "_HOST_AFTER": {"job_id": "job-3", "host": "a.example"},
+}
 
 
 @pytest.mark.parametrize("name", [name for name in HOT_READS if name not in NOT_SETTLED] + list(CLAIM_READS))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import make_job, make_target, make_targets
 
 from sift import dcache
 from sift.dcache import db
@@ -405,6 +405,9 @@ _DROP_DELETION_LOG = [
     "DROP TRIGGER log_deleted_job{on}",
     "DROP TRIGGER log_deleted_target{on_target}",
 ]
+#: The runners claim fairly (two callers, weights by class) and politely (targets on 3 hosts).
+PER_HOST = 3
+WEIGHTS = {"fleet": 2}
 
 
 def _claim_runner(target: str, name: str, seed: int, runners_done: Any, barrier: Any) -> dict[str, Any]:
@@ -416,7 +419,7 @@ def _claim_runner(target: str, name: str, seed: int, runners_done: Any, barrier:
     done = {"claimed": 0, "released": 0, "written": 0, "refused": 0, "gone": 0, "finished": 0}
     barrier.wait()
     for _ in range(60):
-        claimed = dcache.claim_batch_targets(4, per_job=2, runner=name)
+        claimed = dcache.claim_batch_targets(4, per_job=2, per_host=PER_HOST, weights=WEIGHTS, runner=name)
         done["claimed"] += len(claimed)
         for t in claimed:
             if rng.random() < 0.1:
@@ -497,14 +500,18 @@ def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_
     for statement in _DELETION_LOG[backend]:
         db.execute_sql(statement)
     now = dcache.unix_now()
+
+    def targets(j: int) -> list[Any]:
+        return [make_target(i, url=f"https://h{i % 3}.example/{j}/{i}") for i in range(CLAIM_TARGETS)]
+
     for j in range(1, CLAIM_JOBS):
-        dcache.create_batch_job(
-            make_job(f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, lease=now),
-            make_targets(CLAIM_TARGETS),
+        new = make_job(
+            f"job-{j}", targets_total=CLAIM_TARGETS, created_at=j, lease=now, caller=f"caller-{j % 2}"
         )
+        dcache.create_batch_job(new, targets(j))
     # job-0 waits for one more target than it has: it can never finish, so no eviction may take it.
-    job_0 = make_job("job-0", targets_total=CLAIM_TARGETS + 1, created_at=now, lease=now)
-    create_partial(job_0, make_targets(CLAIM_TARGETS))
+    job_0 = make_job("job-0", targets_total=CLAIM_TARGETS + 1, created_at=now, lease=now, caller="caller-0")
+    create_partial(job_0, targets(0))
     for d in range(DOOMED_JOBS):
         dcache.create_batch_job(make_job(f"doomed-{d}", status="done", targets_total=0, lease=1_000))
     runners_done = SPAWN.Value("i", 0)
@@ -567,6 +574,9 @@ def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_
         # Live while it has work left; once complete, finished by the runner whose write completed it (or
         # by the requeue that failed its last target).
         assert (job.status in LIVE_STATUSES) == (job.targets_done < job.targets_total), job
+    # No host over its limit: a requeue or release only lowers the running counts.
+    running = db.execute_sql("SELECT host, COUNT(*) FROM batch_target WHERE status = 'running' GROUP BY host")
+    assert all(count <= PER_HOST for _, count in running.fetchall())
     dcache.requeue_in_flight(max_attempts=10**6)  # whatever is still claimed goes back: nothing is lost
     left = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
     assert left == 0

@@ -127,6 +127,9 @@ SLOT_VALUES: dict[str, Any] = {
     "runner": "runner-1",
     "max_attempts": 3,
     "failed": 1,
+    "host": "example.com",
+    "after": "caller-1",
+    "turns": 1,
 }
 
 #: Every statement of the manager, and how its plan must reach rows: exactly this set of index accesses,
@@ -148,7 +151,8 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # API reads
     "_SELECT_JOB": {JOB_BY_ID},
     "_IDEM": {"batch_job_idem (caller=? AND idem_key=?)"},
-    "_LIVE": {"batch_job_live (caller=?)"},
+    # either partial index of the live jobs keyed by caller
+    "_LIVE": ({"batch_job_live (caller=?)"}, {"batch_job_ring (caller=?)"}),
     "_LIVE_TOTAL": LIVE_SCAN,  # a SCAN of a partial index: bounded by the live jobs
     "_SELECT_TARGETS": {JOB_BY_ID, TARGETS_OF_JOB},
     # sweep and eviction (their no-op forms run only _ANY_EXPIRED, or only the byte total)
@@ -163,11 +167,31 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_SET_JOB_STATUS": {JOB_BY_ID},
     "_TOUCH": {JOB_BY_ID},
     "_MARK_FAILED": LIVE_SCAN,  # a SCAN of a partial index: bounded by the live jobs
-    # many runners: the claim walks live jobs in claim order, probing each for a pending target, and takes
-    # the first pending targets of one job; the rescue searches live jobs by lease
-    "_NEXT_CLAIMABLE_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
-    # each picked target by its rowid, picked from the pending targets of the job
+    # many runners: the claim locks the ring's one row, walks the callers with a live job in byte order
+    # (each step one search of batch_job_ring), each caller's live jobs in claim order, probing each for
+    # a pending target, and takes the first pending targets of one job (of one host, with a host limit,
+    # found by a skip scan of batch_target_host); fair=False walks every live job in claim order
+    "_LOCK_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
+    "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
+    # either partial index of the live jobs keyed by caller (from its first entry, for the first caller),
+    # each live job probed for a pending target
+    "_NEXT_CALLER": (
+        {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
+        {"batch_job_live (caller>?)", "batch_target_pending (job_id=?)"},
+    ),
+    "_FIRST_CALLER": (
+        {"batch_job_ring", "batch_target_pending (job_id=?)"},
+        {"batch_job_live", "batch_target_pending (job_id=?)"},
+    ),
+    "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_pending (job_id=?)"},
+    "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
+    "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
+    "_HOST_AFTER": {"batch_target_host (job_id=? AND host>?)"},
+    # the running targets' hosts: a scan of batch_target_running, bounded by what runners hold
+    "_RUNNING_HOSTS": {"batch_target_running"},
+    # each picked target by its rowid, picked from the pending targets of the job (of one host)
     "_CLAIM_TARGETS": {"batch_target_pending (job_id=?)", "INTEGER PRIMARY KEY (rowid=?)"},
+    "_CLAIM_HOST_TARGETS": {"batch_target_host (job_id=? AND host=?)", "INTEGER PRIMARY KEY (rowid=?)"},
     # claims: one runner's by batch_target_running, the stale ones by a scan of it (running targets only)
     "_RENEW": {"batch_target_running (runner=?)"},
     "_RELEASE": {"batch_target_running (runner=?)"},
@@ -182,6 +206,10 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOB": {JOB_BY_ID},
     "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases
+    # who waits and which hosts are busy (a metrics scrape): the live jobs by caller, a SCAN of their partial
+    # index; the running targets, a SCAN of theirs, each job by its key
+    "_OUTSTANDING": (*LIVE_SCAN, {"batch_job_ring"}),  # each a partial index of the live jobs
+    "_RUNNING": {"batch_target_running", JOB_BY_ID},
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
@@ -203,7 +231,7 @@ PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
     r"|SCAN \w+ USING (?:COVERING )?INDEX "
-    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_evictable|batch_target_running)"
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_ring|batch_job_evictable|batch_target_running)"
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
@@ -259,7 +287,9 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -
 RESULT_WRITE_INDEXES = {
     "_FINISH_ON_JOB": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
     # a result leaves the pending or the running targets (a claimed target is running when written)
-    "_SET_TARGET": {TARGET_PK, "batch_target_pending", "batch_target_running"},
+    # (batch_target_host, like batch_target_pending, is opened because its filter reads the status; a
+    # running target is in neither, before or after, so neither gets an entry written)
+    "_SET_TARGET": {TARGET_PK, "batch_target_pending", "batch_target_host", "batch_target_running"},
 }
 
 
@@ -432,8 +462,14 @@ BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
 
 
-#: A claim that finds nothing pending: one read in its (empty) write transaction.
-NOTHING_CLAIMED = [BEGIN, "SELECT batch_job", COMMIT]
+#: A claim's start: the ring's row, the first caller with pending work, that caller's oldest such job.
+CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job", "SELECT batch_job"]
+#: One turn of a claim: the job's targets taken, the job marked running.
+TAKE = ["UPDATE batch_target", "UPDATE batch_job"]
+#: The ring's walk comes round: the next caller with pending work (none), the first caller (known, or none).
+ROUND = ["SELECT batch_job", "SELECT batch_job"]
+#: The claim's end: the cursor saved.
+CLAIM_END = ["UPDATE batch_claim_ring", COMMIT]
 
 
 def runner_update() -> None:
@@ -478,20 +514,23 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
         [BEGIN, "INSERT batch_job", *["INSERT batch_target"] * 3, COMMIT],
         8,
     ),
+    # one turn for the only caller, the ring's walk comes round (every member known), then the other 4
+    # targets as whole rounds in one take
     "claim_batch_targets of 5 from the runner's job": (
         lambda: dcache.claim_batch_targets(5, now=10_000),
-        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT],
-        5,
+        [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END],
+        12,
     ),
+    # the job runs out in the rounds' take: the caller leaves the ring, which is then empty
     "claim_batch_targets of all 20 pending targets, limit 25": (
         lambda: dcache.claim_batch_targets(25, now=10_000),
-        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", "SELECT batch_job", COMMIT],
-        6,
+        [*CLAIM_START, *TAKE, *ROUND, *TAKE, "SELECT batch_job", *CLAIM_END],
+        13,
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
-        [BEGIN, "SELECT batch_job", "UPDATE batch_target", "UPDATE batch_job", COMMIT, *NOTHING_CLAIMED],
-        8,
+        [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END, BEGIN, "SELECT batch_claim_ring", *ROUND, COMMIT],
+        17,
     ),
     "rescue_stale_jobs": (
         lambda: dcache.rescue_stale_jobs(60, "runner lost", now=10_000),

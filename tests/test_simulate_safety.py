@@ -162,21 +162,26 @@ def test_a_named_store_without_jobs_is_used(
 def test_only_the_restarted_runner_reconciles(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """mark_in_flight_failed is called once, by the restart that stands for the new runner process; never
-    from a caller thread (a web worker)."""
-    calls: list[str] = []
-    real = dcache.mark_in_flight_failed
+    """requeue_in_flight is called once, by the restart that stands for the new runner process; never from a
+    caller thread (a web worker); and mark_in_flight_failed, which would fail the jobs, never."""
+    calls: list[tuple[str, str]] = []
 
-    def recording(*args: Any, **kwargs: Any) -> int:
-        calls.append(threading.current_thread().name)
-        return real(*args, **kwargs)
+    def recording(name: str) -> Any:
+        real = getattr(dcache, name)
 
-    monkeypatch.setattr(dcache, "mark_in_flight_failed", recording)
+        def call(*args: Any, **kwargs: Any) -> int:
+            calls.append((name, threading.current_thread().name))
+            return int(real(*args, **kwargs))
+
+        return call
+
+    for name in ("requeue_in_flight", "mark_in_flight_failed"):
+        monkeypatch.setattr(dcache, name, recording(name))
     code, out, _ = run(capsys, "simulate", "--db", tmp_path / "sim.db", *SMALL)
     assert code == 0
-    assert calls == ["MainThread"]
+    assert calls == [("requeue_in_flight", "MainThread")]
     restart = next(line for line in out.splitlines() if line.startswith("  runner restart "))
-    assert "the new runner alone reconciled at its start: " in restart
+    assert "the new runner alone requeued at its start (requeue_in_flight) " in restart
 
 
 def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,7 +192,10 @@ def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> Non
         "a new file sim.db in a new directory sift-simulate-* under $TMPDIR or /tmp; never ./sift.db" in text
     )
     assert "one holding jobs is refused, unchanged" in text
-    assert "only the new runner reconciles (mark_in_flight_failed) at its start, never the callers" in text
+    assert (
+        "only the new runner requeues what it held (requeue_in_flight) at its start, never the callers"
+        in text
+    )
 
 
 def test_another_programs_database_is_refused_and_unchanged(tmp_path: Path) -> None:

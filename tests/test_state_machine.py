@@ -16,6 +16,7 @@ import dataclasses
 import math
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -141,13 +142,131 @@ class MJob:
         return sum(utf8(t.result) for t in self.targets.values())
 
 
+def url_for(idx: int) -> str:
+    """Two hosts, spelled in ways url_host makes one: a per-host limit then has hosts to fill."""
+    return f"https://{'H0.Example' if idx % 2 == 0 else 'user@h1.example:8080'}/{idx}"
+
+
 def target_for(idx: int) -> MTarget:
-    return MTarget(url=f"https://example.com/{idx}", options='{"render":false}')
+    return MTarget(url=url_for(idx), options='{"render":false}')
 
 
 def bad_idxs(idxs: list[int], total: int, stored: set[int]) -> bool:
     """Whether a put of ``idxs`` breaks a rule: out of range, repeated in the call, or already stored."""
     return any(not 0 <= i < total for i in idxs) or len(set(idxs)) != len(idxs) or bool(set(idxs) & stored)
+
+
+#: The claim rule's orders: weights by caller class, or fair=False.
+CLAIM_WEIGHTS: dict[str, dict[str, int] | None] = {
+    "fair": None,
+    "weighted": {"fleet": 2},
+    "weighted the other way": {"restricted": 3, "fleet": 1},
+    "oldest first": None,
+}
+
+
+class ModelClaim:
+    """The claim's order, turn by turn: the ring of callers with a live job holding a pending target (byte
+    order), from the machine's cursor; each caller's turn hands out up to its weight (the class of its
+    oldest live job with a pending target), one target at a time from its oldest live job with a claimable
+    target (per_job this claim, per_host running), lowest idx first (host by host with per_host); a caller
+    with nothing claimable leaves. fair=False: the oldest job first across callers."""
+
+    def __init__(
+        self,
+        machine: StoreMachine,
+        limit: int,
+        per_job: int | None,
+        per_host: int | None,
+        weights: dict[str, int] | None,
+    ) -> None:
+        self.machine, self.jobs = machine, machine.jobs
+        self.limit, self.per_job, self.per_host = limit, per_job or limit, per_host
+        self.weights = weights or {}
+        self.running = Counter(
+            dcache.url_host(t.url)
+            for job in self.jobs.values()
+            for t in job.targets.values()
+            if t.status == "running"
+        )
+        self.taken: Counter[str] = Counter()
+        self.claimed: list[tuple[str, int]] = []
+        self.pending = {
+            (job_id, idx)
+            for job_id, job in self.jobs.items()
+            for idx, t in job.targets.items()
+            if t.status == "pending"
+        }
+
+    def job_order(self) -> list[str]:
+        return sorted(
+            (job_id for job_id, job in self.jobs.items() if job.status in LIVE),
+            key=lambda job_id: (self.jobs[job_id].created_at, self.jobs[job_id].seq),
+        )
+
+    def next_of_job(self, job_id: str) -> int | None:
+        """The job's next claimable target in this claim, or None."""
+        if self.taken[job_id] >= self.per_job:
+            return None
+        pending = sorted(idx for j, idx in self.pending if j == job_id)
+        for idx in sorted(pending, key=lambda i: (dcache.url_host(self.jobs[job_id].targets[i].url), i)):
+            host = dcache.url_host(self.jobs[job_id].targets[idx].url)
+            if self.per_host is None:
+                return pending[0] if pending else None
+            if self.running[host] < self.per_host:
+                return idx
+        return None
+
+    def take(self, job_id: str, idx: int) -> None:
+        self.pending.discard((job_id, idx))
+        self.taken[job_id] += 1
+        self.running[dcache.url_host(self.jobs[job_id].targets[idx].url)] += 1
+        self.claimed.append((job_id, idx))
+
+    def next_of_caller(self, caller: str) -> tuple[str, int] | None:
+        for job_id in self.job_order():
+            if self.jobs[job_id].caller == caller and (idx := self.next_of_job(job_id)) is not None:
+                return job_id, idx
+        return None
+
+    def run(self, fair: bool) -> list[tuple[str, int]]:
+        if not fair:
+            for job_id in self.job_order():
+                while len(self.claimed) < self.limit and (idx := self.next_of_job(job_id)) is not None:
+                    self.take(job_id, idx)
+            return self.claimed
+        with_pending = [j for j in self.job_order() if any(job == j for job, _ in self.pending)]
+        weight = {}
+        for job_id in reversed(with_pending):  # the class of each caller's oldest job with pending work
+            weight[self.jobs[job_id].caller] = self.weights.get(self.jobs[job_id].caller_class, 1)
+        members, out = sorted(weight), set()
+
+        def following(name: str | None) -> str | None:
+            left = [c for c in members if c not in out]
+            return next((c for c in left if name is None or c > name), left[0] if left else None)
+
+        last, last_used = self.machine.ring
+        current, used = None, 0
+        if last in weight and 0 < last_used < weight[last]:
+            current, used = last, last_used
+        else:
+            current = following(last)
+        while current is not None and len(self.claimed) < self.limit:
+            want = min(weight[current] - used, self.limit - len(self.claimed))
+            got = 0
+            while got < want and (found := self.next_of_caller(current)) is not None:
+                self.take(*found)
+                got += 1
+            if got:
+                used += got
+                last, last_used = current, used
+            if got < want:
+                out.add(current)
+            if current in out or used >= weight[current]:
+                current, used = following(current), 0
+        if self.claimed:
+            self.machine.ring = (last, last_used)
+        return self.claimed
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -158,6 +277,7 @@ class StoreMachine(RuleBasedStateMachine):
         dcache.open_db(self.path())
         self.jobs: dict[str, MJob] = {}
         self.seq = 0
+        self.ring: tuple[str | None, int] = (None, 0)  # the claims' cursor: caller served last, turns used
 
     def path(self) -> str | Path:
         return ":memory:"
@@ -210,6 +330,18 @@ class StoreMachine(RuleBasedStateMachine):
     def create(self, job_id: str, spec: Spec, idxs: str | None) -> None:
         self.do_create(job_id, spec, None if idxs is None else list(range(spec.total)))
 
+    @rule(
+        job_id=st.sampled_from(JOB_IDS),
+        caller=st.sampled_from(CALLERS),
+        caller_class=st.sampled_from(["fleet", "restricted"]),
+        total=st.integers(min_value=1, max_value=MAX_TOTAL),
+        created_at=st.integers(min_value=0, max_value=5),
+    )
+    def submit_live(self, job_id: str, caller: str, caller_class: str, total: int, created_at: int) -> None:
+        """A queued job with all its targets pending: claims then meet several callers with work."""
+        spec = Spec(caller, "", "queued", caller_class, total, created_at, 10)
+        self.do_create(job_id, spec, list(range(total)))
+
     @rule(job_id=st.sampled_from(JOB_IDS), spec=specs, idxs=idx_lists)
     def create_with_idxs(self, job_id: str, spec: Spec, idxs: list[int]) -> None:
         """Targets given by idx: often out of range, repeated or fewer than the total, which refuses the
@@ -232,7 +364,7 @@ class StoreMachine(RuleBasedStateMachine):
             created_at=spec.created_at,
             lease=spec.lease,
         )
-        targets = None if idxs is None else [make_target(i) for i in idxs]
+        targets = None if idxs is None else [make_target(i, url=url_for(i)) for i in idxs]
         self.call(allowed, dcache.create_batch_job, job, targets)
         if not allowed:
             self.seq += 1
@@ -261,7 +393,7 @@ class StoreMachine(RuleBasedStateMachine):
                 allowed.add(dcache.InvalidBatchInput)
         elif bad_idxs(idxs, job.targets_total, set(job.targets)):
             allowed.add(dcache.InvalidBatchInput)
-        self.call(allowed, dcache.put_batch_targets, job_id, (make_target(i) for i in idxs))
+        self.call(allowed, dcache.put_batch_targets, job_id, (make_target(i, url=url_for(i)) for i in idxs))
         if not allowed:
             assert job is not None
             for i in idxs:
@@ -420,28 +552,37 @@ class StoreMachine(RuleBasedStateMachine):
             job.status, job.error, job.lease = "failed", reason, now
 
     @rule(  # the first choices come first: claims that span jobs, and caps a job reaches
-        limit=st.sampled_from([2 * MAX_TOTAL, 3, 1, 2]),
+        limit=st.sampled_from([2 * MAX_TOTAL, 3, 1, 2, 5]),
         per_job=st.sampled_from([1, None, 2, 3]),
+        per_host=st.sampled_from([None, 1, 2]),
+        order=st.sampled_from(["fair", "weighted", "weighted the other way", "oldest first"]),
         now=times,
         runner=st.sampled_from(RUNNERS),
     )
-    def claim(self, limit: int, per_job: int | None, now: int, runner: str) -> None:
-        expected: list[tuple[str, int]] = []
-        for job_id, job in sorted(self.jobs.items(), key=lambda item: (item[1].created_at, item[1].seq)):
-            pending = sorted(i for i, t in job.targets.items() if t.status == "pending")
-            if job.status not in LIVE or not pending or len(expected) == limit:
-                continue
-            taken = pending[: min(per_job or limit, limit - len(expected))]
-            expected += [(job_id, idx) for idx in taken]
-            for idx in taken:
-                target = job.targets[idx]
-                target.status, target.runner, target.heartbeat = "running", runner, now
-                target.attempts += 1
+    def claim(
+        self, limit: int, per_job: int | None, per_host: int | None, order: str, now: int, runner: str
+    ) -> None:
+        weights = CLAIM_WEIGHTS[order]
+        expected = ModelClaim(self, limit, per_job, per_host, weights).run(order != "oldest first")
+        for job_id, idx in expected:
+            job = self.jobs[job_id]
+            target = job.targets[idx]
+            target.status, target.runner, target.heartbeat = "running", runner, now
+            target.attempts += 1
             job.status, job.lease = "running", now
-        claimed = dcache.claim_batch_targets(limit, per_job=per_job, runner=runner, now=now)
+        claimed = dcache.claim_batch_targets(
+            limit,
+            per_job=per_job,
+            per_host=per_host,
+            weights=weights,
+            fair=order != "oldest first",
+            runner=runner,
+            now=now,
+        )
         assert [(t.job_id, t.idx) for t in claimed] == expected
         assert all(t.status == "running" and (t.runner, t.heartbeat) == (runner, now) for t in claimed)
         event(f"claim: {min(len(claimed), 3)}+ targets")
+        event(f"claim: {order}, from {len({self.jobs[t.job_id].caller for t in claimed})} callers")
 
     def held(self, runner: str | None = None) -> list[MTarget]:
         return [
@@ -715,6 +856,7 @@ class PostgresStoreMachine(StoreMachine):
     def __init__(self) -> None:
         super().__init__()
         dcache.db.execute_sql("TRUNCATE batch_job, batch_target")
+        dcache.db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
         dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 0 WHERE nbytes <> 0")
 
 

@@ -34,11 +34,27 @@ def original_file(path: Path) -> Path:
     return path
 
 
-def earlier_sift_file(path: Path) -> Path:
-    """A store as the release before claims made it: today's schema without version 3's columns and index."""
+#: What version 4 added: the ring's indexes and cursor, and the targets' host.
+DROP_VERSION_4 = (
+    "DROP INDEX batch_job_ring; DROP INDEX batch_target_host; DROP TABLE batch_claim_ring; "
+    "ALTER TABLE batch_target DROP COLUMN host; "
+)
+
+
+def version_3_file(path: Path) -> Path:
+    """A store as version 3 made it: today's schema without version 4's host, indexes and ring."""
     dcache.open_db(path)
     dcache.create_batch_job(make_job("old", targets_total=3, created_at=100, lease=100), make_targets(3))
     dcache.close_db()
+    conn = sqlite3.connect(path)
+    conn.executescript(DROP_VERSION_4 + "PRAGMA user_version = 3;")
+    conn.close()
+    return path
+
+
+def earlier_sift_file(path: Path) -> Path:
+    """A store as the release before claims made it: version 3's schema without its columns and index."""
+    version_3_file(path)
     conn = sqlite3.connect(path)
     conn.executescript(
         "DROP INDEX batch_target_running; ALTER TABLE batch_target DROP COLUMN runner; "
@@ -65,7 +81,7 @@ def user_version(path: Path) -> int:
         conn.close()
 
 
-MAKERS = {"original DDL": original_file, "earlier sift": earlier_sift_file}
+MAKERS = {"original DDL": original_file, "earlier sift": earlier_sift_file, "version 3": version_3_file}
 
 
 def test_a_read_only_open_of_an_original_file_still_asks_for_one_writable_open(tmp_path: Path) -> None:
@@ -102,8 +118,12 @@ def test_the_first_writable_open_upgrades_it_and_the_claims_work(tmp_path: Path,
     path = MAKERS[maker](tmp_path / "old.db")
     dcache.open_db(path)
     try:
-        assert columns(path)[-3:] == ["runner", "heartbeat", "attempts"]
+        assert columns(path)[-4:] == ["runner", "heartbeat", "attempts", "host"]
         assert user_version(path) == SCHEMA_VERSION
+        # every stored target's host filled in from its URL
+        hosts = db.execute_sql("SELECT url, host FROM batch_target").fetchall()
+        assert len(hosts) == 3 and all(host == dcache.url_host(url) for url, host in hosts)
+        assert {host for _, host in hosts} == ({""} if maker == "original DDL" else {"example.com"})
         claimed = dcache.claim_batch_targets(5, runner="new", now=1_000)
         pending = [2] if maker == "original DDL" else [0, 1, 2]
         assert [(t.idx, t.runner, t.attempts) for t in claimed] == [(i, "new", 1) for i in pending]

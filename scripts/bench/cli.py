@@ -18,6 +18,7 @@ from . import __doc__ as bench_doc
 from . import compare
 from .cases.claims import bench_claims, pg_claims
 from .cases.disk import bench_disk
+from .cases.fairness import bench_fairness, pg_fairness
 from .cases.flat import bench_flat, pg_flat
 from .cases.hooks import bench_hooks
 from .cases.locks import bench_locks
@@ -46,6 +47,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "claims": bench_claims,
     "tail": bench_tail,
     "peers": bench_peers,
+    "fairness": bench_fairness,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -54,6 +56,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "claims": pg_claims,
     "simulate": pg_simulate,
     "peers": pg_peers,
+    "fairness": pg_fairness,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

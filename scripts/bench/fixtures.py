@@ -184,10 +184,10 @@ class PgBuilder:
     def targets_of(self, where: str, param: str, targets: int, result_bytes: int | None) -> None:
         status, result = ("'pending'", "NULL") if result_bytes is None else ("'done'", "repeat('r', %s)")
         params = ([] if result_bytes is None else [result_bytes]) + [targets, param]
-        self.conn.execute(
-            "INSERT INTO batch_target (job_id, idx, url, options, status, result) "
+        self.conn.execute(  # host: url_host of the URL, as every insert of the package writes it
+            "INSERT INTO batch_target (job_id, idx, url, options, status, result, host) "
             f"SELECT b.id, n.j, 'https://example.com/' || b.id || '/' || n.j, '{OPTIONS}', {status}, "
-            f"{result} FROM batch_job AS b, generate_series(0, %s - 1) AS n(j) "
+            f"{result}, 'example.com' FROM batch_job AS b, generate_series(0, %s - 1) AS n(j) "
             f"WHERE {where} ORDER BY b.id, n.j",
             params,
         )

@@ -56,9 +56,15 @@ class Sizes:
     writer_rounds: int  # rounds of each side (1 process, writer_procs processes)
     claim_ops: int  # claim_batch_targets calls of each process in one round
     claim_rounds: int  # rounds of each side (1, 2 and 4 processes)
+    fair_pending: int  # pending targets of the fair claim's large store (the small one: 1,000)
+    fair_rounds: int  # rounds of each side (small and large store), each with and without per_host
+    fair_claims: int  # timed claims of each side in one round
     sim_jobs: int  # PostgreSQL: submissions of each sift simulate --hosts run
     sim_rounds: int  # runs of each side (--hosts 1, --hosts 4)
     sim_fetch_jobs: int  # the same with fetches that wait on the network (--fetch-ms)
+    flood_jobs: int  # fairness: submissions of each sift simulate --workload flood run (half the flood's)
+    flood_targets: int  # fairness: targets of each flood job
+    flood_rounds: int  # fairness: runs of each side (fair, oldest first)
     tail_rounds: int  # SQLite tail: rounds of each side
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
@@ -103,9 +109,15 @@ FULL = Sizes(
     writer_rounds=5,
     claim_ops=300,
     claim_rounds=5,
+    fair_pending=1_000_000,
+    fair_rounds=4,
+    fair_claims=200,
     sim_jobs=300,
     sim_rounds=2,
     sim_fetch_jobs=150,
+    flood_jobs=40,
+    flood_targets=500,
+    flood_rounds=2,
     tail_rounds=8,
     tail_calls=600,
     compare_rounds=30,
@@ -150,9 +162,15 @@ QUICK = Sizes(
     writer_rounds=2,
     claim_ops=20,
     claim_rounds=1,
+    fair_pending=20_000,
+    fair_rounds=2,
+    fair_claims=10,
     sim_jobs=30,
     sim_rounds=1,
     sim_fetch_jobs=12,
+    flood_jobs=8,
+    flood_targets=300,
+    flood_rounds=1,
     tail_rounds=2,
     tail_calls=60,
     compare_rounds=4,

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .hosts import url_host
 from .integrity import check_store
+from .load import store_load
 from .manager import (
     batch_job,
     batch_job_by_idem,
@@ -63,6 +64,9 @@ from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
 from .modelwrites import ModelRules  # noqa: F401  (importing it holds the models' writes to the rules)
 from .reports import (
     BackupReport,
+    CallerLoad,
+    HostLoad,
+    LoadReport,
     RelationSpace,
     RelationVacuumReport,
     RestoreReport,
@@ -86,12 +90,15 @@ __all__ = [
     "BatchJob",
     "BatchTarget",
     "CallerClass",
+    "CallerLoad",
     "ClaimLost",
     "DuplicateJob",
+    "HostLoad",
     "InvalidBatchInput",
     "JobNotFound",
     "ModelWriteRefused",
     "JobStatus",
+    "LoadReport",
     "RelationSpace",
     "RelationVacuumReport",
     "RestoreReport",
@@ -137,6 +144,7 @@ __all__ = [
     "runner_name",
     "set_batch_job_status",
     "stats",
+    "store_load",
     "store_space",
     "submit_batch_job",
     "sweep_batch",

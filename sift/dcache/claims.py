@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 import socket
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import peewee
 
 from . import validation
+from .claimorder import ClaimOrder
 from .counters import counters
 from .database import db, retried
 from .errors import JobNotFound
 from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
-from .statements import Slot, Statement, literal
+from .statements import Slot, Statement
 from .validation import Duration
 
 __all__ = [
@@ -35,81 +37,6 @@ __all__ = [
 J = BatchJob
 T = BatchTarget
 Inline = peewee.ValueLiterals
-
-
-def _pending(target: Any) -> peewee.Node:
-    """``target`` (BatchTarget or an alias of it) is pending: a partial index holds exactly these."""
-    return Inline(target.status == TargetStatus.PENDING.value)
-
-
-# The next live job after (after_created, after_order) in claim order that has a pending target. On
-# PostgreSQL it is locked, or skipped when another transaction holds it: claimers never wait on each other,
-# and they lock a job before its targets, as every target write does. The pending target is probed by a
-# scalar subquery, not EXISTS, which PostgreSQL may turn into a join read from every pending target; its
-# ORDER BY idx keeps PostgreSQL on batch_target_pending, where LIMIT 1 alone let it pick a table scan.
-_NEXT_CLAIMABLE_JOB = Statement(
-    lambda: db.backend.lock_rows(
-        J.select(J.id, J.created_at, db.backend.insertion_order)
-        .where(
-            Inline(J.status.in_(LIVE_JOB_STATUSES))
-            & (
-                peewee.Tuple(J.created_at, db.backend.insertion_order)
-                > peewee.Tuple(Slot("after_created"), Slot("after_order"))
-            )
-            & peewee.Expression(
-                T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(literal(1)),
-                peewee.OP.IS_NOT,
-                None,
-            )
-        )
-        .order_by(J.created_at, db.backend.insertion_order)
-        .limit(literal(1)),
-        skip_locked=True,
-    )
-)
-_PENDING_OF_JOB = T.alias("pending")
-
-
-def _claim_targets() -> peewee.Node:
-    """The job's first ``take`` pending targets (idx order) become running, held by ``runner`` with its
-    heartbeat at ``now``, one more attempt each; the statement returns them.
-
-    They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
-    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
-    update finds the picked rows by their address alone (``backend.row_address``; the pick locked them, so
-    they cannot move), by ``backend.among``: PostgreSQL planned a join, or a lookup by job and idx, as a
-    nested loop or a filter testing each of the job's pending targets against every picked one, quadratic
-    in ``take``; by address alone it reads each picked row once (a TID scan)."""
-    first: Any = db.backend.lock_rows(
-        _PENDING_OF_JOB.select(db.backend.row_address.alias("address"))
-        .where((_PENDING_OF_JOB.job_id == Slot("job_id")) & _pending(_PENDING_OF_JOB))
-        .order_by(_PENDING_OF_JOB.idx)
-        .limit(Slot("take")),
-        skip_locked=True,
-    )
-    picked = first.cte("picked", materialized=True)
-    return (
-        T.update(
-            {
-                T.status: Inline(peewee.Value(TargetStatus.RUNNING.value)),
-                T.runner: Slot("runner"),
-                T.heartbeat: Slot("now"),
-                T.attempts: T.attempts + 1,
-            }
-        )
-        # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
-        .where(db.backend.among(db.backend.row_address, peewee.Select([picked], [picked.c.address])))
-        .with_cte(picked)
-        .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
-    )
-
-
-_CLAIM_TARGETS = Statement(_claim_targets)
-_CLAIM_JOB = Statement(
-    lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
-        J.id == Slot("job_id")
-    )
-)
 
 
 def _running(target: Any = T) -> peewee.Node:
@@ -184,44 +111,73 @@ _FINISH_JOB = Statement(
 )
 
 
+#: At most this many caller classes in ``weights``, each at most this many turns a round.
+MAX_WEIGHTS = 1000
+MAX_WEIGHT = 1_000_000
+
+
 @retried
 def claim_batch_targets(
-    limit: int, *, per_job: int | None = None, runner: str | None = None, now: int | None = None
+    limit: int,
+    *,
+    per_job: int | None = None,
+    per_host: int | None = None,
+    weights: Mapping[str, int] | None = None,
+    fair: bool = True,
+    runner: str | None = None,
+    now: int | None = None,
 ) -> list[BatchTarget]:
-    """Move up to ``limit`` pending targets of queued or running jobs to running, at most ``per_job`` from
-    each job, and return them: oldest job first (created_at, then insertion order), then idx. Each job
-    claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
+    """Move up to ``limit`` pending targets of queued or running jobs to running and return them, in the
+    claim's order: round-robin over the callers with pending work (byte order of caller names, from where
+    the last claim stopped), ``weights[caller_class]`` turns each a round (default 1), each caller's oldest
+    job first (created_at, then insertion order), then idx; at most ``per_job`` from one job. ``fair=False``:
+    oldest job first across all callers. ``per_host``: no host (``url_host``) gets more than that many
+    targets running at once; a host at its limit is skipped, and within a job targets go host by host.
+    Each job claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
 
     Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its
     heartbeat ``now``, and its ``attempts`` goes up by one; ``renew_claims`` keeps the claim alive."""
     limit = validation.positive("limit", limit)
     per_job = limit if per_job is None else validation.positive("per_job", per_job)
+    per_host = None if per_host is None else validation.positive("per_host", per_host)
+    if type(fair) is not bool:
+        validation.invalid("fair", f"must be True or False, got {fair!r}")
+    checked = _weights(weights, fair)
     runner = _runner(runner)
     now = validation.now(now)
     db.backend.require_claims()
-    claimed: list[Any] = []
     with db.write():
-        after: tuple[int, int] = (-1, -1)  # the claim order's position: (created_at, insertion order)
-        while len(claimed) < limit:
-            job = _NEXT_CLAIMABLE_JOB.rows(after_created=after[0], after_order=after[1])
-            if not job:
-                break
-            job_id, *position = job[0]
-            claimed += _claim_from_job(job_id, min(per_job, limit - len(claimed)), runner, now)
-            after = (position[0], position[1])
+        order = ClaimOrder(per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now)
+        claimed = order.run(limit, fair)
     if claimed:
         counters.add("claims")
         counters.add("targets_claimed", len(claimed))
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
 
 
-def _claim_from_job(job_id: str, take: int, runner: str, now: int) -> list[Any]:
-    """Inside the claim's transaction: the job's first ``take`` pending targets, now running (idx order)."""
-    rows = _CLAIM_TARGETS.rows(job_id=job_id, take=take, runner=runner, now=now)
-    if rows:
-        _CLAIM_JOB.run(job_id=job_id, now=now)
-    idx = TARGET_COLUMNS.index("idx")
-    return sorted(rows, key=lambda row: row[idx])  # RETURNING promises no order
+def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | None:
+    """``weights`` checked and copied: caller class (str) -> turns a round (int, 1 or more); only for a
+    fair claim."""
+    if weights is None:
+        return None
+    if not fair:
+        validation.invalid("weights", "apply to the fair claim only; leave them out with fair=False")
+    if not isinstance(weights, Mapping):
+        validation.invalid(
+            "weights", f"must be a mapping of caller class to turns, got {type(weights).__name__}"
+        )
+    if len(weights) > MAX_WEIGHTS:
+        validation.invalid("weights", f"may name at most {MAX_WEIGHTS} caller classes, got {len(weights)}")
+    checked: dict[str, int] = {}
+    for name, weight in weights.items():
+        if type(name) is not str:
+            validation.invalid("weights", f"keys must be caller classes (str), got {name!r}")
+        if type(weight) is not int or not 1 <= weight <= MAX_WEIGHT:
+            validation.invalid(
+                "weights", f"{name!r} must have an int in 1..{MAX_WEIGHT} turns, got {weight!r}"
+            )
+        checked[name] = weight
+    return checked
 
 
 def runner_name() -> str:

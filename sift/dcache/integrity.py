@@ -24,6 +24,7 @@ from typing import Any
 from .clock import unix_now
 from .database import db
 from .errors import StoreConflict, StoreCorrupt
+from .hosts import url_host
 from .models import FINAL_TARGET_STATUSES, JobStatus, TargetStatus
 from .reports import Repair, StoreReport, Violation
 from .sqlfiles import load_sql
@@ -36,7 +37,8 @@ JOBS_PER_CHUNK = 500
 TARGETS_PER_CHUNK = 5_000
 
 #: The kinds of violation ``repair=True`` fixes; the others (quick_check, job_status, targets_total,
-#: target_status, target_idx, target_options, target_result, missing_targets) are left for a person.
+#: target_status, target_idx, target_options, target_result, target_host, missing_targets) are left for a
+#: person.
 REPAIRABLE = frozenset({"schema", "total", "targets_done", "nbytes", "orphan_targets"})
 
 #: Seconds after its ``created_at`` (by the store clock) a job may still lack target rows: the time
@@ -209,6 +211,8 @@ class _Chunk:
             ):
                 continue
             self._check_job(job, group)
+        if db.backend.hosts_stored:
+            self._check_hosts(sql.hosts.format(where=target_range), target_params)
         for job_id, count, *_ in by_job.values():  # targets whose job is not there
             self._add("orphan_targets", _name(job_id), f"{_targets(count)} without their job")
             self.fixes.append(("orphan_targets", job_id, count, 0))
@@ -250,6 +254,19 @@ class _Chunk:
             )
             self._add("missing_targets", name, detail)
 
+    def _check_hosts(self, query: str, params: tuple[Any, ...]) -> None:
+        """Each target's host must be ``url_host(url)``, as every insert writes it (``target_host``): per-host
+        claim limits count by it. A program that does not know the column leaves ''."""
+        wrong: dict[Any, list[tuple[Any, Any, str]]] = {}
+        for job_id, idx, url, host in db.fetch_all(query, params):
+            if type(url) is str and host != (right := url_host(url)):
+                wrong.setdefault(job_id, []).append((idx, host, right))
+        for job_id, found in wrong.items():
+            idx, host, right = found[0]
+            shown = f"idx {idx}: {host!r}, not {right!r}"
+            detail = f"{_targets(len(found))} whose host is not its URL's ({shown})"
+            self._add("target_host", _name(job_id), detail)
+
     def _add(self, kind: str, job_id: str, detail: str) -> None:
         self.violations.append(Violation(kind, job_id, detail))
 
@@ -275,6 +292,7 @@ class _Statements:
     target_groups: str
     jobs: str
     bad_statuses: str
+    hosts: str
     chunk_end: str
     idx_outside: str
     fix_job: str

@@ -20,6 +20,7 @@ from . import driver_errors, space, validation
 from .counters import counters
 from .database import db, retried
 from .errors import ClaimLost, DuplicateJob, InvalidBatchInput, JobNotFound, TargetNotFound
+from .hosts import url_host
 from .models import (
     FINAL_TARGET_STATUSES,
     FINISHED_JOB_STATUSES,
@@ -30,6 +31,7 @@ from .models import (
     BatchJob,
     BatchTarget,
     JobStatus,
+    target_host,
 )
 from .space import TRANSACTIONS_PER_CHECKPOINT
 from .statements import Slot, Statement, literal
@@ -65,6 +67,7 @@ _INSERT_TARGET = Statement(
             T.options: db.backend.json_or_null(Slot("options")),
             T.status: Inline(peewee.Value("pending")),
             T.attempts: Inline(peewee.Value(0)),  # else Peewee binds the model's default as one more slot
+            target_host(): Slot("host"),
         }
     )
 )
@@ -649,9 +652,9 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         # lock while it pulls rows, so an iterable that reads the store would wait for itself for ever.
         while chunk := list(itertools.islice(rows, TARGETS_PER_STATEMENT)):
             sent = _sent(chunk, last)
-            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options"), sent)
+            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options", "host"), sent)
     except UnicodeEncodeError:
-        _, idx, url, _, _ = last[0]
+        _, idx, url, _, _, _ = last[0]
         validation.invalid(
             "url" if not _encodes(url) else "options", f"is not valid UTF-8 text (target {idx})"
         )
@@ -704,7 +707,7 @@ def _target_rows(
         # idx, url, options, status and attempts (the model's defaults) are set; anything more is checked
         if len(data) > 5 or data.get("status") != "pending" or data.get("attempts") != 0:
             _check_unset_fields(data, job_id, idx)
-        last[0] = (job_id, idx, url, options, options)
+        last[0] = (job_id, idx, url, options, options, url_host(url))
         yield last[0]
 
 

@@ -22,6 +22,12 @@ Each scrape reads:
   store open they are left out and the scrape still succeeds. On PostgreSQL the two file gauges are
   replaced by ``sift_store_table_bytes``, the size of the store's tables with their indexes
   (``relation_space()``: the catalog's figures, no scan); the server's own exporters report the rest.
+- who waits and which sites are busy (``store_load()``): ``sift_caller_pending_targets`` and
+  ``sift_caller_running_targets`` by ``caller``, for the ``CALLER_LABELS`` callers with the most of both,
+  and ``sift_host_running_targets`` by ``host``, for the ``HOST_LABELS`` hosts with the most running
+  targets; the rest of each is summed under the label value ``(other)``, so a scrape has at most
+  ``CALLER_LABELS + 1`` callers and ``HOST_LABELS + 1`` hosts whatever the store holds. This reads every live
+  job's row and every running target (both through partial indexes), never the pending targets.
 
 ``register()`` may be called again (a second app in one process, several apps in one pytest run): on a
 registry that has the store's collector already it returns that one, so nothing is counted twice.
@@ -41,10 +47,16 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .counters import counters, stats
 from .errors import StoreNotOpen
+from .load import store_load
 from .manager import batch_nbytes, live_batch_jobs_total
+from .reports import LoadReport
 from .space import file_backed, relation_space, store_space
 
-__all__ = ["COUNTER_HELP", "MULTIPROCESS_DIR", "StoreCollector", "register"]
+__all__ = ["CALLER_LABELS", "COUNTER_HELP", "HOST_LABELS", "MULTIPROCESS_DIR", "StoreCollector", "register"]
+
+#: The most callers and hosts a scrape names; the rest are summed under ``(other)``.
+CALLER_LABELS = 20
+HOST_LABELS = 10
 
 #: prometheus_client's setting for several processes: the directory of their counter files.
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
@@ -96,10 +108,12 @@ class StoreCollector(Collector):
             on_file = file_backed()
             space = store_space() if on_file else None
             tables = None if on_file else relation_space()
+            load = store_load(callers=CALLER_LABELS, hosts=HOST_LABELS)
         except StoreNotOpen:
             return
         yield GaugeMetricFamily(f"{p}_batch_nbytes", "result bytes of all jobs (batch_nbytes())", nbytes)
         yield GaugeMetricFamily(f"{p}_live_batch_jobs", "jobs queued or running, all callers", live)
+        yield from _load_gauges(p, load)
         if tables is not None:
             yield GaugeMetricFamily(
                 f"{p}_store_table_bytes", "size of the store's tables with their indexes", tables.total_bytes
@@ -112,6 +126,32 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_store_reclaimable_bytes", "bytes of free pages in the store file", space.reclaimable_bytes
         )
+
+
+def _load_gauges(p: str, load: LoadReport) -> Iterator[Metric]:
+    """Per caller and per host, capped: the rest summed under ``(other)`` (present, 0 when there is none,
+    so a dashboard's sum of the series is the whole)."""
+    pending = GaugeMetricFamily(
+        f"{p}_caller_pending_targets",
+        "pending targets of the caller's queued and running jobs",
+        labels=["caller"],
+    )
+    running = GaugeMetricFamily(
+        f"{p}_caller_running_targets",
+        "running targets of the caller's queued and running jobs",
+        labels=["caller"],
+    )
+    for row in [*load.callers, load.other_callers]:
+        pending.add_metric([row.caller], row.pending)
+        running.add_metric([row.caller], row.running)
+    hosts = GaugeMetricFamily(
+        f"{p}_host_running_targets", "running targets of the host (url_host of their URLs)", labels=["host"]
+    )
+    for host in [*load.hosts, load.other_hosts]:
+        hosts.add_metric([host.host], host.running)
+    yield pending
+    yield running
+    yield hosts
 
 
 def register(registry: CollectorRegistry = REGISTRY, *, prefix: str = "sift") -> StoreCollector:

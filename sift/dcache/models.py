@@ -215,3 +215,17 @@ class BatchTarget(_StoreModel):
 
 JOB_COLUMNS: tuple[str, ...] = tuple(BatchJob._meta.sorted_field_names)
 TARGET_COLUMNS: tuple[str, ...] = tuple(BatchTarget._meta.sorted_field_names)
+
+
+class _HostColumn(peewee.Column):
+    """``batch_target.host``: placed after the model's fields where Peewee sorts an INSERT's columns."""
+
+    def get_sort_key(self, ctx: Any) -> tuple[int, int]:
+        return (3, 0)  # a field's key is (1 or 2, its order)
+
+
+def target_host(target: Any = None) -> peewee.Column:
+    """The ``host`` column of ``target`` (BatchTarget, or an alias of it): ``url_host(url)``, written by
+    every insert of a target. Not a model field: model reads and writes never carry it, so a model write
+    cannot make it disagree with the URL."""
+    return _HostColumn(BatchTarget._meta.table if target is None else target, "host")

@@ -17,6 +17,7 @@ from . import manager, validation
 from .clock import unix_now
 from .database import db
 from .errors import ModelWriteRefused
+from .hosts import url_host
 from .models import (
     FINAL_TARGET_STATUSES,
     BatchJob,
@@ -24,6 +25,7 @@ from .models import (
     PeeweeSave,
     RunQuery,
     hold_writes_to,
+    target_host,
 )
 
 __all__ = ["ModelRules"]
@@ -145,6 +147,11 @@ class ModelRules:
                 if name in names:
                     refuse(name, f"{problem} (BatchTarget.update/save may not set it)")
             _check_target_values(names)
+            if "url" in names:  # the target's host follows its URL, as every insert writes it
+                if isinstance(names["url"], peewee.Node):
+                    refuse("url", "as an SQL expression would leave the target's host behind; give a str")
+                query = query.clone()
+                query._update = {**query._update, target_host(): url_host(names["url"])}
         return run(query)
 
     def delete(self, query: Any, run: RunQuery) -> Any:

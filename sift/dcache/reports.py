@@ -7,6 +7,9 @@ from typing import Any
 
 __all__ = [
     "BackupReport",
+    "CallerLoad",
+    "HostLoad",
+    "LoadReport",
     "RelationSpace",
     "RelationVacuumReport",
     "Repair",
@@ -143,3 +146,37 @@ class RestoreReport:
     source: str
     jobs: int
     targets: int
+
+
+@dataclass(frozen=True)
+class CallerLoad:
+    """One caller's outstanding work: its live jobs' pending and running targets."""
+
+    caller: str
+    pending: int
+    running: int
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """One host's running targets (the host of their URLs, as :func:`~sift.dcache.url_host` counts it)."""
+
+    host: str
+    running: int
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What :func:`~sift.dcache.store_load` read: the busiest callers and hosts, each list capped, and the
+    rest summed in ``other_callers`` and ``other_hosts`` (with how many callers and hosts they sum)."""
+
+    callers: list[CallerLoad]
+    other_callers: CallerLoad
+    more_callers: int
+    hosts: list[HostLoad]
+    other_hosts: HostLoad
+    more_hosts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data."""
+        return asdict(self)

@@ -30,8 +30,9 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from .hosts import url_host
 from .reports import RestoreReport
-from .tables import CLAIM_COLUMNS, JOB_COLUMNS, TARGET_COLUMNS
+from .tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, TARGET_COLUMNS
 
 __all__ = ["BYTES_PER_STEP", "ROWS_PER_STEP", "restore_store"]
 
@@ -145,14 +146,18 @@ def _copy(
         ("batch_target", TARGET_COLUMNS + claims, "job_id, idx", target_rules),
     ):
         columns = ", ".join(names)
-        marks = ", ".join([mark] * len(names))
-        insert = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+        targets = table == "batch_target"
+        # A target's host is computed here, as every insert of a target writes it: never read from the source.
+        written = (*names, HOST_COLUMN) if targets else names
+        marks = ", ".join([mark] * len(written))
+        insert = f"INSERT INTO {table} ({', '.join(written)}) VALUES ({marks})"
         # json_valid, last, is SQLite's verdict on options: the rule that lets a row move back.
-        extra = ", json_valid(options)" if table == "batch_target" else ""
+        extra = ", json_valid(options)" if targets else ""
+        url = names.index("url") if targets else 0
         for rows in _batches(src, f"SELECT {columns}{extra} FROM {table} ORDER BY {order}", path):
             _check_rows(table, names, rules, rows, path)
             try:
-                db.executemany(insert, [row[:-1] for row in rows] if extra else rows)
+                db.executemany(insert, [(*row[:-1], url_host(row[url])) for row in rows] if targets else rows)
             except (BatchError, peewee.DatabaseError) as exc:
                 if isinstance(exc, StoreNotOpen | StoreReadOnly | StoreConflict):
                     raise

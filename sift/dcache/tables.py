@@ -12,6 +12,8 @@ __all__ = [
     "TARGET_COLUMN_LIST",
     "TARGET_TABLE",
     "TOTALS_TABLE",
+    "HOST_COLUMN",
+    "RING_TABLE",
     "SCHEMA_VERSION",
     "VERSION_TABLE",
 ]
@@ -22,10 +24,12 @@ TARGET_TABLE = "batch_target"
 TOTALS_TABLE = "batch_totals"
 #: PostgreSQL's record of the schema's version.
 VERSION_TABLE = "sift_schema"
+#: The claims' ring cursor: one row, the caller served last and the turns it has used (schema version 4).
+RING_TABLE = "batch_claim_ring"
 
-#: The store's tables on PostgreSQL, in the order space reports list them; a SQLite store has the first
-#: three.
-STORE_TABLES = (JOB_TABLE, TARGET_TABLE, TOTALS_TABLE, VERSION_TABLE)
+#: The store's tables on PostgreSQL, in the order space reports list them; a SQLite store has all but
+#: the version table.
+STORE_TABLES = (JOB_TABLE, TARGET_TABLE, TOTALS_TABLE, VERSION_TABLE, RING_TABLE)
 
 #: A job's columns, in the order the tables (and the models' fields) take them.
 JOB_COLUMNS = (
@@ -50,7 +54,11 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+#: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
+#: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".
+HOST_COLUMN = "host"
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

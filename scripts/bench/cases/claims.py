@@ -1,4 +1,5 @@
-"""claim_batch_targets from 1, 2 and 4 processes at once, on either kind of store."""
+"""claim_batch_targets from 1, 2 and 4 processes at once, on either kind of store; then the fair claim's
+cost as the store grows (:mod:`.fair`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..fixtures import Builder, PgBuilder
 from ..harness import Report
 from ..sizes import T0, Sizes
 from ..stores import POSTGRES, SQLITE, PgServer, StoreUnderTest
+from .fair import bench_fair, pg_fair
 from .hot_paths import CLAIM_LIMIT
 from .workers import Workers
 
@@ -75,6 +77,7 @@ def bench_claims(tmp: Path, sizes: Sizes, report: Report) -> None:
     build_claims(b, sizes)
     b.close()
     run_claims(str(path), sizes, report, SQLITE)
+    bench_fair(tmp, sizes, report)
 
 
 def pg_claims(server: PgServer, sizes: Sizes, report: Report) -> None:
@@ -83,3 +86,4 @@ def pg_claims(server: PgServer, sizes: Sizes, report: Report) -> None:
     build_claims(PgBuilder(server, schema), sizes)
     run_claims(server.target(schema), sizes, report, POSTGRES)
     server.drop(schema)
+    pg_fair(server, sizes, report)

@@ -9,7 +9,7 @@ import argparse
 
 from ..parsing import count
 from ..simulation.stores import new_simulation_store, postgres_simulation_store, refuse_store_with_jobs
-from ..simulation.workload import Settings
+from ..simulation.workload import WORKLOADS, Settings
 from ..store import CommandError, is_postgres
 from ..units import parse_duration, parse_size
 from . import Command, StoreUse
@@ -20,10 +20,11 @@ __all__ = ["COMMAND"]
 STALE_AFTER_DEFAULT = "5s"
 
 EPILOG = (
-    "Callers of both classes submit jobs (some repeat an idempotency key); worker threads write "
-    "synthetic results and evict to the budget after each; sweeps run on a simulated clock; the runner "
-    "crashes half-way and restarts, and only the new runner reconciles (mark_in_flight_failed) at its "
-    "start, never the callers. Exits 1 if the store's invariants do not hold at the end. "
+    "Callers of both classes submit jobs (some repeat an idempotency key); runner threads claim from the "
+    "store (claim_batch_targets), write synthetic results and evict to the budget after each claim, a "
+    "keeper renews and requeues stale claims; sweeps run on a simulated clock; the runner crashes half-way "
+    "and restarts, and only the new runner requeues what it held (requeue_in_flight) at its start, never "
+    "the callers: no job fails because of it. Exits 1 if the store's invariants do not hold at the end. "
     "The store: without --db and $SIFT_DB, a new file sim.db in a new directory sift-simulate-* under "
     "$TMPDIR (else /tmp), never ./sift.db; the summary prints its path, and the file is kept for "
     "inspection (sift stats --db PATH). A store named by --db or $SIFT_DB must be new or hold no "
@@ -32,7 +33,10 @@ EPILOG = (
     "jobs is refused likewise. With --hosts N: N host processes share the store, each with API, "
     "runner (--workers) and claim keeper threads (renew_claims and requeue_stale_claims on a timer); the "
     "last is SIGKILLed part-way, the others requeue its claims and finish its targets, and the run is "
-    "checked against each host's journal."
+    "checked against each host's journal. --workload flood: one caller submits many big jobs "
+    "(--targets each) first, then small callers submit small ones, on a few hot hosts and many others; "
+    "the summary gives each caller's wait for its first and last result and each host's peak of targets "
+    "running at once. --per-host, --weights and --oldest-first go to claim_batch_targets."
 )
 
 
@@ -70,6 +74,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seed", metavar="N", type=int, default=d.seed, help=f"random seed (default {d.seed})"
+    )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=d.workload,
+        help="mixed: callers of both classes, idempotent repeats; flood: one caller's big jobs first, then "
+        "small callers, a few hot hosts (default %(default)s)",
+    )
+    parser.add_argument(
+        "--per-host",
+        metavar="N",
+        type=count(1),
+        help="claim_batch_targets's per_host: at most N targets of one host running at once (default: none)",
+    )
+    parser.add_argument(
+        "--weights",
+        metavar="CLASS=N[,CLASS=N]",
+        help="claim_batch_targets's weights: turns per round of each caller class (default: 1 each)",
+    )
+    parser.add_argument(
+        "--oldest-first",
+        action="store_true",
+        help="claim oldest job first (fair=False) instead of round robin across callers",
     )
     parser.add_argument(
         "--hosts",
@@ -118,6 +145,23 @@ def _options(args: argparse.Namespace) -> None:
         args.stale_after_text = STALE_AFTER_DEFAULT
         args.stale_after = parse_duration(STALE_AFTER_DEFAULT, "--stale-after")
     args.fetch_ms = args.fetch_ms or 0
+    args.weights = parse_weights(args.weights)
+
+
+def parse_weights(text: str | None) -> dict[str, int] | None:
+    """``CLASS=N[,CLASS=N]`` as a dict; CommandError naming --weights for anything else."""
+    if text is None:
+        return None
+    weights: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, number = part.partition("=")
+        name = name.strip()
+        if not (sep and name and number.strip().isdigit() and int(number) > 0) or name in weights:
+            raise CommandError(
+                f"--weights: expected CLASS=N[,CLASS=N] with each N a whole number above 0, got {text!r}"
+            )
+        weights[name] = int(number)
+    return weights
 
 
 def _store(args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
-"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes; reads only.
+"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes, the busiest callers and
+hosts; reads only.
 
 What the store holds comes first; this process's ``stats()`` counters (zero in a fresh ``sift`` process,
 whatever the store holds) are shown only with ``--counters`` or when one is not zero. ``--json`` always
@@ -15,6 +16,7 @@ from sift import dcache
 from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
 from sift.dcache.space import file_backed
 
+from ..parsing import count
 from ..report import (
     Column,
     emit_json,
@@ -33,6 +35,9 @@ from . import Command, StoreUse
 
 __all__ = ["COMMAND"]
 
+#: --top when none is given.
+TOP_DEFAULT = 10
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's own arguments (``--db`` and ``--json`` are the dispatcher's)."""
@@ -41,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also list this process's stats() counters when they are all zero (as in a fresh sift "
         "process); --json always holds them",
+    )
+    parser.add_argument(
+        "--top",
+        metavar="N",
+        type=count(1),
+        default=TOP_DEFAULT,
+        help="list the N callers with the most pending and running targets and the N hosts with the most "
+        "running targets; the rest are summed in one row (default %(default)s)",
     )
 
 
@@ -76,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         "targets": targets,
         "oldest_lease": _lease_info(oldest, now),
         "newest_lease": _lease_info(newest, now),
+        "load": dcache.store_load(callers=args.top, hosts=args.top).as_dict(),
         "counters": dcache.stats(),
     }
     if args.json:
@@ -111,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             title,
             *table(rows, [Column("status", "status"), Column("count", "count", right=True)], indent="  "),
         ]
+    lines += _load_lines(report["load"])
     counters: dict[str, int] = report["counters"]
     if not args.counters and not any(counters.values()):
         print("\n".join(lines))
@@ -125,10 +140,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_lines(load: dict[str, Any]) -> list[str]:
+    """The callers with the most outstanding targets, and the hosts with the most running, each list ending
+    in the sum of the rest when there is a rest."""
+    callers = [{**row, "name": row["caller"]} for row in load["callers"]]
+    if load["more_callers"]:
+        other = load["other_callers"]
+        callers.append({**other, "name": f"{load['more_callers']:,} other callers"})
+    hosts = [{**row, "name": row["host"]} for row in load["hosts"]]
+    if load["more_hosts"]:
+        hosts.append({**load["other_hosts"], "name": f"{load['more_hosts']:,} other hosts"})
+    lines = ["", "Callers (targets of their queued and running jobs)"]
+    if callers:
+        rows = [
+            {"name": r["name"], "pending": format_count(r["pending"]), "running": format_count(r["running"])}
+            for r in callers
+        ]
+        columns = [
+            Column("caller", "name"),
+            Column("pending", "pending", right=True),
+            Column("running", "running", right=True),
+        ]
+        lines += table(rows, columns, indent="  ")
+    else:
+        lines.append("  none: no job is queued or running")
+    lines += ["", "Busiest hosts (running targets)"]
+    if hosts:
+        host_rows = [{"name": r["name"], "running": format_count(r["running"])} for r in hosts]
+        lines += table(
+            host_rows, [Column("host", "name"), Column("running", "running", right=True)], indent="  "
+        )
+    else:
+        lines.append("  none: no target is running")
+    return lines
+
+
 COMMAND = Command(
     name="stats",
-    help="Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size; this "
-    "process's counters with --counters (or when not all zero).",
+    help="Jobs and targets by status, stored bytes, oldest and newest lease, file and WAL size, the busiest "
+    "callers (pending and running targets) and hosts (running targets); this process's counters with "
+    "--counters (or when not all zero).",
     run=run,
     add_arguments=add_arguments,
     store=StoreUse.READ,

@@ -1,7 +1,9 @@
 """``sift simulate``: a realistic workload against the store, then a summary and the store's check.
 
 - :mod:`.workload`: the planned submissions and the synthetic results, drawn from a seed;
-- :mod:`.single`: the single-process run (callers, a runner that crashes half-way and restarts);
+- :mod:`.single`, :mod:`.tally`: the single-process run (callers, runner threads that claim from the store,
+  a runner that crashes half-way and restarts), its simulated clock and its tally;
+- :mod:`.fairness`: each caller's waits and each host's peak of running targets;
 - :mod:`.journal`, :mod:`.host`, :mod:`.coordinator`, :mod:`.cores`: ``--hosts N``, N processes on one
   store, one of them SIGKILLed part-way;
 - :mod:`.verdicts`, :mod:`.hosts_verdicts`: the end checks (``check_store`` and what the run must show);

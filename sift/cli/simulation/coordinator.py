@@ -52,9 +52,10 @@ from sift import dcache
 
 from ..store import CommandError
 from .cores import busy_pct, cores_time
+from .fairness import running_urls
 from .host import HostConfig, host_main
 from .journal import JournalReader, read_journal
-from .workload import JobSpec, Settings, plan
+from .workload import NO_OPTIONS, ClaimOptions, JobSpec, Settings, plan
 
 __all__ = ["STALL_S", "HostsRun", "Kill", "assign", "run_hosts"]
 
@@ -108,6 +109,10 @@ class HostsRun:
     #: The share of the machine's cores busy during the run (every process's, a local server's too), or None
     #: when it cannot be told (no /proc/stat, or no tick went by).
     cores_busy_pct: float | None = None
+    #: Each host's peak of targets running at once, as the sampler read them from the store, and how many
+    #: samples it took.
+    host_peaks: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
 
 
 class _Coordinated:
@@ -141,10 +146,12 @@ def run_hosts(
     kill: bool,
     journal_dir: Path,
     fetch_s: float = 0.0,
+    claim: ClaimOptions | None = None,
 ) -> HostsRun:
     """Start the hosts on the store at ``target`` (already open in this process), kill the last one part-way
     (with ``kill`` and more than one host), and return once the survivors stopped. A fetch waits ``fetch_s``
-    seconds on average."""
+    seconds on average; the runners claim with ``claim``'s options. Between its reads of the journals the
+    coordinator samples the running targets from the store, for each host's peak."""
     prefix = f"sim-{os.urandom(3).hex()}"
     specs = [
         replace(spec, idem_key=f"{prefix}-{spec.idem_key}" if spec.idem_key else "")
@@ -155,7 +162,9 @@ def run_hosts(
     child_ends: list[multiprocessing.connection.Connection] = []
     for index, share in enumerate(assign(specs, hosts)):
         journal = str(journal_dir / f"host-{index}.jsonl")
-        config = HostConfig(target, journal, index, prefix, settings, stale_after, tuple(share), fetch_s)
+        config = HostConfig(
+            target, journal, index, prefix, settings, stale_after, tuple(share), fetch_s, claim or NO_OPTIONS
+        )
         parent, child = context.Pipe()
         process = context.Process(
             target=host_main, args=(config, child), name=f"sift-host-{index}", daemon=True
@@ -165,6 +174,8 @@ def run_hosts(
     victim = hosted[-1] if kill and hosts > 1 else None
     killed: Kill | None = None
     stalled = False
+    peaks: dict[str, int] = {}
+    samples = 0
     try:
         for host in hosted:
             host.process.start()
@@ -182,6 +193,9 @@ def run_hosts(
             ready = multiprocessing.connection.wait(
                 [h.conn for h in hosted if not h.bye and h is not victim], 0.01
             )
+            for url_host, n in running_urls().items():
+                peaks[url_host] = max(peaks.get(url_host, 0), n)
+            samples += 1
             now = time.monotonic()
             for host in hosted:
                 if host.conn in ready:
@@ -238,6 +252,8 @@ def run_hosts(
         stalled=stalled,
         alive_s={h.index: _alive(journals[h.index]) for h in hosted},
         cores_busy_pct=cores_busy,
+        host_peaks=peaks,
+        samples=samples,
     )
 
 

@@ -20,7 +20,18 @@ from sift.dcache.models import LIVE_JOB_STATUSES
 
 from ..store import OPEN_TIMEOUT_S, is_postgres
 from .journal import Journal
-from .workload import ERRORS, FAIL_P, JobSpec, Settings, corpus, envelope, final_status, submission
+from .workload import (
+    ERRORS,
+    FAIL_P,
+    NO_OPTIONS,
+    ClaimOptions,
+    JobSpec,
+    Settings,
+    corpus,
+    envelope,
+    final_status,
+    submission,
+)
 
 __all__ = ["API_THREADS", "MAX_ATTEMPTS", "STALE_REASON", "Host", "HostConfig", "host_main", "job_id_of"]
 
@@ -60,6 +71,7 @@ class HostConfig:
     stale_after: int
     specs: tuple[JobSpec, ...]
     fetch_s: float = 0.0  # the mean network time of a fetch
+    claim: ClaimOptions = NO_OPTIONS  # the claim's options (per_host, weights, fair)
 
 
 def host_main(config: HostConfig, conn: multiprocessing.connection.Connection) -> None:
@@ -168,8 +180,10 @@ class Host:
 
     def api(self, specs: list[JobSpec], seed: int) -> None:
         outstanding: collections.deque[str] = collections.deque()
+        # A flood's callers do not wait for their jobs before they send more: that is the flood.
+        in_flight = len(specs) if self.config.settings.workload == "flood" else IN_FLIGHT
         for spec in specs:
-            while len(outstanding) >= IN_FLIGHT and not self.stop.is_set():
+            while len(outstanding) >= max(1, in_flight) and not self.stop.is_set():
                 self.poll(outstanding)
             if self.stop.is_set():
                 return
@@ -203,7 +217,9 @@ class Host:
         rng = random.Random(seed)
         while not self.stop.is_set():
             started = time.perf_counter()
-            claimed = dcache.claim_batch_targets(CLAIM_LIMIT, per_job=PER_JOB, runner=name)
+            claimed = dcache.claim_batch_targets(
+                CLAIM_LIMIT, per_job=PER_JOB, runner=name, **self.config.claim.kwargs()
+            )
             latency = time.perf_counter() - started
             if not claimed:
                 with self.numbers_lock:

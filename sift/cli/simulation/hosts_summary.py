@@ -16,11 +16,12 @@ from ..report import Column, emit_json, format_count, format_size, key_values, p
 from ..store import CommandError
 from .coordinator import HostsRun, run_hosts
 from .cores import PROC_STAT
+from .fairness import fairness_lines, fairness_report, journal_callers
 from .host import API_THREADS, MAX_ATTEMPTS, RENEW_EVERY_S
 from .hosts_verdicts import check_run
 from .stores import kept_schema_note, shown_store
 from .verdicts import Check, jobs_by_status, summary_footer
-from .workload import Settings, settings_of
+from .workload import Settings, claim_options_of, settings_of
 
 __all__ = ["longest_wait", "simulate_hosts"]
 
@@ -34,9 +35,28 @@ def simulate_hosts(args: argparse.Namespace) -> int:
     journal_dir = Path(tempfile.mkdtemp(prefix="sift-simulate-journals-"))
     target = args.sim_target  # args.db may be shown without its password
     fetch_s = args.fetch_ms / 1000
-    run = run_hosts(settings, target, args.hosts, args.stale_after, not args.no_kill, journal_dir, fetch_s)
+    claim = claim_options_of(args)
+    run = run_hosts(
+        settings, target, args.hosts, args.stale_after, not args.no_kill, journal_dir, fetch_s, claim
+    )
     checks = check_run(run, settings.budget)
+    fairness = fairness_report(
+        journal_callers(run.specs, run.prefix, run.journals),
+        run.host_peaks,
+        claim.kwargs(),
+        f"sampled from the store's running targets {run.samples:,} times",
+    )
+    if claim.per_host is not None:
+        peak = fairness["busiest_host_peak"]
+        checks.append(
+            Check(
+                f"no host ever had more than {claim.per_host} targets running (sampled)",
+                peak <= claim.per_host,
+                f"peak {peak} in {run.samples:,} samples",
+            )
+        )
     summary = _summary(run, checks, args, settings, journal_dir)
+    summary["fairness"] = fairness
     if args.json:
         emit_json(summary)
     else:
@@ -222,4 +242,6 @@ def _human(summary: dict[str, Any]) -> Iterator[str]:
         Column("claim p99", "p99", right=True),
     ]
     yield from table(rows, columns, indent="  ")
+    if summary["settings"]["workload"] == "flood" or summary["fairness"]["claim"]:
+        yield from fairness_lines(summary["fairness"])
     yield from summary_footer(summary)

@@ -1,8 +1,10 @@
 """The simulated workload: the planned submissions and the synthetic results, all drawn from a seed.
 
-Callers of both classes submit jobs; some repeat one of their recent idempotency keys (a client's retry)
-and must be answered from the store. A result is a JSON page envelope of random size whose body is cut
-from a text with non-ASCII words, so that UTF-8 bytes and characters differ.
+The mixed workload (the default): callers of both classes submit jobs; some repeat one of their recent
+idempotency keys (a client's retry) and must be answered from the store. The flood workload: one caller
+submits many big jobs first, then several small callers submit small jobs; a few hot hosts take a large
+share of the URLs, the rest spread over many hosts. A result is a JSON page envelope of random size whose
+body is cut from a text with non-ASCII words, so that UTF-8 bytes and characters differ.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from sift.dcache import BatchJob, BatchTarget, JobStatus
 __all__ = [
     "ERRORS",
     "FAIL_P",
+    "FLOOD_CALLER",
+    "NO_OPTIONS",
+    "WORKLOADS",
+    "ClaimOptions",
     "JobSpec",
     "Settings",
     "corpus",
@@ -39,6 +45,17 @@ CALLERS: tuple[tuple[str, str, int], ...] = (
     ("bob", "restricted", 1),
     ("carol", "restricted", 1),
 )
+#: The flood workload's callers: the flooding one, then the small ones (class restricted).
+FLOOD_CALLER = ("flood", "fleet")
+SMALL_CALLERS = tuple((f"small-{n}", "restricted") for n in range(4))
+#: Most targets of a small caller's job.
+SMALL_TARGETS = 3
+#: The flood's hot hosts, the share of the flood workload's URLs they take, and how many other hosts share
+#: the rest.
+HOT_HOSTS = 3
+HOT_SHARE = 0.5
+COLD_HOSTS = 200
+WORKLOADS = ("mixed", "flood")
 #: Chance that a submission repeats one of the caller's recent idempotency keys (a client retry).
 REPEAT_P = 0.15
 #: Chance that a new submission carries no idempotency key at all.
@@ -70,6 +87,31 @@ class Settings:
     budget: int = 2 * 1024 * 1024
     ttl: int = 30 * 60
     seed: int = 1
+    workload: str = "mixed"
+
+
+@dataclass(frozen=True)
+class ClaimOptions:
+    """What the runners pass to ``claim_batch_targets`` besides its limit, per_job and runner."""
+
+    per_host: int | None = None
+    weights: dict[str, int] | None = None
+    fair: bool = True
+
+    def kwargs(self) -> dict[str, Any]:
+        """The claim's keyword arguments: only those given (the defaults are the claim's own)."""
+        given: dict[str, Any] = {}
+        if self.per_host is not None:
+            given["per_host"] = self.per_host
+        if self.weights:
+            given["weights"] = dict(self.weights)
+        if not self.fair:
+            given["fair"] = False
+        return given
+
+
+#: The claim's own defaults.
+NO_OPTIONS = ClaimOptions()
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -81,7 +123,13 @@ def settings_of(args: argparse.Namespace) -> Settings:
         budget=args.budget,
         ttl=args.ttl,
         seed=args.seed,
+        workload=args.workload,
     )
+
+
+def claim_options_of(args: argparse.Namespace) -> ClaimOptions:
+    """The claim's options given on the command line (--per-host, --weights, --oldest-first)."""
+    return ClaimOptions(per_host=args.per_host, weights=args.weights, fair=not args.oldest_first)
 
 
 @dataclass(frozen=True)
@@ -94,10 +142,13 @@ class JobSpec:
     idem_key: str
     targets: int
     repeat: bool
+    flood: bool = False  # of the flood workload: its URLs spread over the hot and the other hosts
 
 
 def plan(settings: Settings) -> list[JobSpec]:
     """The submissions, in order, drawn from the seed."""
+    if settings.workload == "flood":
+        return flood_plan(settings)
     rng = random.Random(settings.seed)
     recent: dict[str, list[tuple[str, int]]] = {name: [] for name, _, _ in CALLERS}
     specs = []
@@ -112,6 +163,22 @@ def plan(settings: Settings) -> list[JobSpec]:
         if key:
             recent[caller] = [*recent[caller], (key, count)][-RECENT_KEYS:]
         specs.append(JobSpec(number, caller, caller_class, key, count, repeat=False))
+    return specs
+
+
+def flood_plan(settings: Settings) -> list[JobSpec]:
+    """The flood: half the submissions (at least one) are the flooding caller's jobs of ``targets`` targets
+    each, sent first; then the small callers' jobs of 1 to SMALL_TARGETS targets, in turn. No repeats."""
+    rng = random.Random(settings.seed)
+    big = max(1, settings.jobs // 2)
+    specs = [
+        JobSpec(n, *FLOOD_CALLER, f"req-{n:05d}", settings.targets, repeat=False, flood=True)
+        for n in range(big)
+    ]
+    for n in range(big, settings.jobs):
+        caller, caller_class = SMALL_CALLERS[(n - big) % len(SMALL_CALLERS)]
+        count = rng.randint(1, min(SMALL_TARGETS, settings.targets))
+        specs.append(JobSpec(n, caller, caller_class, f"req-{n:05d}", count, repeat=False, flood=True))
     return specs
 
 
@@ -137,7 +204,20 @@ def envelope(rng: random.Random, text: str, url: str, **extra: Any) -> str:
 
 
 def target_urls(spec: JobSpec) -> list[str]:
-    """The URLs of the job ``spec`` submits."""
+    """The URLs of the job ``spec`` submits; in the flood workload each on a hot host with HOT_SHARE chance,
+    else on one of COLD_HOSTS others, drawn from the job's number."""
+    if spec.flood:
+        rng = random.Random(spec.number)
+        urls = []
+        for idx in range(spec.targets):
+            hot = rng.random() < HOT_SHARE
+            host = (
+                f"hot-{rng.randrange(HOT_HOSTS)}.example"
+                if hot
+                else f"site-{rng.randrange(COLD_HOSTS)}.example"
+            )
+            urls.append(f"https://{host}/{spec.caller}/{spec.number}/{idx}")
+        return urls
     return [f"https://{spec.caller}.example/page/{spec.number}/{idx}" for idx in range(spec.targets)]
 
 

@@ -65,6 +65,9 @@ class Backend(Protocol):
     #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
     #: every target as unclaimed, with no attempts.
     claims_stored: bool
+    #: Whether the store has the targets' host column (schema version 4): a read-only open of an older store
+    #: may not, and its check then skips the hosts.
+    hosts_stored: bool
     #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
     statement_key: str
     #: The SQL that reads the byte total (one row, one column).
@@ -117,6 +120,10 @@ class Backend(Protocol):
 
     def errors(self) -> AbstractContextManager[None]:
         """A block whose driver errors become the package's (as every statement's do)."""
+
+    def bytewise(self, expr: peewee.Node) -> peewee.ColumnBase:
+        """A text expression compared and ordered byte by byte (PostgreSQL's ``COLLATE "C"``), so both
+        backends order callers and hosts alike."""
 
     def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
         """``query`` locking the rows it selects until the transaction ends (skipping rows another

@@ -25,6 +25,7 @@ class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
     #: Whether the store has the claims' columns (a read-only open of an older version may not), and the key
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
+    hosts_stored: bool = True
     statement_key: str = "postgres"
     #: Whether opening a schema without the store's tables creates them (else StoreMissing).
     create: bool
@@ -39,6 +40,8 @@ class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
         def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
 
         def fetch_one(self, sql: str, params: Sequence[Any]) -> Any: ...
+
+        def executemany(self, sql: str, rows: Any) -> int: ...
 
         def usable_connection(self) -> Any: ...
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from ...errors import StoreUnavailable
 from ...sqlfiles import load_sql
-from ...tables import JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
-from ..sqlite.schema import BASE_SCHEMA, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
+from ...tables import HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
+from ..sqlite.schema import BASE_SCHEMA, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
@@ -183,7 +183,11 @@ class PostgresMaintenance(PostgresBase):
             dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
             dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
             dst.execute("PRAGMA synchronous = OFF")  # the backup fsyncs the finished file
-            for statement in BASE_SCHEMA + SPEED_SCHEMA:
+            for statement in (
+                *BASE_SCHEMA,
+                HOST_COLUMN_DDL,
+                *SPEED_SCHEMA,
+            ):  # the host index needs its column
                 dst.execute(statement)
             dst.execute("BEGIN")
             if self.in_caller_transaction():
@@ -221,7 +225,7 @@ class PostgresMaintenance(PostgresBase):
             total, done = jobs + targets, 0
             for table, columns, order in (
                 ("batch_job", JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ keeps it
-                ("batch_target", TARGET_COLUMNS, "job_id, idx"),
+                ("batch_target", (*TARGET_COLUMNS, HOST_COLUMN), "job_id, idx"),
             ):
                 names = ", ".join(columns)
                 insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})"

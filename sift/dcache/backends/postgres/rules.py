@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import peewee
 
@@ -95,6 +95,11 @@ class PostgresRules(PostgresBase):
     @staticmethod
     def json_or_null(expr: peewee.Node) -> peewee.Node:
         return peewee.Case(None, [(peewee.fn.sift_json_valid(expr), peewee.fn.sift_json(expr))], None)
+
+    @staticmethod
+    def bytewise(expr: peewee.Node) -> peewee.ColumnBase:
+        """``expr COLLATE "C"``: the collation the ring's and the hosts' indexes are built with."""
+        return cast(peewee.ColumnBase, peewee.NodeList((expr, peewee.SQL('COLLATE "C"'))))
 
     @staticmethod
     def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ...errors import StoreMissing, StoreUnavailable
+from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
 from ...tables import CLAIM_COLUMNS, SCHEMA_VERSION
 from .base import PostgresBase
@@ -29,12 +30,15 @@ VERSION_2_INDEXES = _DDL["version_2"]
 #: Version 3: the claims' columns and index.
 VERSION_3_CLAIMS = _DDL["version_3"]
 
+#: Version 4: the targets' host column, the ring's indexes and its cursor row.
+VERSION_4_RING = _DDL["version_4"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES, 2: VERSION_3_CLAIMS}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES, 2: VERSION_3_CLAIMS, 3: VERSION_4_RING}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
-#: Version 3's statements add nothing to tables made here; they upgrade tables an earlier program made.
-SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + _DDL["totals"]
+#: Version 3's and 4's columns add nothing to tables made here; they upgrade tables an earlier program made.
+SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + VERSION_4_RING + _DDL["totals"]
 
 _CREATED = re.compile(r"CREATE (?:OR REPLACE )?(TABLE|INDEX|TRIGGER|FUNCTION) (?:IF NOT EXISTS )?(\w+)")
 #: The schema's objects as (kind, name), as the DDL creates them (the tables' primary keys come with them).
@@ -67,6 +71,7 @@ class PostgresSchema(PostgresBase):
                 version = self._version()
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
+            self.hosts_stored = version == SCHEMA_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
@@ -113,5 +118,7 @@ class PostgresSchema(PostgresBase):
             while version in MIGRATIONS:
                 for statement in MIGRATIONS[version]:
                     self.run_sql(statement, ())
+                if version == 3:  # the stored targets' hosts, computed as every insert now writes them
+                    backfill_hosts(self.fetch_all, self.executemany, "%s")
                 version += 1
                 self.run_sql("UPDATE sift_schema SET version = %s WHERE id = 0", (version,))

@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS batch_job (
 CREATE TABLE IF NOT EXISTS batch_target (
     job_id TEXT NOT NULL, idx BIGINT NOT NULL, url TEXT NOT NULL, options JSON NOT NULL,
     status TEXT NOT NULL, result TEXT, error TEXT, hint TEXT, runner TEXT, heartbeat BIGINT,
-    attempts BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (job_id, idx));
+    attempts BIGINT NOT NULL DEFAULT 0, host TEXT NOT NULL DEFAULT '', PRIMARY KEY (job_id, idx));
 
 CREATE INDEX IF NOT EXISTS batch_job_idem ON batch_job(caller, idem_key);
 
@@ -43,6 +43,21 @@ ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS heartbeat BIGINT;
 ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS attempts BIGINT NOT NULL DEFAULT 0;
 
 CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
+
+-- name: version_4
+-- Version 4: the target's host (url_host(url)), which per-host claim limits count (a program that does not
+-- know it inserts '': one host for all its targets; the upgrade fills it in for the stored targets), and
+-- what the claim's ring reads: the callers with a live job in byte order, each caller's live jobs in claim
+-- order, a job's pending targets host by host (a skip scan), and the ring's cursor, one row.
+ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS host TEXT NOT NULL DEFAULT '';
+
+CREATE INDEX IF NOT EXISTS batch_job_ring ON batch_job(caller COLLATE "C", created_at, seq) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host COLLATE "C", idx) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS batch_claim_ring (id SMALLINT PRIMARY KEY CHECK (id = 0), caller TEXT, turns BIGINT NOT NULL);
+
+INSERT INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0) ON CONFLICT (id) DO NOTHING;
 
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.

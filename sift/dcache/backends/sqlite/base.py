@@ -28,6 +28,7 @@ class SqliteBase(peewee.SqliteDatabase):
     #: Whether the store has the claims' columns (a read-only open of an older file may not), and the key
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
+    hosts_stored: bool = True
     statement_key: str = "sqlite"
     #: The ``synchronous`` pragma of every connection the store opens (see ``open_db(durable=)``).
     synchronous_pragma: str
@@ -52,6 +53,8 @@ class SqliteBase(peewee.SqliteDatabase):
         def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
 
         def fetch_one(self, sql: str, params: Sequence[Any]) -> Any: ...
+
+        def executemany(self, sql: str, rows: Any) -> int: ...
 
         def raise_store_error(self, exc: BaseException, *, constraints: bool = False) -> None: ...
 

@@ -61,6 +61,11 @@ class SqliteRules(SqliteBase):
     # transaction meets a deadlock: these are no-ops here (PostgreSQL's backend does the work).
 
     @staticmethod
+    def bytewise(expr: peewee.Node) -> peewee.ColumnBase:
+        """``expr`` as it is: SQLite compares text byte by byte (BINARY) unless told otherwise."""
+        return cast(peewee.ColumnBase, expr)
+
+    @staticmethod
     def lock_rows(query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
         """``query`` as it is: SQLite has no ``FOR UPDATE``."""
         return query

@@ -8,8 +8,9 @@ from contextlib import closing
 from pathlib import Path
 
 from ...errors import StoreUnavailable
+from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOST_COLUMN, SCHEMA_VERSION
 from .base import SqliteBase
 
 __all__ = [
@@ -36,6 +37,8 @@ SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
 
 #: Version 3's columns of batch_target, each added when missing (see :meth:`SqliteSchema.prepare_schema`).
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
+#: Version 4's column of batch_target, added when missing and then filled in for the stored targets.
+(HOST_COLUMN_DDL,) = _DDL["host_column"]
 #: Dropped at open where an earlier version made them (see schema.sql).
 RETIRED_SCHEMA = _DDL["retired"]
 
@@ -84,12 +87,14 @@ class SqliteSchema(SqliteBase):
         opening does not wait on another process's write), and a total another writer made drift is for
         ``check_store(repair=True)`` (``sift check --repair``) to find and mend.
 
-        The upgrade of an older file (the original service's, or an earlier sift's: the claims' columns, then
-        the new indexes, and ``user_version``) is the same one transaction; an index of sift's whose stored
+        The upgrade of an older file (the original service's, or an earlier sift's: the claims' columns, the
+        host column with every stored target's host filled in, the new indexes, and ``user_version``) is the
+        same one transaction; an index of sift's whose stored
         definition is an earlier version's is dropped and made again in it."""
         present = dict(self.execute_sql("SELECT name, sql FROM sqlite_master").fetchall())
         redefined = [name for name, text in OWN_INDEXES.items() if present.get(name, text) != text]
         self.use_claim_columns(True)
+        self.hosts_stored = True
         if (
             present.keys() >= SCHEMA_NAMES
             and not redefined
@@ -103,6 +108,10 @@ class SqliteSchema(SqliteBase):
                 self.execute_sql(statement)
             for name in self.missing_claim_columns():
                 self.execute_sql(CLAIM_COLUMN_DDL[name])
+            if not self.has_host_column():
+                self.execute_sql(HOST_COLUMN_DDL)
+            if self.execute_sql("PRAGMA user_version").fetchone()[0] < 4:
+                backfill_hosts(self.fetch_all, self.executemany, "?")
             for name in redefined:
                 self.execute_sql(f"DROP INDEX {name}")
             for statement in SPEED_SCHEMA + RETIRED_SCHEMA:
@@ -115,6 +124,10 @@ class SqliteSchema(SqliteBase):
         """The claims' columns batch_target lacks (all of them in a file an earlier program wrote)."""
         have = {row[1] for row in self.execute_sql("PRAGMA table_info(batch_target)")}
         return [name for name in CLAIM_COLUMNS if name not in have]
+
+    def has_host_column(self) -> bool:
+        """Whether batch_target has version 4's host column."""
+        return any(row[1] == HOST_COLUMN for row in self.execute_sql("PRAGMA table_info(batch_target)"))
 
     def use_claim_columns(self, stored: bool) -> None:
         """Whether the store's statements read the claims' columns: a read-only open of an older file has
@@ -132,6 +145,7 @@ class SqliteSchema(SqliteBase):
                 f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
             )
         self.use_claim_columns(not self.missing_claim_columns())
+        self.hosts_stored = self.has_host_column()
 
     def check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""

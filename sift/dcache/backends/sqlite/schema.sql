@@ -37,6 +37,17 @@ CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status
 
 CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
 
+-- Version 4: the claim's ring walks the callers with a live job in name order, and each caller's live jobs
+-- in claim order; with a per-host limit it walks a job's pending targets host by host (a skip scan), then
+-- by idx. The ring's cursor is one row: the caller served last and the turns of its round it has used.
+CREATE INDEX IF NOT EXISTS batch_job_ring ON batch_job(caller, created_at) WHERE status IN ('queued', 'running');
+
+CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS batch_claim_ring (id INTEGER PRIMARY KEY CHECK (id = 0), caller TEXT, turns INTEGER NOT NULL);
+
+INSERT OR IGNORE INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0);
+
 -- name: retired
 -- Indexes earlier versions made, dropped at open: every result write moved their entries (a live job's
 -- lease changes on each), and nothing reads them any more.
@@ -55,6 +66,11 @@ ALTER TABLE batch_target ADD COLUMN runner TEXT;
 ALTER TABLE batch_target ADD COLUMN heartbeat INTEGER;
 
 ALTER TABLE batch_target ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+
+-- name: host_column
+-- Version 4: the target's host (url_host(url)), which per-host claim limits count; open_db fills it in for
+-- the targets already stored. A program that does not know it inserts '' (one host for all its targets).
+ALTER TABLE batch_target ADD COLUMN host TEXT NOT NULL DEFAULT '';
 
 -- name: totals
 -- Triggers keep the byte total whoever writes the file, and open_db recomputes it, so a file written by a

@@ -1,0 +1,148 @@
+"""The fair claim's cost as the store grows: a claim of 50 over 1,000 callers with 1M pending targets on
+10,000 hosts, against the same claim with 1,000 pending targets; with and without a per-host limit."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sift import dcache
+
+from ..harness import Report, alternate, log, perf_ns
+from ..sizes import T0, Sizes
+from ..stores import POSTGRES, SQLITE, PgServer, StoreUnderTest
+
+#: The callers with pending work, the hosts their targets are spread over, and the claim's size.
+FAIR_CALLERS = 1_000
+FAIR_HOSTS = 10_000
+FAIR_LIMIT = 50
+#: The per-host limit of the second pair of cases.
+FAIR_PER_HOST = 2
+RUNNER = "bench-fair"
+
+#: A job of each caller per row of ``jobs``: ``{caller}/{n}``, created in order; its targets are spread
+#: over the hosts (the host of target j of job k is h{(k * 7919 + j) % FAIR_HOSTS}).
+JOBS_SQL = (
+    "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, targets_done, "
+    "created_at, lease, nbytes) VALUES ({m}, {m}, 'fleet', '', 'queued', '', {m}, 0, {m}, {m}, 0)"
+)
+TARGETS_SQL = (
+    "INSERT INTO batch_target (job_id, idx, url, options, status, host) "
+    "VALUES ({m}, {m}, {m}, '{{}}', 'pending', {m})"
+)
+
+
+def _shape(pending: int) -> tuple[int, int]:
+    """Jobs of each caller and targets of each job: one target a caller for 1,000 pending, else two jobs a
+    caller."""
+    return (1, 1) if pending <= FAIR_CALLERS else (2, max(1, pending // FAIR_CALLERS // 2))
+
+
+def _rows(pending: int) -> tuple[list[tuple[Any, ...]], Callable[[], Any]]:
+    """Every job row, and a generator of every target row (job k, target j)."""
+    per_caller, per_job = _shape(pending)
+    jobs = []
+    for k in range(FAIR_CALLERS * per_caller):
+        caller = f"caller-{k % FAIR_CALLERS:04d}"
+        jobs.append((f"{caller}/{k // FAIR_CALLERS}", caller, per_job, T0 + k, T0 + 10**6))
+
+    def targets() -> Any:
+        for k, job in enumerate(jobs):
+            for j in range(per_job):
+                host = f"h{(k * 7919 + j) % FAIR_HOSTS}.example"
+                yield (job[0], j, f"https://{host}/{k}/{j}", host)
+
+    return jobs, targets
+
+
+def _fill(execute_many: Callable[[str, Any], Any], mark: str, pending: int) -> None:
+    jobs, targets = _rows(pending)
+    execute_many(JOBS_SQL.format(m=mark), jobs)
+    execute_many(TARGETS_SQL.format(m=mark), targets())
+
+
+def build_sqlite(path: Path, pending: int) -> None:
+    """A store file made by open_db (schema version 4), filled with plain SQL."""
+    dcache.open_db(path)
+    dcache.close_db()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    _fill(conn.executemany, "?", pending)
+    conn.execute("COMMIT")
+    conn.execute("ANALYZE")
+    conn.close()
+
+
+def build_postgres(server: PgServer, schema: str, pending: int) -> None:
+    dcache.open_db(server.target(schema))
+    dcache.close_db()
+    conn = server.connect(schema)
+    with conn.cursor() as cursor:
+        _fill(cursor.executemany, "%s", pending)
+    conn.execute("VACUUM ANALYZE batch_job, batch_target")
+    conn.close()
+
+
+def _claims(target: str, count: int, warmup: int, per_host: int | None) -> float:
+    """µs per claim of FAIR_LIMIT, median of ``count`` claims after ``warmup``; each claim's targets are
+    released after it (untimed), so the store keeps its pending targets."""
+    dcache.open_db(target)
+    try:
+        times = []
+        for i in range(warmup + count):
+            t0 = perf_ns()
+            got = dcache.claim_batch_targets(FAIR_LIMIT, per_host=per_host, runner=RUNNER, now=T0 + i)
+            elapsed = (perf_ns() - t0) / 1000
+            if len(got) != FAIR_LIMIT:
+                raise AssertionError(f"fair claims: a claim of {FAIR_LIMIT} got {len(got)}")
+            dcache.release_claims(RUNNER)
+            if i >= warmup:
+                times.append(elapsed)
+    finally:
+        dcache.close_db()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_fair(small: str, large: str, sizes: Sizes, report: Report, store: StoreUnderTest) -> None:
+    """Claims of 50 on the small and the large store, in rounds (the order alternating); a goal per pair:
+    the large store's time per claim at most 1.3 x the small one's."""
+    for per_host in (None, FAIR_PER_HOST):
+        label = "" if per_host is None else f", per_host={per_host}"
+        samples: dict[str, list[float]] = {small: [], large: []}
+        for rnd in range(sizes.fair_rounds):
+            for target in alternate(rnd, (small, large)):
+                samples[target].append(_claims(target, sizes.fair_claims, sizes.warmup // 5, per_host))
+        name = f"{store.prefix}claims/fair{'' if per_host is None else '_per_host'}"
+        few = report.case(name, FAIR_CALLERS, samples[small])
+        many = report.case(name, sizes.fair_pending, samples[large])
+        ratio = report.pair(many, few)
+        report.goal(
+            f"{store.goal_prefix}a fair claim of {FAIR_LIMIT}{label} over {FAIR_CALLERS} callers: "
+            f"{sizes.fair_pending:,} pending targets on {FAIR_HOSTS:,} hosts / {FAIR_CALLERS:,}",
+            ratio,
+            1.3,
+            "x",
+        )
+
+
+def bench_fair(tmp: Path, sizes: Sizes, report: Report) -> None:
+    """The fair claim on SQLite files."""
+    small, large = tmp / "fair-small.db", tmp / "fair-large.db"
+    log(f"fair claims: building {sizes.fair_pending:,} pending targets (SQLite)")
+    build_sqlite(small, FAIR_CALLERS)
+    build_sqlite(large, sizes.fair_pending)
+    run_fair(str(small), str(large), sizes, report, SQLITE)
+
+
+def pg_fair(server: PgServer, sizes: Sizes, report: Report) -> None:
+    """The fair claim on PostgreSQL schemas."""
+    small, large = server.new_schema("fair_small"), server.new_schema("fair_large")
+    log(f"fair claims: building {sizes.fair_pending:,} pending targets (PostgreSQL)")
+    build_postgres(server, small, FAIR_CALLERS)
+    build_postgres(server, large, sizes.fair_pending)
+    run_fair(server.target(small), server.target(large), sizes, report, POSTGRES)
+    server.drop(small)
+    server.drop(large)

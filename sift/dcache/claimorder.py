@@ -1,0 +1,409 @@
+"""The claim's order: a ring of callers taking weighted turns, each caller's oldest job first, and a limit
+on the targets of one host running at once (see ``claim_batch_targets`` and docs/how-to/runners.md).
+
+Everything here runs inside the claim's one transaction, after the ring's row is locked: on PostgreSQL
+claims take turns, so the ring is global and the per-host counts read at the start stay exact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import peewee
+
+from .database import db
+from .models import (
+    LIVE_JOB_STATUSES,
+    TARGET_COLUMNS,
+    BatchJob,
+    BatchTarget,
+    JobStatus,
+    TargetStatus,
+    target_host,
+)
+from .statements import Slot, Statement, literal
+from .tables import RING_TABLE
+
+__all__ = ["ClaimOrder"]
+
+J = BatchJob
+T = BatchTarget
+Inline = peewee.ValueLiterals
+_RING = peewee.Table(RING_TABLE, ("id", "caller", "turns"))
+_IDX = TARGET_COLUMNS.index("idx")
+
+
+def _pending(target: Any) -> peewee.Node:
+    """``target`` is pending: the partial indexes batch_target_pending and batch_target_host hold these."""
+    return Inline(target.status == TargetStatus.PENDING.value)
+
+
+def _live() -> Any:
+    return Inline(J.status.in_(LIVE_JOB_STATUSES))
+
+
+def _has_pending() -> peewee.Node:
+    """The job has a pending target: a scalar subquery, not EXISTS, which PostgreSQL may turn into a join
+    read from every pending target; its ORDER BY idx keeps PostgreSQL on batch_target_pending."""
+    probe = T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(literal(1))
+    return peewee.Expression(probe, peewee.OP.IS_NOT, None)
+
+
+def _after(created: str, order: str) -> peewee.Expression:
+    """After the position (``created``, ``order``) in claim order (created_at, then insertion order)."""
+    position: Any = peewee.Tuple(J.created_at, db.backend.insertion_order)
+    return peewee.Expression(position, peewee.OP.GT, peewee.Tuple(Slot(created), Slot(order)))
+
+
+# The ring's cursor, locked first by every claim: claims take turns (PostgreSQL; SQLite's writes do anyway).
+_LOCK_RING = Statement(
+    lambda: db.backend.lock_rows(
+        _RING.select(_RING.caller, _RING.turns).where(_RING.id == literal(0)).bind(db)  # type: ignore[attr-defined]
+    )
+)
+_SAVE_RING = Statement(
+    lambda: (
+        _RING.update({_RING.caller: Slot("caller"), _RING.turns: Slot("turns")})  # type: ignore[attr-defined]
+        .where(_RING.id == literal(0))  # type: ignore[attr-defined]
+        .bind(db)
+    )
+)
+
+
+def _caller_after(after: bool) -> peewee.Node:
+    """The first caller (byte order) with a live job that has a pending target, after ``after`` when asked:
+    batch_job_ring, each live job probed in batch_target_pending; callers without pending work cost a probe
+    of each live job, in one statement."""
+    caller = db.backend.bytewise(J.caller)
+    where = _live() & _has_pending()
+    if after:
+        where &= caller > Slot("after")
+    return J.select(J.caller).where(where).order_by(caller).limit(literal(1))
+
+
+_NEXT_CALLER = Statement(lambda: _caller_after(True))
+_FIRST_CALLER = Statement(lambda: _caller_after(False))
+# The caller's next live job with a pending target, in claim order, locked (waiting, never skipped: a result
+# write holds its job's row only briefly, and a skipped job would starve its caller) before its targets.
+_CALLER_JOB = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id, J.created_at, db.backend.insertion_order, J.caller_class)
+        .where(
+            _live()
+            & (db.backend.bytewise(J.caller) == Slot("caller"))
+            & _after("after_created", "after_order")
+            & _has_pending()
+        )
+        .order_by(J.created_at, db.backend.insertion_order)
+        .limit(literal(1))
+    )
+)
+# fair=False: the next live job with a pending target across all callers, in claim order, locked.
+_NEXT_JOB = Statement(
+    lambda: db.backend.lock_rows(
+        J.select(J.id, J.created_at, db.backend.insertion_order, J.caller_class)
+        .where(_live() & _after("after_created", "after_order") & _has_pending())
+        .order_by(J.created_at, db.backend.insertion_order)
+        .limit(literal(1))
+    )
+)
+
+
+def _host_from(inclusive: bool) -> peewee.Node:
+    """The job's first pending host (byte order) at or after ``host``: one probe of batch_target_host, which
+    skips every target of the hosts before it."""
+    host = db.backend.bytewise(target_host())
+    bound = host >= Slot("host") if inclusive else host > Slot("host")
+    return (
+        T.select(target_host())
+        .where((T.job_id == Slot("job_id")) & _pending(T) & bound)
+        .order_by(host)
+        .limit(literal(1))
+    )
+
+
+_HOST_FROM = Statement(lambda: _host_from(True))
+_HOST_AFTER = Statement(lambda: _host_from(False))
+# The running targets' hosts, one row each (counted in Python: a GROUP BY sorts): read from
+# batch_target_running, bounded by what runners hold.
+_RUNNING_HOSTS = Statement(
+    lambda: T.select(target_host()).where(Inline(T.status == TargetStatus.RUNNING.value))
+)
+_PICK = T.alias("pending")
+
+
+def _claim_targets(by_host: bool) -> peewee.Node:
+    """The job's first ``take`` pending targets (idx order; of ``host`` only, ``by_host``) become running,
+    held by ``runner`` with its heartbeat at ``now``, one more attempt each; the statement returns them.
+
+    They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
+    PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
+    update finds the picked rows by their address alone (``backend.row_address``; the pick locked them, so
+    they cannot move), by ``backend.among``: PostgreSQL planned a join, or a lookup by job and idx, as a
+    nested loop or a filter testing each of the job's pending targets against every picked one, quadratic
+    in ``take``; by address alone it reads each picked row once (a TID scan)."""
+    where = (_PICK.job_id == Slot("job_id")) & _pending(_PICK)
+    if by_host:
+        where &= db.backend.bytewise(target_host(_PICK)) == Slot("host")
+    first: Any = db.backend.lock_rows(
+        _PICK.select(db.backend.row_address.alias("address"))
+        .where(where)
+        .order_by(_PICK.idx)
+        .limit(Slot("take")),
+        skip_locked=True,
+    )
+    picked = first.cte("picked", materialized=True)
+    return (
+        T.update(
+            {
+                T.status: Inline(peewee.Value(TargetStatus.RUNNING.value)),
+                T.runner: Slot("runner"),
+                T.heartbeat: Slot("now"),
+                T.attempts: T.attempts + 1,
+            }
+        )
+        # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
+        .where(db.backend.among(db.backend.row_address, peewee.Select([picked], [picked.c.address])))
+        .with_cte(picked)
+        .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
+    )
+
+
+_CLAIM_TARGETS = Statement(lambda: _claim_targets(False))
+_CLAIM_HOST_TARGETS = Statement(lambda: _claim_targets(True))
+_CLAIM_JOB = Statement(
+    lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
+        J.id == Slot("job_id")
+    )
+)
+
+
+class _Job:
+    """A job this claim takes from: how many it took, and where its walk of hosts stands."""
+
+    __slots__ = ("caller_class", "done", "host", "host_inclusive", "id", "position", "taken")
+
+    def __init__(self, row: Any) -> None:
+        self.id: str = row[0]
+        self.position: tuple[int, int] = (row[1], row[2])
+        self.caller_class: str = row[3]
+        self.taken = 0
+        self.done = False  # nothing more to take from it in this claim
+        self.host = ""  # the walk resumes at this host (inclusive) or after it
+        self.host_inclusive = True
+
+
+class _Caller:
+    """A member of the ring: its weight, its current job and its place among its jobs."""
+
+    __slots__ = ("after", "job", "name", "out", "weight")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.weight = 1
+        self.job: _Job | None = None
+        self.after: tuple[int, int] = (-1, -1)  # jobs at or before this position are done for this claim
+        self.out = False  # nothing claimable: it has left this claim's ring
+
+
+class ClaimOrder:
+    """One claim's walk: built and run inside the claim's transaction (see :meth:`run`)."""
+
+    def __init__(
+        self,
+        *,
+        per_job: int,
+        per_host: int | None,
+        weights: Mapping[str, int] | None,
+        runner: str,
+        now: int,
+    ) -> None:
+        self.per_job = per_job
+        self.per_host = per_host
+        self.weights = weights or {}
+        self.runner = runner
+        self.now = now
+        self.running: Counter[str] = Counter()
+        self.claimed: list[Any] = []
+        self.members: dict[str, _Caller] = {}
+        self.lap_closed = False
+
+    def run(self, limit: int, fair: bool) -> list[Any]:
+        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out."""
+        ring = _LOCK_RING.rows()
+        if self.per_host is not None:
+            self.running.update(row[0] for row in _RUNNING_HOSTS.rows())
+        if not fair:
+            self._oldest_first(limit)
+        elif ring:
+            self._ring(limit, ring[0][0], int(ring[0][1]))
+        return self.claimed
+
+    # -- fair=False: oldest job first across callers ------------------------------------------------------
+
+    def _oldest_first(self, limit: int) -> None:
+        after = (-1, -1)
+        while len(self.claimed) < limit:
+            row = _NEXT_JOB.rows(after_created=after[0], after_order=after[1])
+            if not row:
+                return
+            job = _Job(row[0])
+            self._take(job, min(self.per_job, limit - len(self.claimed)))
+            after = job.position
+
+    # -- the ring -------------------------------------------------------------------------------------------
+
+    def _ring(self, limit: int, cursor: str | None, used: int) -> None:
+        """Turn by turn from the cursor; once every member is known and no host limit applies, whole rounds
+        at once (the same targets: each member's share of k rounds is k times its weight, or all it has)."""
+        last, last_used = cursor, used
+        current: _Caller | None = None
+        if cursor is not None and 0 < used < max(self.weights.values(), default=1):  # its turn may go on
+            member = self._load(cursor)
+            if not member.out and used < member.weight:
+                current = member
+        if current is None:
+            current, used = self._following(cursor), 0
+        while current is not None and len(self.claimed) < limit:
+            remaining = limit - len(self.claimed)
+            if used == 0 and self.lap_closed and self.per_host is None:
+                turn = self._rounds(current, remaining)
+                if turn is not None:
+                    last, last_used = turn
+                    current, used = self._following(last), 0
+                    continue
+            want = min(current.weight - used, remaining)
+            got = self._serve(current, want)
+            if got:
+                used += got
+                last, last_used = current.name, used
+            if got < want:
+                current.out = True
+            if current.out or used >= current.weight:
+                current, used = self._following(current.name), 0
+        if self.claimed:
+            _SAVE_RING.run(caller=last, turns=last_used)
+
+    def _rounds(self, start: _Caller, remaining: int) -> tuple[str, int] | None:
+        """k = remaining // (sum of weights) whole rounds, from ``start`` through every member in ring order;
+        None when not even one fits. Returns the cursor after them: the last member served in the last round
+        that served anyone, and the turns it used there."""
+        members = self._in_order(start)
+        rounds = remaining // sum(member.weight for member in members)
+        if rounds == 0:
+            return None
+        got, taken = [], []
+        for member in members:
+            want = rounds * member.weight
+            before = len(self.claimed)
+            took = self._serve(member, want)
+            if took < want:
+                member.out = True
+            got.append(took)
+            taken.append(self.claimed[before:])
+            del self.claimed[before:]
+        for round_ in range(rounds):  # handed out as turn by turn would: round by round, member by member
+            for member, rows in zip(members, taken, strict=True):
+                self.claimed += rows[round_ * member.weight : (round_ + 1) * member.weight]
+        for round_ in range(rounds, 0, -1):
+            earlier = round_ - 1
+            for member, took in zip(reversed(members), reversed(got), strict=True):
+                if took > earlier * member.weight:
+                    return member.name, min(member.weight, took - earlier * member.weight)
+        return None  # nobody had anything: every member has left the ring
+
+    def _in_order(self, start: _Caller) -> list[_Caller]:
+        names = sorted(name for name, member in self.members.items() if not member.out)
+        at = names.index(start.name)
+        return [self.members[name] for name in names[at:] + names[:at]]
+
+    def _following(self, name: str | None) -> _Caller | None:
+        """The ring's next member with something to claim after ``name`` (byte order, wrapping round). Until
+        the walk has come round the whole ring, each step is a probe of batch_job_ring; then the members are
+        known, and the walk goes on among them."""
+        probe = name
+        while not self.lap_closed:
+            row = _NEXT_CALLER.rows(after=probe) if probe is not None else []
+            if not row:
+                row = _FIRST_CALLER.rows()
+                if not row:
+                    return None
+            probe = row[0][0]
+            assert probe is not None
+            if probe in self.members:  # round the whole ring once: every member is known
+                self.lap_closed = True
+                break
+            member = self._load(probe)
+            if not member.out:
+                return member
+        names = sorted(n for n, member in self.members.items() if not member.out)
+        if not names:
+            return None
+        return self.members[next((n for n in names if name is None or n > name), names[0])]
+
+    def _load(self, name: str) -> _Caller:
+        """The caller as a member: its weight is the class of its oldest live job with a pending target
+        (found as the caller enters the claim's ring)."""
+        member = self.members.get(name)
+        if member is None:
+            member = self.members[name] = _Caller(name)
+            job = self._next_job(member)
+            if job is not None:
+                member.weight = self.weights.get(job.caller_class, 1)
+        return member
+
+    def _next_job(self, member: _Caller) -> _Job | None:
+        """The member's next live job with a pending target; none: the member leaves the ring."""
+        row = _CALLER_JOB.rows(caller=member.name, after_created=member.after[0], after_order=member.after[1])
+        member.job = _Job(row[0]) if row else None
+        member.out = not row
+        return member.job
+
+    def _serve(self, member: _Caller, want: int) -> int:
+        """Up to ``want`` targets of the member's jobs, oldest job first, at most ``per_job`` from each."""
+        got = 0
+        while got < want and not member.out:
+            job = member.job if member.job is not None else self._next_job(member)
+            if job is None:
+                break
+            got += self._take(job, min(self.per_job - job.taken, want - got))
+            if job.done or job.taken >= self.per_job:
+                member.after, member.job = job.position, None
+        return got
+
+    def _take(self, job: _Job, want: int) -> int:
+        """Up to ``want`` of the job's pending targets: by idx, or with a host limit host by host (byte
+        order), by idx within a host, skipping a host at its limit."""
+        rows: list[Any] = []
+        if self.per_host is None:
+            rows = _CLAIM_TARGETS.rows(job_id=job.id, take=want, runner=self.runner, now=self.now)
+            rows.sort(key=lambda row: row[_IDX])  # RETURNING promises no order
+            if len(rows) < want:
+                job.done = True
+        else:
+            while len(rows) < want:
+                probe = _HOST_FROM if job.host_inclusive else _HOST_AFTER
+                found = probe.rows(job_id=job.id, host=job.host)
+                if not found:
+                    job.done = True
+                    break
+                host = found[0][0]
+                job.host, job.host_inclusive = host, True
+                room = self.per_host - self.running[host]
+                if room > 0:
+                    ask = min(room, want - len(rows))
+                    got = _CLAIM_HOST_TARGETS.rows(
+                        job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
+                    )
+                    self.running[host] += len(got)
+                    rows += sorted(got, key=lambda row: row[_IDX])  # RETURNING promises no order
+                    if len(got) == ask and self.running[host] < self.per_host:
+                        continue  # the want is met, or the host has more
+                job.host_inclusive = False  # full, or no more of it in this job: the next host
+        if rows:
+            _CLAIM_JOB.run(job_id=job.id, now=self.now)
+            job.taken += len(rows)
+            self.claimed += rows
+        return len(rows)
