@@ -144,6 +144,7 @@ LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # runner step
     "_FINISH_ON_JOB": {JOB_BY_ID, TARGET_BY_KEY},
+    "_FINISH_AT_LEASE": {JOB_BY_ID, TARGET_BY_KEY},  # by id, the lease checked on the row: not by its index
     "_SET_TARGET": {TARGET_BY_KEY},
     # API reads
     "_SELECT_JOB": {JOB_BY_ID},
@@ -251,11 +252,15 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -
 
 #: What a result write (update_batch_target, and each target of update_batch_targets) opens for writing,
 #: besides the two tables and the byte total's row. batch_job_lease is the original schema's and moves with
-#: every lease; batch_job_evictable is opened because the lease is in its key, but a live job is never in
-#: it; batch_target_pending loses the target that leaves pending (a claimed target has left it already).
+#: every lease; batch_job_evictable is opened because the lease is in its key and the bytes in its
+#: condition, but a live job is never in it; batch_target_pending loses the target that leaves pending (a
+#: claimed target has left it already).
 #: Every other index sift adds is left alone: no index keyed on the lease holds live jobs.
 RESULT_WRITE_INDEXES = {
     "_FINISH_ON_JOB": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
+    # the lease is ``now`` already (every result but a job's first in each second): the lease's index is
+    # left alone, where setting the lease to the value it holds would still move its entry
+    "_FINISH_AT_LEASE": {"sqlite_autoindex_batch_job_1", "batch_job_evictable"},
     # a result leaves the pending or the running targets (a claimed target is running when written)
     "_SET_TARGET": {TARGET_PK, "batch_target_pending", "batch_target_running"},
 }
@@ -434,25 +439,44 @@ ONE_KB = "x" * 1024
 NOTHING_CLAIMED = [BEGIN, "SELECT batch_job", COMMIT]
 
 
-def runner_update() -> None:
-    dcache.update_batch_target("runner", 0, "done", result=ONE_KB, now=10_000)
+def runner_update(idx: int = 0) -> None:
+    dcache.update_batch_target("runner", idx, "done", result=ONE_KB, now=10_000)
+
+
+def second_result() -> None:
+    """A result written in the second of the job's last one (the runner's job holds lease 9,000)."""
+    dcache.update_batch_target("runner", 0, "done", result=ONE_KB, now=9_000)
 
 
 #: name: (the call, the statements it issues, how many statement starts sqlite3 reports in all).
 #: The raw count also counts each trigger sub-program SQLite starts: the runner step's job UPDATE fires
-#: batch_totals_update, whose WHEN is true (the bytes change), and is reported 3 times.
+#: batch_totals_update, whose WHEN is true (the bytes change), and is reported 3 times. A result write
+#: first updates the job only if its lease is ``now`` already, which leaves the lease's index alone; the
+#: job's first result in a new second finds no such row (one report), and sets the lease.
 CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
-    "runner step: update_batch_target to done with 1 KB": (
-        runner_update,
+    "runner step: update_batch_target to done with 1 KB, in the second of the job's lease": (
+        second_result,
         [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         6,
     ),
+    "runner step: update_batch_target to done with 1 KB, the lease moving to a new second": (
+        runner_update,
+        [BEGIN, "UPDATE batch_job", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
+        7,
+    ),
     "update_batch_targets of 10 results: one transaction, two statements a target": (
         lambda: dcache.update_batch_targets(
-            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=9_000
         ),
         [BEGIN, *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
         42,
+    ),
+    "update_batch_targets of 10 results in a new second: the first moves the lease": (
+        lambda: dcache.update_batch_targets(
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+        ),
+        [BEGIN, "UPDATE batch_job", *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
+        43,
     ),
     "runner step: no-op evict_batch_oldest": (
         lambda: dcache.evict_batch_oldest(10**15),
@@ -517,17 +541,46 @@ def test_rewriting_a_finished_target_issues_the_same_statements(history: int) ->
     # A rewrite with the same result changes no bytes: the trigger's WHEN is false (one report fewer).
     dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_000)
     with traced() as log:
-        dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_001)
+        dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_000)
     assert kinds(log) == [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT]
     assert len(log) == 5, log
 
 
-def test_the_runner_step_does_not_grow_with_history(history: int) -> None:
+#: A runner step's statements: a result in the second of the job's lease, or in a new second.
+SAME_SECOND = (BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT, "SELECT batch_totals")
+NEW_SECOND = (
+    BEGIN,
+    "UPDATE batch_job",
+    "UPDATE batch_job",
+    "UPDATE batch_target",
+    COMMIT,
+    "SELECT batch_totals",
+)
+
+
+@pytest.mark.parametrize(("seconds_apart", "expected"), [(1, NEW_SECOND), (0, SAME_SECOND)])
+def test_the_runner_step_does_not_grow_with_history(
+    history: int, seconds_apart: int, expected: tuple[str, ...]
+) -> None:
     # Twenty runner steps in a row issue exactly the same statements: nothing accumulates from call to call.
+    dcache.touch_batch_job("runner", now=10_000)
     counts = set()
     for idx in range(20):
         with traced() as log:
-            dcache.update_batch_target("runner", idx, "done", result=ONE_KB, now=10_000 + idx)
+            dcache.update_batch_target(
+                "runner", idx, "done", result=ONE_KB, now=10_000 + (idx + 1) * seconds_apart
+            )
             dcache.evict_batch_oldest(10**15)
         counts.add(tuple(kinds(log)))
-    assert counts == {(BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT, "SELECT batch_totals")}
+    assert counts == {expected}
+
+
+def test_a_result_in_the_second_of_the_lease_leaves_the_lease_alone(history: int) -> None:
+    """The lease's index entry moves only when the lease does: the results of one second write it once (the
+    statement that runs opens no lease index: test_indexes_a_result_write_touches), and count as before."""
+    runner_update(0)
+    with traced() as log:
+        runner_update(1)
+    assert kinds(log) == [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT]
+    job = dcache.batch_job("runner")
+    assert job is not None and (job.lease, job.targets_done, job.nbytes) == (10_000, 2, 2 * len(ONE_KB))
