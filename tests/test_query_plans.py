@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -147,6 +148,7 @@ LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # runner step
     "_FINISH_ON_JOB": {JOB_BY_ID, TARGET_BY_KEY},
+    "_FINISH_AT_LEASE": {JOB_BY_ID, TARGET_BY_KEY},  # by id, the lease checked on the row: not by its index
     "_SET_TARGET": {TARGET_BY_KEY},
     # API reads
     "_SELECT_JOB": {JOB_BY_ID},
@@ -281,11 +283,15 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -
 
 #: What a result write (update_batch_target, and each target of update_batch_targets) opens for writing,
 #: besides the two tables and the byte total's row. batch_job_lease is the original schema's and moves with
-#: every lease; batch_job_evictable is opened because the lease is in its key, but a live job is never in
-#: it; batch_target_pending loses the target that leaves pending (a claimed target has left it already).
+#: every lease; batch_job_evictable is opened because the lease is in its key and the bytes in its
+#: condition, but a live job is never in it; batch_target_pending loses the target that leaves pending (a
+#: claimed target has left it already).
 #: Every other index sift adds is left alone: no index keyed on the lease holds live jobs.
 RESULT_WRITE_INDEXES = {
     "_FINISH_ON_JOB": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
+    # the lease is ``now`` already (every result but a job's first in each second): the lease's index is
+    # left alone, where setting the lease to the value it holds would still move its entry
+    "_FINISH_AT_LEASE": {"sqlite_autoindex_batch_job_1", "batch_job_evictable"},
     # a result leaves the pending or the running targets (a claimed target is running when written)
     # (batch_target_host, like batch_target_pending, is opened because its filter reads the status; a
     # running target is in neither, before or after, so neither gets an entry written)
@@ -472,25 +478,44 @@ ROUND = ["SELECT batch_job", "SELECT batch_job"]
 CLAIM_END = ["UPDATE batch_claim_ring", COMMIT]
 
 
-def runner_update() -> None:
-    dcache.update_batch_target("runner", 0, "done", result=ONE_KB, now=10_000)
+def runner_update(idx: int = 0) -> None:
+    dcache.update_batch_target("runner", idx, "done", result=ONE_KB, now=10_000)
+
+
+def second_result() -> None:
+    """A result written in the second of the job's last one (the runner's job holds lease 9,000)."""
+    dcache.update_batch_target("runner", 0, "done", result=ONE_KB, now=9_000)
 
 
 #: name: (the call, the statements it issues, how many statement starts sqlite3 reports in all).
 #: The raw count also counts each trigger sub-program SQLite starts: the runner step's job UPDATE fires
-#: batch_totals_update, whose WHEN is true (the bytes change), and is reported 3 times.
+#: batch_totals_update, whose WHEN is true (the bytes change), and is reported 3 times. A result write
+#: first updates the job only if its lease is ``now`` already, which leaves the lease's index alone; the
+#: job's first result in a new second finds no such row (one report), and sets the lease.
 CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
-    "runner step: update_batch_target to done with 1 KB": (
-        runner_update,
+    "runner step: update_batch_target to done with 1 KB, in the second of the job's lease": (
+        second_result,
         [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         6,
     ),
+    "runner step: update_batch_target to done with 1 KB, the lease moving to a new second": (
+        runner_update,
+        [BEGIN, "UPDATE batch_job", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
+        7,
+    ),
     "update_batch_targets of 10 results: one transaction, two statements a target": (
         lambda: dcache.update_batch_targets(
-            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=9_000
         ),
         [BEGIN, *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
         42,
+    ),
+    "update_batch_targets of 10 results in a new second: the first moves the lease": (
+        lambda: dcache.update_batch_targets(
+            "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
+        ),
+        [BEGIN, "UPDATE batch_job", *["UPDATE batch_job", "UPDATE batch_target"] * 10, COMMIT],
+        43,
     ),
     "runner step: no-op evict_batch_oldest": (
         lambda: dcache.evict_batch_oldest(10**15),
@@ -558,17 +583,82 @@ def test_rewriting_a_finished_target_issues_the_same_statements(history: int) ->
     # A rewrite with the same result changes no bytes: the trigger's WHEN is false (one report fewer).
     dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_000)
     with traced() as log:
-        dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_001)
+        dcache.update_batch_target("runner", 1, "done", result=ONE_KB, now=10_000)
     assert kinds(log) == [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT]
     assert len(log) == 5, log
 
 
-def test_the_runner_step_does_not_grow_with_history(history: int) -> None:
+#: A runner step's statements: a result in the second of the job's lease, or in a new second.
+SAME_SECOND = (BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT, "SELECT batch_totals")
+NEW_SECOND = (
+    BEGIN,
+    "UPDATE batch_job",
+    "UPDATE batch_job",
+    "UPDATE batch_target",
+    COMMIT,
+    "SELECT batch_totals",
+)
+
+
+@pytest.mark.parametrize(("seconds_apart", "expected"), [(1, NEW_SECOND), (0, SAME_SECOND)])
+def test_the_runner_step_does_not_grow_with_history(
+    history: int, seconds_apart: int, expected: tuple[str, ...]
+) -> None:
     # Twenty runner steps in a row issue exactly the same statements: nothing accumulates from call to call.
+    dcache.touch_batch_job("runner", now=10_000)
     counts = set()
     for idx in range(20):
         with traced() as log:
-            dcache.update_batch_target("runner", idx, "done", result=ONE_KB, now=10_000 + idx)
+            dcache.update_batch_target(
+                "runner", idx, "done", result=ONE_KB, now=10_000 + (idx + 1) * seconds_apart
+            )
             dcache.evict_batch_oldest(10**15)
         counts.add(tuple(kinds(log)))
-    assert counts == {(BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT, "SELECT batch_totals")}
+    assert counts == {expected}
+
+
+def pages_written(store: Path, write: Callable[[], object]) -> set[str]:
+    """The tables and indexes whose pages ``write`` appends to the -wal file: its frames' page numbers (the
+    WAL index header's ``mxFrame`` before and after), named through SQLite's ``dbstat`` table."""
+
+    def frames() -> int:
+        with open(f"{store}-shm", "rb") as f:
+            return int.from_bytes(f.read(20)[16:20], sys.byteorder)
+
+    try:
+        names = dict(dcache.db.execute_sql("SELECT pageno, name FROM dbstat").fetchall())
+    except dcache.StoreUnavailable:  # a SQLite built without the dbstat table
+        pytest.skip("this SQLite has no dbstat table")
+    before = frames()
+    write()
+    after = frames()
+    assert after > before  # no checkpoint restarted the -wal file meanwhile
+    page_size = dcache.db.execute_sql("PRAGMA page_size").fetchone()[0]
+    with open(f"{store}-wal", "rb") as f:
+        wal = f.read()
+    offsets = (32 + frame * (24 + page_size) for frame in range(before, after))  # each frame's header
+    return {names.get(int.from_bytes(wal[at : at + 4], "big"), "") for at in offsets}
+
+
+def test_a_result_in_the_second_of_the_lease_writes_no_page_of_the_lease_index(
+    history: int, tmp_path: Path
+) -> None:
+    """What the lease's form of the job's update saves: the lease index's page in every commit but a job's
+    first of each second (the -wal file's frames, each copied back by a checkpoint later)."""
+    store = tmp_path / "store.db"
+    moved = pages_written(store, lambda: runner_update(0))  # the lease goes from 9,000 to 10,000
+    kept = pages_written(store, lambda: runner_update(1))  # and stays
+    assert "batch_job_lease" in moved
+    assert "batch_job_lease" not in kept
+    assert {"batch_job", "batch_target", "batch_totals"} <= kept
+
+
+def test_a_result_in_the_second_of_the_lease_leaves_the_lease_alone(history: int) -> None:
+    """The lease's index entry moves only when the lease does: the results of one second write it once (the
+    statement that runs opens no lease index: test_indexes_a_result_write_touches), and count as before."""
+    runner_update(0)
+    with traced() as log:
+        runner_update(1)
+    assert kinds(log) == [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT]
+    job = dcache.batch_job("runner")
+    assert job is not None and (job.lease, job.targets_done, job.nbytes) == (10_000, 2, 2 * len(ONE_KB))

@@ -119,22 +119,29 @@ _LIVE = Statement(
 _LIVE_TOTAL = Statement(
     lambda: J.select(peewee.fn.COUNT(peewee.SQL("*"))).where(Inline(J.status.in_(LIVE_JOB_STATUSES)))
 )
+
+
 # Counts and bytes move by (new - old) of the target, read in the same statement, before the target
 # row changes: a target's first move into done/failed adds 1, a rewrite adds 0, a new result adds
 # its size less the old one's. A finished target may not go back to pending or running.
-_FINISH_ON_JOB = Statement(
-    lambda: J.update(
-        {
-            J.targets_done: J.targets_done
-            + Slot("final")
-            - _target_value(peewee.Case(None, [(Inline(T.status.in_(FINAL_TARGET_STATUSES)), 1)], 0)),
-            J.nbytes: J.nbytes
-            + Slot("size")
-            - _target_value(peewee.fn.COALESCE(db.backend.byte_length(T.result), 0)),
-            J.lease: Slot("now"),
-        }
-    ).where(
-        (J.id == Slot("job_id"))
+def _finish_on_job(*, at_lease: bool) -> peewee.Node:
+    """The job's count, bytes and lease moved by one target's write. ``at_lease``: only if the job's lease
+    is ``now`` already, which the statement then leaves out (see ``_FINISH_AT_LEASE``)."""
+    changes: dict[peewee.Node, Any] = {
+        J.targets_done: J.targets_done
+        + Slot("final")
+        - _target_value(peewee.Case(None, [(Inline(T.status.in_(FINAL_TARGET_STATUSES)), 1)], 0)),
+        J.nbytes: J.nbytes
+        + Slot("size")
+        - _target_value(peewee.fn.COALESCE(db.backend.byte_length(T.result), 0)),
+    }
+    job = J.id == Slot("job_id")
+    if at_lease:
+        job = job & (J.lease == Slot("now"))
+    else:
+        changes[J.lease] = Slot("now")
+    return J.update(changes).where(
+        job
         & peewee.fn.EXISTS(
             T.select(peewee.SQL("1")).where(
                 (T.job_id == Slot("job_id"))
@@ -145,7 +152,14 @@ _FINISH_ON_JOB = Statement(
             )
         )
     )
-)
+
+
+_FINISH_ON_JOB = Statement(lambda: _finish_on_job(at_lease=False))
+# SQLite rewrites the index entries of every column an UPDATE sets, even to the value it holds, and the
+# lease is in batch_job_lease (and batch_job_evictable): the results a runner writes within one second
+# would move the job's lease entry each time. Where the backend does so, a result write first tries this
+# form, which leaves the lease alone when it is ``now`` already, and falls back to _FINISH_ON_JOB.
+_FINISH_AT_LEASE = Statement(lambda: _finish_on_job(at_lease=True))
 _SET_TARGET = Statement(
     lambda: T.update(
         {T.status: Slot("status"), T.result: Slot("result"), T.error: Slot("error"), T.hint: Slot("hint")}
@@ -370,8 +384,12 @@ def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int)
     the target's change, then the target is written; a missing target, a move back or (with ``runner``) a
     claim the runner no longer holds raises."""
     idx, status, final, size, result, error, hint = write
-    db.backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-    if not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now):
+    backend = db.backend
+    backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
+    if not (
+        backend.rewrites_set_keys
+        and _FINISH_AT_LEASE.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now)
+    ) and not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now):
         _explain_target_miss(job_id, idx, status, runner)
     _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
 

@@ -76,6 +76,9 @@ class Backend(Protocol):
     insertion_order: peewee.ColumnBase
     #: A row's address in its table (ctid, rowid): stable while the transaction holds the row.
     row_address: peewee.ColumnBase
+    #: Whether an UPDATE rewrites the index entries of every column it sets, even to the value the row holds
+    #: (SQLite). PostgreSQL compares the values: a column set to its own value keeps a HOT update possible.
+    rewrites_set_keys: bool
 
     def byte_length(self, expr: peewee.Node) -> peewee.Node:
         """The UTF-8 byte length of a text expression (NULL stays NULL)."""

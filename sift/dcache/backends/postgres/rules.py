@@ -82,6 +82,8 @@ class PostgresRules(PostgresBase):
     insertion_order = peewee.SQL("seq")
     #: A row's address in its table: stable while the transaction holds the row's lock.
     row_address = peewee.SQL("ctid")
+    #: An UPDATE compares the values it sets: a column set to its own value keeps a HOT update possible.
+    rewrites_set_keys = False
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:

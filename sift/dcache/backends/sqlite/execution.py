@@ -32,15 +32,19 @@ class SqliteExecution(SqliteBase):
         is a ``peewee.IntegrityError``; any other driver error is the package's StoreUnavailable (or a
         subclass)."""
         with self.lock:
-            try:
-                with self.statement_errors:
+            conn = self._state.conn
+            try:  # not `with self.statement_errors`: a try costs nothing until it catches, on every statement
+                if conn is None:
+                    self.connect()
                     conn = self._state.conn
-                    if conn is None:
-                        self.connect()
-                        conn = self._state.conn
-                    return conn.execute(sql, params)  # type: ignore[no-any-return]
+                return conn.execute(sql, params)  # type: ignore[no-any-return]
+            except Exception as exc:
+                self.statement_errors.__exit__(type(exc), exc, exc.__traceback__)
+                raise
             finally:
-                self.settle_writers()
+                # inside a transaction there is nothing to settle: its end (a COMMIT or ROLLBACK) does it
+                if conn is None or not conn.in_transaction:
+                    self.settle_writers()
 
     def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Every row of a query; errors as in :meth:`run_sql` (reading rows after the first steps the

@@ -40,6 +40,8 @@ class SqliteRules(SqliteBase):
     insertion_order = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
     #: A row's address in its table: its rowid.
     row_address = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
+    #: An UPDATE rewrites the index entries of every column it sets, changed or not.
+    rewrites_set_keys = True
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
