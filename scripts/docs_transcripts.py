@@ -3,6 +3,7 @@ written by hand.
 
     python scripts/docs_transcripts.py           # rewrite every transcript
     python scripts/docs_transcripts.py --check   # exit 1 if one is not current (the tests run this)
+    python scripts/docs_transcripts.py --check --slow   # the slow blocks too
 
 A transcript is a ``console`` block of docs/ after the comment
 ``<!-- generated: scripts/docs_transcripts.py [WORD ...] -->``. Its ``$ `` lines are run one after another
@@ -10,7 +11,8 @@ by one bash per block, with the ``sift`` of this Python; each command's standard
 it, and a blank line ends it.
 
 The transcripts of one page share a session: a new directory (the commands' working directory) holding
-a copy of the README, and the exported variables a block leaves for the next. The words of a marker say
+a copy of the README and a link to the repository's ``scripts``, and the exported variables a block leaves
+for the next. The words of a marker say
 what the block needs first:
 
 ``init``
@@ -40,6 +42,10 @@ what the block needs first:
     the page is done, as is every ``sift_sim_*`` schema the output names (the schemas ``sift simulate``
     makes). Without a server answering, the block is left as it is, and the script says so (``--check``
     fails under ``CI=true``).
+``slow``
+    The block takes longer than the tests can spend on it (a minute, or many seconds of CPU): the script
+    runs it again when it rewrites the pages, and ``--check`` leaves it out unless given ``--slow``
+    (``scripts/scale_sim.py`` and ``scripts/pg_footprint.py``, which tests of their own run).
 ``vary``
     The block's counts differ from run to run (``sift simulate``'s threads interleave differently):
     ``--check`` compares it with every number masked.
@@ -48,10 +54,11 @@ What the output shows differently from what the commands printed: the session's 
 ``/tmp/demo``, and its ``tmp`` subdirectory (``$TMPDIR`` of the commands) as ``/tmp``.
 
 What ``--check`` masks, in every block: the random part of the names ``sift-simulate-*`` and
-``sift-simulate-journals-*`` (the temporary directories ``sift simulate`` makes) and of ``sift_sim_*``
-(the schemas it makes, named by date, time and pid); in ``vary`` blocks, every number too (durations,
-rates and counts), and the width of every run of spaces and tabs (a table's columns follow its numbers). Nothing else: everything else must be as the page shows it. In write mode, a block that
-differs only in what is masked is left as it is.
+``sift-simulate-journals-*`` (the temporary directories ``sift simulate`` makes) and of ``sift_sim_*`` (the
+schemas it makes, named by date, time and pid); in ``vary`` blocks, every number too (durations, rates and
+counts), and the width of every run of spaces and tabs (a table's columns follow its numbers). Nothing else:
+everything else must be as the page shows it. In write mode, a block that differs only in what is masked is
+left as it is.
 """
 
 from __future__ import annotations
@@ -240,7 +247,7 @@ SETUPS: dict[str, Callable[[Path], None]] = {
     "old": setup_old,
 }
 CLOCKED = {"demo", "claims", "old", "clock"}
-WORDS = {*SETUPS, "init", "clock", "vary"}
+WORDS = {*SETUPS, "init", "clock", "vary", "slow"}
 
 
 # -- running a page's transcripts ---------------------------------------------------------------------
@@ -326,7 +333,7 @@ def run_block(session: Session, words: list[str], lines: list[str]) -> str:
     return "\n".join(out)
 
 
-def regenerate(page: Path, text: str, pg: bool) -> tuple[str, list[str]]:
+def regenerate(page: Path, text: str, pg: bool, slow: bool) -> tuple[str, list[str]]:
     """The page with its transcripts run again (a block that differs only in what is masked kept as it
     is), and the notes of what could not run."""
     notes: list[str] = []
@@ -339,6 +346,7 @@ def regenerate(page: Path, text: str, pg: bool) -> tuple[str, list[str]]:
         shim.write_text(SHIM.format(python=sys.executable), encoding="utf-8")
         shim.chmod(0o755)
         shutil.copy(ROOT / "README.md", where)
+        (where / "scripts").symlink_to(ROOT / "scripts")
         env = {
             **os.environ,
             "PATH": f"{where / 'bin'}{os.pathsep}{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -358,6 +366,8 @@ def regenerate(page: Path, text: str, pg: bool) -> tuple[str, list[str]]:
             if unknown:
                 raise SystemExit(f"{page}: unknown words {unknown} in a transcript's marker")
             old = match.group(2)
+            if "slow" in words and not slow:
+                return match.group(0)
             if any(w.startswith("pg=") for w in words) and not pg:
                 notes.append(f"{page}: no PostgreSQL server at {PG_URL}; a transcript was not run")
                 return match.group(0)
@@ -376,6 +386,7 @@ def regenerate(page: Path, text: str, pg: bool) -> tuple[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="exit 1 if a transcript is not current")
+    parser.add_argument("--slow", action="store_true", help="with --check, run the slow blocks too")
     parser.add_argument("--setup", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.setup:
@@ -383,11 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pages = [p for p in sorted(DOCS.rglob("*.md")) if BLOCK.search(p.read_text(encoding="utf-8"))]
     pg = postgres_answers()
+    slow = args.slow or not args.check
     stale: list[Path] = []
     notes: list[str] = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         texts = {page: page.read_text(encoding="utf-8") for page in pages}
-        results = dict(zip(pages, pool.map(lambda p: regenerate(p, texts[p], pg), pages), strict=True))
+        results = dict(zip(pages, pool.map(lambda p: regenerate(p, texts[p], pg, slow), pages), strict=True))
     for page in pages:
         new, page_notes = results[page]
         notes += page_notes
