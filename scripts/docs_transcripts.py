@@ -4,6 +4,7 @@ written by hand.
     python scripts/docs_transcripts.py           # rewrite every transcript
     python scripts/docs_transcripts.py --check   # exit 1 if one is not current (the tests run this)
     python scripts/docs_transcripts.py --check --slow   # the slow blocks too
+    python scripts/docs_transcripts.py --fast    # rewrite every transcript but the slow ones
 
 A transcript is a ``console`` block of docs/ after the comment
 ``<!-- generated: scripts/docs_transcripts.py [WORD ...] -->``. Its ``$ `` lines are run one after another
@@ -18,8 +19,9 @@ what the block needs first:
 ``init``
     ``sift init`` makes a new empty store ``sim.db`` there, and ``$SIFT_DB`` names it.
 ``demo``
-    The demo store ``sift.db``: 48 jobs of the ``sift simulate`` workload's callers (seed 1), submitted,
-    run and finished one at a time through the package's functions, on the fixed clock below.
+    The demo store ``sift.db``: the 47 new jobs among the first 56 submissions of ``sift simulate``'s
+    workload (seed 1), submitted, run and finished one at a time through the package's functions, on the
+    fixed clock below, so that every run makes the same file.
 ``claims``
     Adds to ``sift.db`` a job of four targets whose runner ``dead-host:7`` died 20 minutes before the
     fixed clock holding three of them, one at its third attempt.
@@ -44,8 +46,11 @@ what the block needs first:
     fails under ``CI=true``).
 ``slow``
     The block takes longer than the tests can spend on it (a minute, or many seconds of CPU): the script
-    runs it again when it rewrites the pages, and ``--check`` leaves it out unless given ``--slow``
-    (``scripts/scale_sim.py`` and ``scripts/pg_footprint.py``, which tests of their own run).
+    runs it again when it rewrites the pages (unless given ``--fast``), and ``--check`` leaves it out
+    unless given ``--slow`` (``scripts/scale_sim.py``, ``scripts/pg_footprint.py`` and
+    ``scripts/crash_trials.py``, which tests of their own run; together several minutes). The crash
+    trials kill at random moments, so even masked their lines differ between runs: ``--check --slow``
+    reports that block whenever they do.
 ``vary``
     The block's counts differ from run to run (``sift simulate``'s threads interleave differently):
     ``--check`` compares it with every number masked.
@@ -56,9 +61,10 @@ What the output shows differently from what the commands printed: the session's 
 What ``--check`` masks, in every block: the random part of the names ``sift-simulate-*`` and
 ``sift-simulate-journals-*`` (the temporary directories ``sift simulate`` makes) and of ``sift_sim_*`` (the
 schemas it makes, named by date, time and pid); in ``vary`` blocks, every number too (durations, rates and
-counts), and the width of every run of spaces and tabs (a table's columns follow its numbers). Nothing else:
-everything else must be as the page shows it. In write mode, a block that differs only in what is masked is
-left as it is.
+counts), the plural ``s`` of the word after a number (``1 job``, ``2 jobs``; ``1 in-flight job``, ``2
+in-flight jobs``), and the width of every run of spaces and tabs (a table's columns follow its numbers).
+Nothing else: everything else must be as the page shows it. In write mode, a block that differs only in what
+is masked is left as it is.
 """
 
 from __future__ import annotations
@@ -120,7 +126,11 @@ def commands(transcript: str) -> list[str]:
 def masked(text: str, vary: bool) -> str:
     for pattern, shown in RANDOM_NAMES:
         text = pattern.sub(shown, text)
-    return re.sub(r"[ \t]+", " ", NUMBER.sub("N", text)) if vary else text
+    if not vary:
+        return text
+    # "1 job", "2 jobs"; "1 in-flight job", "2 in-flight jobs"
+    text = re.sub(r"\bN ((?:[\w-]+ )?)(\w+?)s\b", r"N \1\2", NUMBER.sub("N", text))
+    return re.sub(r"[ \t]+", " ", text)
 
 
 # -- the setups (each runs in a process of its own: the store is the process's one database) ------------
@@ -387,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="exit 1 if a transcript is not current")
     parser.add_argument("--slow", action="store_true", help="with --check, run the slow blocks too")
+    parser.add_argument("--fast", action="store_true", help="rewrite the pages, the slow blocks left out")
     parser.add_argument("--setup", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.setup:
@@ -394,10 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pages = [p for p in sorted(DOCS.rglob("*.md")) if BLOCK.search(p.read_text(encoding="utf-8"))]
     pg = postgres_answers()
-    slow = args.slow or not args.check
+    slow = args.slow or not (args.check or args.fast)
     stale: list[Path] = []
     notes: list[str] = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
         texts = {page: page.read_text(encoding="utf-8") for page in pages}
         results = dict(zip(pages, pool.map(lambda p: regenerate(p, texts[p], pg, slow), pages), strict=True))
     for page in pages:
