@@ -61,10 +61,10 @@ What the output shows differently from what the commands printed: the session's 
 What ``--check`` masks, in every block: the random part of the names ``sift-simulate-*`` and
 ``sift-simulate-journals-*`` (the temporary directories ``sift simulate`` makes) and of ``sift_sim_*`` (the
 schemas it makes, named by date, time and pid); in ``vary`` blocks, every number too (durations, rates and
-counts), the plural ``s`` of the word after a number (``1 job``, ``2 jobs``; ``1 in-flight job``, ``2
-in-flight jobs``), and the width of every run of spaces and tabs (a table's columns follow its numbers).
-Nothing else: everything else must be as the page shows it. In write mode, a block that differs only in what
-is masked is left as it is.
+counts), the units of a span of time (``2h 3m``, ``58m 30s``, ``29m``), the plural ``s`` of the word after a
+number (``1 job``, ``2 jobs``; ``1 in-flight job``, ``2 in-flight jobs``), and the width of every run of
+spaces and tabs (a table's columns follow its numbers). Nothing else: everything else must be as the page
+shows it. In write mode, a block that differs only in what is masked is left as it is.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def masked(text: str, vary: bool) -> str:
         text = pattern.sub(shown, text)
     if not vary:
         return text
+    text = re.sub(r"\bN[dhms](?: N[dhms])*\b", "N<span>", NUMBER.sub("N", text))  # "2h 3m", "58m 30s", "29m"
     # "1 job", "2 jobs"; "1 in-flight job", "2 in-flight jobs"
-    text = re.sub(r"\bN ((?:[\w-]+ )?)(\w+?)s\b", r"N \1\2", NUMBER.sub("N", text))
+    text = re.sub(r"\bN ((?:[\w-]+ )?)(\w+?)s\b", r"N \1\2", text)
     return re.sub(r"[ \t]+", " ", text)
 
 
