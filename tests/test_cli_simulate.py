@@ -4,6 +4,7 @@ by reading the file with plain sqlite3 and computing sizes in Python."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -214,6 +215,17 @@ def test_a_second_run_on_the_same_file_is_refused(tmp_path: Path, capsys: pytest
     assert path.read_bytes() == before
     view = independent_view(path)
     assert view["bad_done"] == [] and view["bad_bytes"] == []
+
+
+def test_postgres_without_the_driver_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the postgres extra, a postgresql:// store is refused as every other command refuses it."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what an install without sift[postgres] has
+    code, out, err = run(capsys, "simulate", "--db", "postgresql://nobody@127.0.0.1:1/none", *SMALL)
+    assert (code, out) == (1, "")
+    assert err.startswith("sift: --db: a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' (")
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

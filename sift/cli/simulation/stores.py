@@ -80,7 +80,12 @@ def postgres_simulation_store(target: str, source: str) -> tuple[str, str | None
     ``?schema=NAME``, as a named SQLite file: used if missing or an empty store, refused (unchanged) if it
     holds jobs or tables that are not the store's. Nothing but that schema is ever written to.
     """
-    import psycopg  # the CLI reaches here only for a postgresql:// target
+    try:
+        import psycopg  # the CLI reaches here only for a postgresql:// target
+    except ImportError as exc:  # the postgres extra is not installed: one line, as every other command says
+        raise CommandError(
+            f"{source}: a PostgreSQL store needs psycopg 3: pip install 'sift[postgres]' ({exc})"
+        ) from exc
 
     from sift.dcache.backends import parse_target
 
