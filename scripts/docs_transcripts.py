@@ -28,6 +28,10 @@ what the block needs first:
 ``mistakes``
     Another program (plain sqlite3) writes three mistakes into ``sift.db``: a job's ``targets_done`` one
     short, a job status ``archived``, and a job deleted without its targets.
+``flood``
+    ``flood.db``, a store in the middle of a flood: the flood workload's plan (one caller's 20 jobs of 500
+    targets, then four small callers' jobs of 1 to 3 targets, seed 1) submitted, then eight claims of 4
+    with the claim's defaults (fair across callers), on the fixed clock.
 ``old``
     ``old.db``, a store made without incremental auto-vacuum (the schema an older sift wrote), filled and
     then mostly swept, so that it holds free pages.
@@ -215,6 +219,22 @@ def setup_mistakes(where: Path) -> None:
         conn.execute("DELETE FROM batch_job WHERE id = ?", (ids[2],))
 
 
+def setup_flood(where: Path) -> None:
+    """A store in the middle of a flood: the flood plan submitted, then eight fair claims of 4."""
+    from sift import dcache
+    from sift.cli.simulation.workload import Settings, plan, submission
+
+    dcache.open_db(where / "flood.db")
+    now = NOW - 10 * 60
+    for spec in plan(Settings(workload="flood", jobs=40, targets=500, seed=1)):
+        job, targets = submission(spec, f"flood-{spec.number:05d}", now)
+        dcache.create_batch_job(job, targets)
+        now += 1
+    for n in range(8):
+        dcache.claim_batch_targets(4, runner=f"runner-{n % 2}", now=now)
+    dcache.close_db()
+
+
 def setup_old(where: Path) -> None:
     """A store an older sift made (no incremental auto-vacuum), filled, then most of it swept."""
     from sift import dcache
@@ -256,8 +276,9 @@ SETUPS: dict[str, Callable[[Path], None]] = {
     "claims": setup_claims,
     "mistakes": setup_mistakes,
     "old": setup_old,
+    "flood": setup_flood,
 }
-CLOCKED = {"demo", "claims", "old", "clock"}
+CLOCKED = {"demo", "claims", "old", "flood", "clock"}
 WORDS = {*SETUPS, "init", "clock", "vary", "slow"}
 
 
