@@ -49,6 +49,9 @@ CASES = {
     # 4 processes writing one file: SQLite's busy handler alone, and the writers' queue
     *(f"tail/{w}/{side}" for w in ("update_batch_target", "mix") for side in ("busy_handler", "queue")),
     "claims/claim_batch_targets",
+    # a fair claim of 50 over 1,000 callers, 1,000 pending against many, without and with per_host
+    "claims/fair",
+    "claims/fair_per_host",
     # the flood workload's small callers' first results: fair claiming, and oldest job first
     "fairness/first_result/fair",
     "fairness/first_result/oldest_first",
@@ -71,6 +74,8 @@ PG_CASES = {
     *(f"pg/peers/{side}" for side in ("sift", "sift_bulk10", "psycopg")),
     "pg/target_writes",
     "pg/claims/claim_batch_targets",
+    "pg/claims/fair",
+    "pg/claims/fair_per_host",
     # sift simulate --hosts 1 and 4 with fetches that take no time, and fetches that wait 50 ms
     "pg/simulate/hosts/fetch_0ms",
     "pg/simulate/hosts/fetch_50ms",
@@ -139,18 +144,19 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
     # 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use,
     # hold), claims from 4 processes no slower than from 1, 2 tail workloads x (queue p99, queue worst
-    # call, throughput against the busy handler), the flood's small callers 10 x sooner with fair claiming.
-    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 1
+    # call, throughput against the busy handler), the fair claim's large store against its small one,
+    # without and with per_host, the flood's small callers 10 x sooner with fair claiming.
+    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 2 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
     # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
     # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
-    # per target and in writes of 10 against plain psycopg, reported; the flood's small callers 10 x sooner
-    # with fair claiming.
+    # per target and in writes of 10 against plain psycopg, reported; the fair claim's two; the flood's
+    # small callers 10 x sooner with fair claiming.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 1
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1
     assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     assert [g["verdict"] for g in goals].count("INFO") == (5 + ceiling if with_postgres() else 1) + peers_info

@@ -399,8 +399,8 @@ CLAIMER = {"runner": "r", "now": 5}
 POSTGRES_INDEXES = {
     "_NEXT_JOB": {"batch_job_claim", "batch_target_pending"},
     "_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
-    "_NEXT_CALLER": {"batch_job_ring"},
-    "_FIRST_CALLER": {"batch_job_ring"},
+    "_NEXT_CALLER": {"batch_job_ring", "batch_target_pending"},
+    "_FIRST_CALLER": {"batch_job_ring", "batch_target_pending"},
     "_HOST_FROM": {"batch_target_host"},
     "_HOST_AFTER": {"batch_target_host"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host"},

@@ -134,6 +134,7 @@ def test_stats_shows_the_tables_instead_of_files(populated: str, capsys: pytest.
         "batch_target",
         "batch_totals",
         "sift_schema",
+        "batch_claim_ring",
     }
     assert report["total_table_bytes"] == space.total_bytes > 0
     code, out, _ = run(capsys, "--db", populated, "stats")
@@ -224,7 +225,13 @@ def test_vacuum_vacuums_and_analyzes_the_tables(populated: str, capsys: pytest.C
     code, out, err = run(capsys, "--db", populated, "vacuum", "--json")
     assert (code, err) == (0, "")
     report = json.loads(out)
-    assert set(report["after"]["table_bytes"]) == {"batch_job", "batch_target", "batch_totals", "sift_schema"}
+    assert set(report["after"]["table_bytes"]) == {
+        "batch_job",
+        "batch_target",
+        "batch_totals",
+        "sift_schema",
+        "batch_claim_ring",
+    }
     assert analyzed() >= count + 8  # a VACUUM and an ANALYZE of each of the four tables
     assert rows(populated) == before
 

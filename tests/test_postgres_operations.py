@@ -167,7 +167,7 @@ def test_relation_space_is_the_servers_figures(pg: str) -> None:
     schema = pg.rpartition("schema=")[2]
     space = dcache.relation_space()
     with psycopg.connect(POSTGRES_URL) as conn:
-        for table in ("batch_job", "batch_target", "batch_totals", "sift_schema"):
+        for table in ("batch_job", "batch_target", "batch_totals", "sift_schema", "batch_claim_ring"):
             row = conn.execute(
                 "SELECT pg_total_relation_size(%s::regclass)", (f'"{schema}".{table}',)
             ).fetchone()
@@ -187,7 +187,7 @@ def test_vacuum_relations_vacuums_and_analyzes_each_table(pg: str) -> None:
     report = dcache.vacuum_relations()
     with psycopg.connect(POSTGRES_URL) as conn:
         after = {name: (v, a) for name, v, a in conn.execute(query, (schema,)).fetchall()}
-    assert set(after) == {"batch_job", "batch_target", "batch_totals", "sift_schema"}
+    assert set(after) == {"batch_job", "batch_target", "batch_totals", "sift_schema", "batch_claim_ring"}
     assert all(after[t][0] == before[t][0] + 1 and after[t][1] == before[t][1] + 1 for t in after)
     assert snapshot() == before_rows
     assert set(report.before.table_bytes) == set(report.after.table_bytes) == set(after)
