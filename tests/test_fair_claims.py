@@ -199,6 +199,19 @@ def test_check_store_reports_a_host_that_is_not_the_urls(store: Any) -> None:
     assert "2 targets whose host is not its URL's (idx 1: '', not 'b.example')" in report.violations[0].detail
 
 
+def test_check_store_leaves_a_finished_targets_host_alone(store: Any) -> None:
+    """Only claims read a host (of pending and running targets): a finished target's is not checked."""
+    add_hosted_job("a", "j", ["a.example", "b.example", "c.example"], created_at=1)
+    dcache.update_batch_target("a/j", 0, "done", result="r")
+    dcache.claim_batch_targets(1, runner="r1")  # target 1 running, target 2 pending
+    db.execute_sql("UPDATE batch_target SET host = 'x.example'")
+    report = dcache.check_store()
+    assert [(v.kind, v.job_id) for v in report.violations] == [("target_host", "a/j")]
+    assert "2 targets whose host is not its URL's (idx 1: 'x.example', not 'b.example')" in (
+        report.violations[0].detail
+    )
+
+
 # -- The per-host limit from 8 runner processes at once, watched by a reader ---------------------------------
 
 HOSTS = [f"h{n}.example" for n in range(6)]

@@ -20,8 +20,9 @@ SELECT job_id, COUNT(*), {count_final},
 SELECT id, status, targets_total, targets_done, nbytes, created_at FROM batch_job WHERE {where} ORDER BY id;
 
 -- name: hosts
--- Each target's URL and stored host (schema version 4), for the check's url_host(url) in Python.
-SELECT job_id, idx, url, host FROM batch_target WHERE {where};
+-- The URL and stored host (schema version 4) of each target a claim reads the host of (pending, running),
+-- for the check's url_host(url) in Python.
+SELECT job_id, idx, url, host FROM batch_target WHERE {where} AND status IN ('pending', 'running');
 
 -- name: bad_statuses
 -- The statuses outside the enum of one job's targets, for the report (only when there are some).
