@@ -5,6 +5,7 @@ them as they are; the original service's own statements, which name their column
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,26 @@ def test_a_postgres_store_of_version_2_is_read_read_only_then_upgraded(postgres_
         (1, 1, "r"),
     ]
     dcache.close_db()
+
+
+def wal_frames_not_copied(path: Path) -> int:
+    """Frames of the -wal file not yet checkpointed into the store file, from the WAL index header
+    (sqlite.org/walformat: ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order)."""
+    header = Path(f"{path}-shm").read_bytes()[:100]
+    return int.from_bytes(header[16:20], sys.byteorder) - int.from_bytes(header[96:100], sys.byteorder)
+
+
+@pytest.mark.parametrize("maker", MAKERS)
+def test_the_upgrade_is_copied_back_into_the_file_by_the_open_that_made_it(
+    tmp_path: Path, maker: str
+) -> None:
+    """An upgrade rewrites every target (its host): its checkpoint belongs to the open, not to the lock hold
+    of the first write after it."""
+    path = MAKERS[maker](tmp_path / "old.db")
+    dcache.open_db(path)
+    try:
+        assert user_version(path) == SCHEMA_VERSION
+        assert wal_frames_not_copied(path) == 0
+        assert Path(f"{path}-wal").stat().st_size == 0  # emptied: no later write cuts it down
+    finally:
+        dcache.close_db()

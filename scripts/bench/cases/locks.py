@@ -115,10 +115,6 @@ def bench_locks(tmp: Path, sizes: Sizes, report: Report) -> None:
         f"in {time.perf_counter() - t0:.1f} s"
     )
     dcache.open_db(path)
-    # The first open upgraded the other program's file (a host for every target): a one-off that leaves
-    # the -wal full of its pages. Checkpoint it now, as an upgraded store at rest would be, so that the
-    # sweep's timed holds are the sweep's.
-    dcache.db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     now = T0 + 10**6
     sweep = timed_removal("sweep", lambda: dcache.sweep_batch(1000, now=now), sizes.sweep_jobs)
     sweep["wal_mb"] = wal_bytes(path) / 2**20

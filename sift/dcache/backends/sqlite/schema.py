@@ -119,6 +119,10 @@ class SqliteSchema(SqliteBase):
             self.execute_sql(RECOMPUTE_TOTAL_SQL)
             if self.execute_sql("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
                 self.execute_sql(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        # The upgrade may have rewritten every target (its host): copy its pages back and empty the -wal
+        # file now, in the open that wrote them. Left to the first writes after it, the copy and the cut of
+        # a -wal file of hundreds of MB fell inside their lock holds (hundreds of ms).
+        self.checkpoint(truncate=True)
 
     def missing_claim_columns(self) -> list[str]:
         """The claims' columns batch_target lacks (all of them in a file an earlier program wrote)."""

@@ -98,9 +98,10 @@ class WalPolicy(SqliteBase):
         if self._wal_index_path is not None:
             conn.execute("PRAGMA wal_autocheckpoint = 0")
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, truncate: bool = False) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
-        nothing else, without taking the lock, so other threads go on using the store meanwhile."""
+        nothing else, without taking the lock, so other threads go on using the store meanwhile; with
+        ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE)."""
         if self.deferred or self.readonly or self.database == ":memory:":
             return
         with self._checkpoint_lock:
@@ -111,7 +112,8 @@ class WalPolicy(SqliteBase):
                     )
                     # its checkpoints write the database file: with the store's own durability
                     self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
-                self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                mode = "TRUNCATE" if truncate else "PASSIVE"
+                self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
             except sqlite3.Error as exc:
                 if is_busy(exc):  # another process is checkpointing, which does the same work
                     return
