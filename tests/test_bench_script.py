@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,8 @@ RAW = ("runner_step", "submit_100", "put_batch_targets", "batch_targets_read")
 CASES = {
     *(f"flat/{case}" for case in FLAT),
     *(f"raw/{case}/{side}" for case in RAW for side in ("package", "sqlite3")),
+    # the runner step's statements sent plainly on the package's file: what the package's Python adds
+    "raw/runner_step/package_sql",
     "locks/sweep",
     "locks/evict",
     "memory/put_from_generator",
@@ -102,6 +105,15 @@ def quick(
     return proc, json.loads(out.read_text())
 
 
+def has_dbstat() -> bool:
+    """Whether this SQLite has the dbstat table, through which the bench names the -wal frames' b-trees."""
+    try:
+        sqlite3.connect(":memory:").execute("SELECT * FROM dbstat").fetchall()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
 def with_postgres() -> bool:
     """Whether the quick run includes the PostgreSQL part: always under CI, else when the server answers."""
     return postgres_missing() is None
@@ -132,6 +144,12 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
     for case in report["cases"]:
         if case["name"].startswith("tail/"):
             assert {"p50_ms", "p99_ms", "max_ms", "calls_per_s", "calls"} <= set(case["extra"]), case
+    for side in ("package", "package_sql", "sqlite3"):
+        extra = next(c for c in report["cases"] if c["name"] == f"raw/runner_step/{side}")["extra"]
+        if has_dbstat():  # the -wal frames one step appends, in all and by b-tree
+            frames = [v for k, v in extra.items() if k.startswith("wal_frames/") and k != "wal_frames/all"]
+            assert extra["wal_frames/all"] == pytest.approx(sum(frames), abs=0.01 * len(frames))
+            assert {"wal_frames/batch_target", "wal_frames/batch_job"} <= set(extra)
     for prefix in ("", "pg/") if with_postgres() else ("",):
         claims = {c["n"]: c for c in report["cases"] if c["name"] == f"{prefix}claims/claim_batch_targets"}
         assert set(claims) == {1, 2, 4}  # processes claiming at once
@@ -141,12 +159,13 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     goals = report["goals"]
-    # 7 flat paths, 3 ratios with a goal and 1 reported, 2 x (hold, reader p99, -wal size), 1 memory,
-    # 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use,
-    # hold), claims from 4 processes no slower than from 1, 2 tail workloads x (queue p99, queue worst
-    # call, throughput against the busy handler), the fair claim's large store against its small one,
-    # without and with per_host, the flood's small callers 10 x sooner with fair claiming.
-    sqlite_goals = 7 + 4 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 2 + 1
+    # 7 flat paths, 3 ratios with a goal and 3 reported (two of them split the runner step's), 2 x (hold,
+    # reader p99, -wal size), 1 memory, 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk
+    # (file over pages in use, hold), claims from 4 processes no slower than from 1, 2 tail workloads x
+    # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
+    # against its small one, without and with per_host, the flood's small callers 10 x sooner with fair
+    # claiming.
+    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 2 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
@@ -159,7 +178,11 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1
     assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    assert [g["verdict"] for g in goals].count("INFO") == (5 + ceiling if with_postgres() else 1) + peers_info
+    sqlite_info = 3
+    pg_info = 4 + ceiling
+    assert [g["verdict"] for g in goals].count("INFO") == sqlite_info + (
+        pg_info if with_postgres() else 0
+    ) + peers_info
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])

@@ -653,6 +653,28 @@ def test_a_result_in_the_second_of_the_lease_writes_no_page_of_the_lease_index(
     assert {"batch_job", "batch_target", "batch_totals"} <= kept
 
 
+#: Every b-tree a result in the lease's second appends pages of, besides the two tables and the byte total's
+#: row: the index the target leaves (pending, or running once claimed). ``sqlite_schema`` is page 1, whose
+#: header holds the file's size: it is written when a page split grows the file.
+RESULT_PAGES = {
+    "pending": {"batch_target_pending", "batch_target_host"},
+    "running": {"batch_target_running"},
+}
+
+
+@pytest.mark.parametrize("status", sorted(RESULT_PAGES))
+def test_a_result_write_appends_pages_of_these_btrees_only(history: int, tmp_path: Path, status: str) -> None:
+    """The -wal frames a runner step appends, which a checkpoint later copies back and syncs: each b-tree a
+    result write changes costs a page in every commit (``python scripts/bench --only raw`` counts them)."""
+    store = tmp_path / "store.db"
+    if status == "running":
+        claimed = dcache.claim_batch_targets(2, now=10_000, fair=False)
+        assert [(t.job_id, t.idx) for t in claimed] == [("runner", 0), ("runner", 1)]
+    runner_update(0)  # the job's lease moves to 10,000
+    written = pages_written(store, lambda: runner_update(1))
+    assert written - {"sqlite_schema"} == {"batch_job", "batch_target", "batch_totals"} | RESULT_PAGES[status]
+
+
 def test_a_result_in_the_second_of_the_lease_leaves_the_lease_alone(history: int) -> None:
     """The lease's index entry moves only when the lease does: the results of one second write it once (the
     statement that runs opens no lease index: test_indexes_a_result_write_touches), and count as before."""

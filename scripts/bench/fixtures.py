@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from sift import dcache
@@ -110,6 +112,42 @@ class Builder:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def wal_frames(path: Path, step: Callable[[int], object], start: int, count: int) -> dict[str, float] | None:
+    """The -wal frames that ``step(start) .. step(start + count - 1)`` append to the file at ``path``, per
+    call: in all, and by the table or index each frame's page belongs to (SQLite's dbstat). The -wal file
+    is emptied first (a TRUNCATE checkpoint), and ``count`` must keep it under the next checkpoint: a
+    restart of the -wal file in between stops the run. None if this SQLite has no dbstat table."""
+    probe = sqlite3.connect(path, isolation_level=None)
+    try:
+        ((busy, _, _),) = probe.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        if busy:
+            raise SystemExit(f"bench: could not empty {path}-wal before counting its frames")
+        step(start)
+        wal = Path(f"{path}-wal")
+        restarts = wal.read_bytes()[12:16]  # the header's checkpoint sequence number
+        for i in range(start + 1, start + count):
+            step(i)
+        data = wal.read_bytes()
+        if data[12:16] != restarts:
+            raise SystemExit(
+                f"bench: {path}-wal was checkpointed and restarted while its frames were counted"
+            )
+        try:
+            names = dict(probe.execute("SELECT pageno, name FROM dbstat").fetchall())
+        except sqlite3.OperationalError:  # a SQLite built without the dbstat table
+            return None
+        ((page_size,),) = probe.execute("PRAGMA page_size").fetchall()
+    finally:
+        probe.close()
+    frames = (len(data) - 32) // (24 + page_size)
+    pages = (
+        int.from_bytes(data[at : at + 4], "big")
+        for at in range(32, 32 + frames * (24 + page_size), 24 + page_size)
+    )
+    by_tree = Counter(names.get(page, "(free)") for page in pages)
+    return {"all": frames / count} | {tree: n / count for tree, n in by_tree.most_common()}
 
 
 def wal_bytes(path: Path) -> int:

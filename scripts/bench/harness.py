@@ -96,11 +96,19 @@ def interleave(
 ) -> tuple[list[float], list[float]]:
     """One batch of each side per round, alternating which goes first, so that drift in the machine hits
     both; µs per call of each batch."""
-    samples: tuple[list[float], list[float]] = ([], [])
+    a, b = interleave_all(rounds, (first, second), start, count)
+    return a, b
+
+
+def interleave_all(
+    rounds: int, ops: tuple[Op, ...], start: Callable[[int], int], count: int
+) -> list[list[float]]:
+    """:func:`interleave` of any number of sides: one batch of each per round, in the order
+    :func:`alternate` gives; µs per call of each batch, a list per side."""
+    samples: list[list[float]] = [[] for _ in ops]
     for rnd in range(rounds):
-        sides = ((first, samples[0]), (second, samples[1]))
-        for op, out in sides if rnd % 2 == 0 else sides[::-1]:
-            out.append(time_batch(op, start(rnd), count))
+        for side in alternate(rnd, tuple(range(len(ops)))):
+            samples[side].append(time_batch(ops[side], start(rnd), count))
     return samples
 
 
