@@ -76,6 +76,23 @@ def postgres_target(schema: str) -> str:
     return f"{POSTGRES_URL}{'&' if '?' in POSTGRES_URL else '?'}schema={schema}"
 
 
+@pytest.fixture
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A new store for one run of a command, by the test's parameter (``indirect=True``): ``"sqlite"``, a
+    file; ``"postgres"``, a schema of the test's own on the PostgreSQL server, dropped afterwards."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "sim.db")
+        return
+    request.getfixturevalue("postgres_schema")  # skips (or fails, under CI) without a server
+    schema = f"sift_{request.node.module.__name__.removeprefix('test_')}_{SUFFIX}"
+    drop_schema(schema)
+    try:
+        yield postgres_target(schema)
+    finally:
+        dcache.close_db()
+        drop_schema(schema)
+
+
 def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
     """The worker's schema, opened and emptied (TRUNCATE: a fresh schema per test costs three times as
     much)."""

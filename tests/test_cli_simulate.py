@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_helpers import connect_ro, run, run_on_terminal, sift_script
-from conftest import SUFFIX, drop_schema, postgres_target
+from conftest import drop_schema
 
 from sift import dcache
 from sift.cli import build_parser
@@ -284,22 +283,6 @@ def test_command_line_defaults_are_the_settings_defaults() -> None:
 FLOOD = ["--workload", "flood", "--jobs", "8", "--targets", "150", "--workers", "3", "--budget", "1GB"]
 FLOOD_TARGETS = 4 * 150
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture
-def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new store for one run: a file, or a schema of the test's own on the PostgreSQL server."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "sim.db")
-        return
-    request.getfixturevalue("postgres_schema")  # skips (or fails, under CI) without a server
-    schema = f"sift_flood_{SUFFIX}"
-    drop_schema(schema)
-    try:
-        yield postgres_target(schema)
-    finally:
-        dcache.close_db()
-        drop_schema(schema)
 
 
 def flood_run(capsys: pytest.CaptureFixture[str], target: str, *extra: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import run
-from conftest import SUFFIX, drop_schema, postgres_target
+from conftest import drop_schema
 
 from sift import dcache
 from sift.cli.simulation.coordinator import HostsRun, assign, run_hosts
@@ -58,22 +58,6 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 def journals_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The command keeps its journals in a new directory under $TMPDIR: this test's, not /tmp."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-
-
-@pytest.fixture
-def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new store for one run: a file, or a schema of the test's own on the PostgreSQL server."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "sim.db")
-        return
-    request.getfixturevalue("postgres_schema")  # skips (or fails, under CI) without a server
-    schema = f"sift_hosts_{SUFFIX}"
-    drop_schema(schema)
-    try:
-        yield postgres_target(schema)
-    finally:
-        dcache.close_db()
-        drop_schema(schema)
 
 
 def store_rows(target: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:

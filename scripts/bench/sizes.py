@@ -29,6 +29,9 @@ class Sizes:
     warmup: int  # untimed calls per case after each open
     raw_rounds: int  # rounds of the runner-step and submit comparisons
     raw_ops: int  # runner steps per batch (submit: a tenth of it)
+    # SQLite's runner steps per batch: enough that each batch holds many checkpoints (one per 1,000 -wal
+    # frames, about 130 steps), so that how many fall in a batch does not decide its mean
+    runner_ops: int
     submit_targets: int  # targets of each submitted job
     put_targets: int  # targets of one put_batch_targets
     put_rounds: int  # puts per side
@@ -82,6 +85,7 @@ FULL = Sizes(
     warmup=100,
     raw_rounds=10,
     raw_ops=200,
+    runner_ops=2_000,
     submit_targets=100,
     put_targets=100_000,
     put_rounds=5,
@@ -135,6 +139,7 @@ QUICK = Sizes(
     warmup=10,
     raw_rounds=3,
     raw_ops=50,
+    runner_ops=50,
     submit_targets=100,
     put_targets=5_000,
     put_rounds=2,

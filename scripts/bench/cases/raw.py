@@ -268,7 +268,7 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
     """The package and the sqlite3 baseline on two copies of one file, interleaved batch by batch."""
     check_layouts()
     pkg_path, base_path = tmp / "raw-package.db", tmp / "raw-sqlite3.db"
-    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + FRAMES_STEPS + 10
+    steps = sizes.raw_rounds * sizes.runner_ops + sizes.warmup + FRAMES_STEPS + 10
     b = Builder(pkg_path)
     b.jobs(
         "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
@@ -308,9 +308,9 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
     for op in sides:
         time_batch(op, 1, sizes.warmup)
     pkg, sql, raw = interleave_all(
-        sizes.raw_rounds, sides, lambda r: 1 + sizes.warmup + r * sizes.raw_ops, sizes.raw_ops
+        sizes.raw_rounds, sides, lambda r: 1 + sizes.warmup + r * sizes.runner_ops, sizes.runner_ops
     )
-    after = 1 + sizes.warmup + sizes.raw_rounds * sizes.raw_ops
+    after = 1 + sizes.warmup + sizes.raw_rounds * sizes.runner_ops
     frames = {
         side: wal_frames(path, op, after, FRAMES_STEPS)
         for side, path, op in (
@@ -492,7 +492,7 @@ def pg_raw(server: PgServer, sizes: Sizes, report: Report) -> None:
     """The runner step (update_batch_target to done with 1 KB, then a no-op eviction) against plain
     psycopg running the same statements, on two running jobs of one store, interleaved."""
     schema = server.new_schema("raw")
-    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + FRAMES_STEPS + 10
+    steps = sizes.raw_rounds * sizes.raw_ops + sizes.warmup + 10
     b = PgBuilder(server, schema)
     b.jobs(
         "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
