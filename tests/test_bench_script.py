@@ -150,6 +150,10 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
             frames = [v for k, v in extra.items() if k.startswith("wal_frames/") and k != "wal_frames/all"]
             assert extra["wal_frames/all"] == pytest.approx(sum(frames), abs=0.01 * len(frames))
             assert {"wal_frames/batch_target", "wal_frames/batch_job"} <= set(extra)
+    for case in report["cases"]:
+        if case["name"] in ("claims/fair", "claims/fair_per_host") and has_dbstat():
+            # a claim's -wal frames: the targets it takes, each on its table's and two indexes' pages
+            assert case["extra"]["wal_frames/batch_target_pending"] > 0, case
     for prefix in ("", "pg/") if with_postgres() else ("",):
         claims = {c["n"]: c for c in report["cases"] if c["name"] == f"{prefix}claims/claim_batch_targets"}
         assert set(claims) == {1, 2, 4}  # processes claiming at once

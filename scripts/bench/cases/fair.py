@@ -10,6 +10,7 @@ from typing import Any
 
 from sift import dcache
 
+from ..fixtures import wal_frames
 from ..harness import Report, alternate, log, perf_ns
 from ..sizes import T0, Sizes
 from ..stores import POSTGRES, SQLITE, PgServer, StoreUnderTest
@@ -21,6 +22,8 @@ FAIR_LIMIT = 50
 #: The per-host limit of the second pair of cases.
 FAIR_PER_HOST = 2
 RUNNER = "bench-fair"
+#: Claims whose -wal frames are counted on a SQLite file: under SQLite's 1,000-frame checkpoint.
+FRAME_CLAIMS = 3
 
 #: A job of each caller per row of ``jobs``: ``{caller}/{n}``, created in order; its targets are spread
 #: over the hosts (the host of target j of job k is h{(k * 7919 + j) % FAIR_HOSTS}).
@@ -85,25 +88,36 @@ def build_postgres(server: PgServer, schema: str, pending: int) -> None:
     conn.close()
 
 
-def _claims(target: str, count: int, warmup: int, per_host: int | None) -> float:
+def _claims(target: str, count: int, warmup: int, per_host: int | None) -> tuple[float, dict[str, float]]:
     """µs per claim of FAIR_LIMIT, median of ``count`` claims after ``warmup``; each claim's targets are
-    released after it (untimed), so the store keeps its pending targets."""
+    released after it (untimed), so the store keeps its pending targets. On a SQLite file, also the -wal
+    frames one claim appends (over FRAME_CLAIMS claims after the timed ones), by table and index."""
     dcache.open_db(target)
+
+    def claim(i: int) -> list[Any]:
+        got = dcache.claim_batch_targets(FAIR_LIMIT, per_host=per_host, runner=RUNNER, now=T0 + i)
+        if len(got) != FAIR_LIMIT:
+            raise AssertionError(f"fair claims: a claim of {FAIR_LIMIT} got {len(got)}")
+        return got
+
     try:
         times = []
         for i in range(warmup + count):
             t0 = perf_ns()
-            got = dcache.claim_batch_targets(FAIR_LIMIT, per_host=per_host, runner=RUNNER, now=T0 + i)
+            claim(i)
             elapsed = (perf_ns() - t0) / 1000
-            if len(got) != FAIR_LIMIT:
-                raise AssertionError(f"fair claims: a claim of {FAIR_LIMIT} got {len(got)}")
             dcache.release_claims(RUNNER)
             if i >= warmup:
                 times.append(elapsed)
+        frames: dict[str, float] = {}
+        if not target.startswith("postgresql"):
+            counted = wal_frames(Path(target), claim, warmup + count, FRAME_CLAIMS)
+            dcache.release_claims(RUNNER)
+            frames = {} if counted is None else {f"wal_frames/{k}": round(v, 1) for k, v in counted.items()}
     finally:
         dcache.close_db()
     times.sort()
-    return times[len(times) // 2]
+    return times[len(times) // 2], frames
 
 
 def run_fair(small: str, large: str, sizes: Sizes, report: Report, store: StoreUnderTest) -> None:
@@ -112,12 +126,14 @@ def run_fair(small: str, large: str, sizes: Sizes, report: Report, store: StoreU
     for per_host in (None, FAIR_PER_HOST):
         label = "" if per_host is None else f", per_host={per_host}"
         samples: dict[str, list[float]] = {small: [], large: []}
+        frames: dict[str, dict[str, float]] = {}
         for rnd in range(sizes.fair_rounds):
             for target in alternate(rnd, (small, large)):
-                samples[target].append(_claims(target, sizes.fair_claims, sizes.warmup // 5, per_host))
+                median, frames[target] = _claims(target, sizes.fair_claims, sizes.warmup // 5, per_host)
+                samples[target].append(median)
         name = f"{store.prefix}claims/fair{'' if per_host is None else '_per_host'}"
-        few = report.case(name, FAIR_CALLERS, samples[small])
-        many = report.case(name, sizes.fair_pending, samples[large])
+        few = report.case(name, FAIR_CALLERS, samples[small], **frames[small])
+        many = report.case(name, sizes.fair_pending, samples[large], **frames[large])
         ratio = report.pair(many, few)
         report.goal(
             f"{store.goal_prefix}a fair claim of {FAIR_LIMIT}{label} over {FAIR_CALLERS} callers: "
