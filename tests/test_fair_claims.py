@@ -309,13 +309,15 @@ def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 #: ring (next: none, first: known), the other 9 as rounds in one take, the cursor: 1 + 1 + 1 + 2 + 2 + 2 + 1.
 #: 5 callers: 1 + 1 + 1 + 2, then for each other caller the next caller, its job, a take: 4 x 4, the walk
 #: round, one round of 5 takes, the cursor: 5 + 16 + 2 + 10 + 1.
-@pytest.mark.parametrize(("callers_", "expected"), [(1, 10), (5, 34)])
+#: 50 callers, a claim of 50: 1 + 50 x 4 (the first caller, then each next one, its job, a take), the
+#: cursor; the claim is full, so the walk looks for no member after the last.
+@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 10), (5, 10, 34), (50, 50, 202)])
 def test_a_claims_statements_do_not_grow_with_pending_targets(
-    store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, expected: int
+    store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, limit: int, expected: int
 ) -> None:
-    """A claim of 10: the ring's row, the walk to each caller and its job, one take per turn (two statements:
-    the targets, the job), whole rounds in one take once the ring is known, the cursor. The same with 1,000
-    or 100,000 pending targets."""
+    """A claim: the ring's row, the walk to each caller and its job, one take per turn (two statements: the
+    targets, the job), whole rounds in one take once the ring is known, the cursor. The same with 1,000 or
+    100,000 pending targets."""
     counts = []
     for pending in (1_000, 100_000):
         db.execute_sql("DELETE FROM batch_target")
@@ -325,7 +327,7 @@ def test_a_claims_statements_do_not_grow_with_pending_targets(
                 add_job(f"c{c}", "j", pending // callers_, created_at=1)
         db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
         seen = _count_statements(monkeypatch)
-        assert len(dcache.claim_batch_targets(10, now=5)) == 10
+        assert len(dcache.claim_batch_targets(limit, now=5)) == limit
         counts.append(len(seen))
         monkeypatch.undo()
     assert counts == [expected, expected]

@@ -282,6 +282,8 @@ class ClaimOrder:
             if got < want:
                 current.out = True
             if current.out or used >= current.weight:
+                if len(self.claimed) >= limit:
+                    break  # full: no need to find, and lock the job of, the member that would come next
                 current, used = self._following(current.name), 0
         if self.claimed:
             _SAVE_RING.run(caller=last, turns=last_used)
