@@ -305,18 +305,18 @@ def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-#: 1 caller: the ring's row, the first caller, its job, a turn's take (targets, job), the walk round the
-#: ring (next: none, first: known), the other 9 as rounds in one take, the cursor: 1 + 1 + 1 + 2 + 2 + 2 + 1.
-#: 5 callers: 1 + 1 + 1 + 2, then for each other caller the next caller, its job, a take: 4 x 4, the walk
-#: round, one round of 5 takes, the cursor: 5 + 16 + 2 + 10 + 1.
-#: 50 callers, a claim of 50: 1 + 50 x 4 (the first caller, then each next one, its job, a take), the
-#: cursor; the claim is full, so the walk looks for no member after the last.
-@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 10), (5, 10, 34), (50, 50, 202)])
+#: 1 caller: the ring's row, the first caller, its job, a turn's take, the walk round the ring (next: none,
+#: first: known), the other 9 as rounds in one take, the jobs claimed from, the cursor:
+#: 1 + 1 + 1 + 1 + 2 + 1 + 1 + 1. 5 callers: 1 + 1 + 1 + 1, then for each other caller the next caller, its
+#: job, a take: 4 x 3, the walk round, one round of 5 takes, the jobs, the cursor: 4 + 12 + 2 + 5 + 1 + 1.
+#: 50 callers, a claim of 50: 1 + 50 x 3 (the first caller, then each next one, its job, a take), the jobs,
+#: the cursor; the claim is full, so the walk looks for no member after the last.
+@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 9), (5, 10, 25), (50, 50, 153)])
 def test_a_claims_statements_do_not_grow_with_pending_targets(
     store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, limit: int, expected: int
 ) -> None:
-    """A claim: the ring's row, the walk to each caller and its job, one take per turn (two statements: the
-    targets, the job), whole rounds in one take once the ring is known, the cursor. The same with 1,000 or
+    """A claim: the ring's row, the walk to each caller and its job, one take per turn, whole rounds in one
+    take once the ring is known, the jobs taken from in one statement, the cursor. The same with 1,000 or
     100,000 pending targets."""
     counts = []
     for pending in (1_000, 100_000):
@@ -331,6 +331,30 @@ def test_a_claims_statements_do_not_grow_with_pending_targets(
         counts.append(len(seen))
         monkeypatch.undo()
     assert counts == [expected, expected]
+
+
+def test_a_claim_marks_each_job_it_took_from_once(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns in several jobs of two callers, a job taken from in two turns: one statement at the claim's end
+    makes each job it took from running with the claim's lease, and leaves the others alone."""
+    for caller in ("a", "b"):
+        for n in range(3):
+            add_job(caller, f"j{n}", 2, created_at=n)
+    seen = _count_statements(monkeypatch)
+    got = dcache.claim_batch_targets(7, per_job=2, weights={"fleet": 3}, now=5)
+    monkeypatch.undo()
+    assert keys(got) == [
+        ("a/j0", 0),
+        ("a/j0", 1),
+        ("a/j1", 0),
+        ("b/j0", 0),
+        ("b/j0", 1),
+        ("b/j1", 0),
+        ("a/j1", 1),
+    ]
+    jobs = {j.id: (j.status, j.lease) for j in dcache.BatchJob.select()}
+    touched = {"a/j0", "a/j1", "b/j0", "b/j1"}
+    assert jobs == {job: ("running", 5) if job in touched else ("queued", 1_000) for job in jobs}
+    assert sum(sql.startswith('UPDATE "batch_job"') for sql in seen) == 1
 
 
 # -- A state machine of claims alone: submits, claims, results and releases against the model's ring ---------

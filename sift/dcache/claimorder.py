@@ -173,9 +173,12 @@ def _claim_targets(by_host: bool) -> peewee.Node:
 
 _CLAIM_TARGETS = Statement(lambda: _claim_targets(False))
 _CLAIM_HOST_TARGETS = Statement(lambda: _claim_targets(True))
-_CLAIM_JOB = Statement(
+# Every job the claim took from, once, at its end: its lookup locked it (before its targets) and found it
+# live, so the update waits for no one and the live test changes nothing; it keeps SQLite, which would scan
+# a job table of a few dozen rows for the list's rows, on the key's index.
+_CLAIM_JOBS = Statement(
     lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
-        J.id == Slot("job_id")
+        db.backend.one_of(J.id, Slot("job_ids")) & _live()
     )
 )
 
@@ -229,9 +232,11 @@ class ClaimOrder:
         self.claimed: list[Any] = []
         self.members: dict[str, _Caller] = {}
         self.lap_closed = False
+        self.taken_from: dict[str, None] = {}  # the jobs claimed from, each once
 
     def run(self, limit: int, fair: bool) -> list[Any]:
-        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out."""
+        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out. The
+        jobs claimed from become running, with ``lease = now``, in one statement at the end."""
         ring = _LOCK_RING.rows()
         if self.per_host is not None:
             self.running.update(row[0] for row in _RUNNING_HOSTS.rows())
@@ -239,6 +244,8 @@ class ClaimOrder:
             self._oldest_first(limit)
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
+        if self.taken_from:
+            _CLAIM_JOBS.run(job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
         return self.claimed
 
     # -- fair=False: oldest job first across callers ------------------------------------------------------
@@ -405,7 +412,7 @@ class ClaimOrder:
                         continue  # the want is met, or the host has more
                 job.host_inclusive = False  # full, or no more of it in this job: the next host
         if rows:
-            _CLAIM_JOB.run(job_id=job.id, now=self.now)
+            self.taken_from[job.id] = None
             job.taken += len(rows)
             self.claimed += rows
         return len(rows)
