@@ -176,16 +176,10 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # found by a skip scan of batch_target_host); fair=False walks every live job in claim order
     "_LOCK_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
-    # either partial index of the live jobs keyed by caller (from its first entry, for the first caller),
-    # each live job probed for a pending target
-    "_NEXT_CALLER": (
-        {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
-        {"batch_job_live (caller>?)", "batch_target_pending (job_id=?)"},
-    ),
-    "_FIRST_CALLER": (
-        {"batch_job_ring", "batch_target_pending (job_id=?)"},
-        {"batch_job_live", "batch_target_pending (job_id=?)"},
-    ),
+    # the next caller and its oldest job at once: batch_job_ring in its order (caller, then claim order; from
+    # its first entry, for the first caller), each live job probed for a pending target
+    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_pending (job_id=?)"},
     "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_pending (job_id=?)"},
     "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
     "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
@@ -471,8 +465,8 @@ BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
 
 
-#: A claim's start: the ring's row, the first caller with pending work, that caller's oldest such job.
-CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job", "SELECT batch_job"]
+#: A claim's start: the ring's row, the first caller with pending work and that caller's oldest such job.
+CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job"]
 #: One turn of a claim: the job's targets taken.
 TAKE = ["UPDATE batch_target"]
 #: The ring's walk comes round: the next caller with pending work (none), the first caller (known, or none).
@@ -547,18 +541,18 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     "claim_batch_targets of 5 from the runner's job": (
         lambda: dcache.claim_batch_targets(5, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END],
-        11,
+        10,
     ),
     # the job runs out in the rounds' take: the caller leaves the ring, which is then empty
     "claim_batch_targets of all 20 pending targets, limit 25": (
         lambda: dcache.claim_batch_targets(25, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, "SELECT batch_job", *CLAIM_END],
-        12,
+        11,
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END, BEGIN, "SELECT batch_claim_ring", *ROUND, COMMIT],
-        16,
+        15,
     ),
     "rescue_stale_jobs": (
         lambda: dcache.rescue_stale_jobs(60, "runner lost", now=10_000),
