@@ -337,8 +337,8 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
         plans: list[tuple[str, dict[str, Any]]] = [
             ("_NEXT_JOB", {"after_created": -1, "after_order": -1}),
             ("_CALLER_JOB", {"caller": "alice", "after_created": -1, "after_order": -1}),
-            ("_NEXT_CALLER", {"after": "a"}),
-            ("_FIRST_CALLER", {}),
+            ("_NEXT_CALLER_JOB", {"after": "a"}),
+            ("_FIRST_CALLER_JOB", {}),
             ("_HOST_FROM", {"job_id": "job-20", "host": ""}),
             ("_HOST_AFTER", {"job_id": "job-20", "host": "example.com"}),
             (
@@ -351,7 +351,7 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
             ("_STALE_JOBS", {"cutoff": 5}),
             ("_FAIL_STALE", {"reason": "r", "cutoff": 5, "max_attempts": 3}),
             ("_REQUEUE_STALE", {"cutoff": 5}),
-            ("_CLAIM_JOB", {"job_id": "job-20", "now": 5}),
+            ("_CLAIM_JOBS", {"job_ids": ["job-20", "job-21"], "now": 5}),
             ("_RESCUE", {"reason": "r", "now": 5, "cutoff": 10**6}),
         ]
         for name, values in plans:
@@ -399,8 +399,8 @@ CLAIMER = {"runner": "r", "now": 5}
 POSTGRES_INDEXES = {
     "_NEXT_JOB": {"batch_job_claim", "batch_target_pending"},
     "_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
-    "_NEXT_CALLER": {"batch_job_ring", "batch_target_pending"},
-    "_FIRST_CALLER": {"batch_job_ring", "batch_target_pending"},
+    "_NEXT_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
     "_HOST_FROM": {"batch_target_host"},
     "_HOST_AFTER": {"batch_target_host"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host"},
@@ -410,7 +410,7 @@ POSTGRES_INDEXES = {
     "_STALE_JOBS": {"batch_target_running", "batch_job_pkey"},
     "_FAIL_STALE": {"batch_target_running"},
     "_REQUEUE_STALE": {"batch_target_running"},
-    "_CLAIM_JOB": {"batch_job_pkey"},
+    "_CLAIM_JOBS": {"batch_job_pkey"},
     "_RESCUE": {"batch_job_live_lease"},
 }
 

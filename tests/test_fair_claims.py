@@ -305,17 +305,19 @@ def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-#: 1 caller: the ring's row, the first caller, its job, a turn's take (targets, job), the walk round the
-#: ring (next: none, first: known), the other 9 as rounds in one take, the cursor: 1 + 1 + 1 + 2 + 2 + 2 + 1.
-#: 5 callers: 1 + 1 + 1 + 2, then for each other caller the next caller, its job, a take: 4 x 4, the walk
-#: round, one round of 5 takes, the cursor: 5 + 16 + 2 + 10 + 1.
-@pytest.mark.parametrize(("callers_", "expected"), [(1, 10), (5, 34)])
+#: 1 caller: the ring's row, the first caller with its job, a turn's take, the walk round the ring (next:
+#: none, first: known), the other 9 as rounds in one take, the jobs claimed from, the cursor:
+#: 1 + 1 + 1 + 2 + 1 + 1 + 1. 5 callers: 1 + 1 + 1, then for each other caller the next caller with its job
+#: and a take: 4 x 2, the walk round, one round of 5 takes, the jobs, the cursor: 3 + 8 + 2 + 5 + 1 + 1.
+#: 50 callers, a claim of 50: 1 + 50 x 2 (the first caller, then each next one, with its job, and a take),
+#: the jobs, the cursor; the claim is full, so the walk looks for no member after the last.
+@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 8), (5, 10, 20), (50, 50, 103)])
 def test_a_claims_statements_do_not_grow_with_pending_targets(
-    store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, expected: int
+    store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, limit: int, expected: int
 ) -> None:
-    """A claim of 10: the ring's row, the walk to each caller and its job, one take per turn (two statements:
-    the targets, the job), whole rounds in one take once the ring is known, the cursor. The same with 1,000
-    or 100,000 pending targets."""
+    """A claim: the ring's row, the walk to each caller with its job, one take per turn, whole rounds in one
+    take once the ring is known, the jobs taken from in one statement, the cursor. The same with 1,000 or
+    100,000 pending targets."""
     counts = []
     for pending in (1_000, 100_000):
         db.execute_sql("DELETE FROM batch_target")
@@ -325,10 +327,34 @@ def test_a_claims_statements_do_not_grow_with_pending_targets(
                 add_job(f"c{c}", "j", pending // callers_, created_at=1)
         db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
         seen = _count_statements(monkeypatch)
-        assert len(dcache.claim_batch_targets(10, now=5)) == 10
+        assert len(dcache.claim_batch_targets(limit, now=5)) == limit
         counts.append(len(seen))
         monkeypatch.undo()
     assert counts == [expected, expected]
+
+
+def test_a_claim_marks_each_job_it_took_from_once(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns in several jobs of two callers, a job taken from in two turns: one statement at the claim's end
+    makes each job it took from running with the claim's lease, and leaves the others alone."""
+    for caller in ("a", "b"):
+        for n in range(3):
+            add_job(caller, f"j{n}", 2, created_at=n)
+    seen = _count_statements(monkeypatch)
+    got = dcache.claim_batch_targets(7, per_job=2, weights={"fleet": 3}, now=5)
+    monkeypatch.undo()
+    assert keys(got) == [
+        ("a/j0", 0),
+        ("a/j0", 1),
+        ("a/j1", 0),
+        ("b/j0", 0),
+        ("b/j0", 1),
+        ("b/j1", 0),
+        ("a/j1", 1),
+    ]
+    jobs = {j.id: (j.status, j.lease) for j in dcache.BatchJob.select()}
+    touched = {"a/j0", "a/j1", "b/j0", "b/j1"}
+    assert jobs == {job: ("running", 5) if job in touched else ("queued", 1_000) for job in jobs}
+    assert sum(sql.startswith('UPDATE "batch_job"') for sql in seen) == 1
 
 
 # -- A state machine of claims alone: submits, claims, results and releases against the model's ring ---------

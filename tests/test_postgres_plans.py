@@ -83,13 +83,13 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
 #: by primary key, is pinned above).
 NOT_SETTLED = {"_EXPIRED", "_TOUCH"}
-#: The claim's searches (the ring's next caller, that caller's next job, a job's next host; fair=False's next
-#: job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
+#: The claim's searches (the ring's next caller with its oldest job, a caller's next job, a job's next host;
+#: fair=False's next job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
 CLAIM_READS: dict[str, dict[str, Any]] = {
     "_NEXT_JOB": {"after_created": -1, "after_order": -1},
     "_CALLER_JOB": {"caller": "alice", "after_created": -1, "after_order": -1},
-    "_NEXT_CALLER": {"after": "a"},
-    "_FIRST_CALLER": {},
+    "_NEXT_CALLER_JOB": {"after": "a"},
+    "_FIRST_CALLER_JOB": {},
     "_HOST_FROM": {"job_id": "job-3", "host": ""},
     "_HOST_AFTER": {"job_id": "job-3", "host": "a.example"},
 }

@@ -130,6 +130,7 @@ SLOT_VALUES: dict[str, Any] = {
     "failed": 1,
     "host": "example.com",
     "after": "caller-1",
+    "job_ids": '["old-00001", "runner"]',  # SQLite's list: a JSON array (backend.listed)
     "turns": 1,
 }
 
@@ -175,16 +176,10 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # found by a skip scan of batch_target_host); fair=False walks every live job in claim order
     "_LOCK_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
-    # either partial index of the live jobs keyed by caller (from its first entry, for the first caller),
-    # each live job probed for a pending target
-    "_NEXT_CALLER": (
-        {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
-        {"batch_job_live (caller>?)", "batch_target_pending (job_id=?)"},
-    ),
-    "_FIRST_CALLER": (
-        {"batch_job_ring", "batch_target_pending (job_id=?)"},
-        {"batch_job_live", "batch_target_pending (job_id=?)"},
-    ),
+    # the next caller and its oldest job at once: batch_job_ring in its order (caller, then claim order; from
+    # its first entry, for the first caller), each live job probed for a pending target
+    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_pending (job_id=?)"},
     "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_pending (job_id=?)"},
     "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
     "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
@@ -206,7 +201,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_LOCK_JOB": {JOB_BY_ID},
     "_JOB_STATUS": {JOB_BY_ID},
     "_TARGET_RUNNER": {TARGET_BY_KEY},
-    "_CLAIM_JOB": {JOB_BY_ID},
+    "_CLAIM_JOBS": {JOB_BY_ID},  # each job of the list (a JSON array read by json_each) by its key
     "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases
     # who waits and which hosts are busy (a metrics scrape): the live jobs by caller, a SCAN of their partial
     # index; the running targets, a SCAN of theirs, each job by its key
@@ -237,6 +232,8 @@ PLAN_LINE = re.compile(
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
+    # a list bound as one JSON array (``backend.one_of``): its elements, not a table
+    r"|(?P<values>SCAN json_each VIRTUAL TABLE INDEX \d+:)"
 )
 
 
@@ -260,7 +257,7 @@ def accesses(lines: list[str], name: str) -> set[str]:
         assert match is not None, (
             f"{name}: plan line {line!r} is neither an index search nor a partial-index scan"
         )
-        if not match["subquery"] and not match["cte"]:
+        if not match["subquery"] and not match["cte"] and not match["values"]:
             used.add(match["index"] or match["pk"] or match["partial"])
     return used
 
@@ -468,14 +465,14 @@ BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
 
 
-#: A claim's start: the ring's row, the first caller with pending work, that caller's oldest such job.
-CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job", "SELECT batch_job"]
-#: One turn of a claim: the job's targets taken, the job marked running.
-TAKE = ["UPDATE batch_target", "UPDATE batch_job"]
+#: A claim's start: the ring's row, the first caller with pending work and that caller's oldest such job.
+CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job"]
+#: One turn of a claim: the job's targets taken.
+TAKE = ["UPDATE batch_target"]
 #: The ring's walk comes round: the next caller with pending work (none), the first caller (known, or none).
 ROUND = ["SELECT batch_job", "SELECT batch_job"]
-#: The claim's end: the cursor saved.
-CLAIM_END = ["UPDATE batch_claim_ring", COMMIT]
+#: The claim's end: the cursor saved, the jobs taken from marked running (one statement).
+CLAIM_END = ["UPDATE batch_claim_ring", "UPDATE batch_job", COMMIT]
 
 
 def runner_update(idx: int = 0) -> None:
@@ -544,18 +541,18 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     "claim_batch_targets of 5 from the runner's job": (
         lambda: dcache.claim_batch_targets(5, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END],
-        12,
+        10,
     ),
     # the job runs out in the rounds' take: the caller leaves the ring, which is then empty
     "claim_batch_targets of all 20 pending targets, limit 25": (
         lambda: dcache.claim_batch_targets(25, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, "SELECT batch_job", *CLAIM_END],
-        13,
+        11,
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END, BEGIN, "SELECT batch_claim_ring", *ROUND, COMMIT],
-        17,
+        15,
     ),
     "rescue_stale_jobs": (
         lambda: dcache.rescue_stale_jobs(60, "runner lost", now=10_000),

@@ -72,19 +72,25 @@ _SAVE_RING = Statement(
 )
 
 
-def _caller_after(after: bool) -> peewee.Node:
-    """The first caller (byte order) with a live job that has a pending target, after ``after`` when asked:
+def _caller_job_after(after: bool) -> peewee.Node:
+    """The first caller (byte order) with a live job that has a pending target, after ``after`` when asked,
+    and that caller's oldest such job (claim order), locked as ``_CALLER_JOB`` locks it: one walk of
     batch_job_ring, each live job probed in batch_target_pending; callers without pending work cost a probe
     of each live job, in one statement."""
     caller = db.backend.bytewise(J.caller)
     where = _live() & _has_pending()
     if after:
         where &= caller > Slot("after")
-    return J.select(J.caller).where(where).order_by(caller).limit(literal(1))
+    return db.backend.lock_rows(
+        J.select(J.id, J.created_at, db.backend.insertion_order, J.caller_class, J.caller)
+        .where(where)
+        .order_by(caller, J.created_at, db.backend.insertion_order)
+        .limit(literal(1))
+    )
 
 
-_NEXT_CALLER = Statement(lambda: _caller_after(True))
-_FIRST_CALLER = Statement(lambda: _caller_after(False))
+_NEXT_CALLER_JOB = Statement(lambda: _caller_job_after(True))
+_FIRST_CALLER_JOB = Statement(lambda: _caller_job_after(False))
 # The caller's next live job with a pending target, in claim order, locked (waiting, never skipped: a result
 # write holds its job's row only briefly, and a skipped job would starve its caller) before its targets.
 _CALLER_JOB = Statement(
@@ -173,9 +179,12 @@ def _claim_targets(by_host: bool) -> peewee.Node:
 
 _CLAIM_TARGETS = Statement(lambda: _claim_targets(False))
 _CLAIM_HOST_TARGETS = Statement(lambda: _claim_targets(True))
-_CLAIM_JOB = Statement(
+# Every job the claim took from, once, at its end: its lookup locked it (before its targets) and found it
+# live, so the update waits for no one and the live test changes nothing; it keeps SQLite, which would scan
+# a job table of a few dozen rows for the list's rows, on the key's index.
+_CLAIM_JOBS = Statement(
     lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
-        J.id == Slot("job_id")
+        db.backend.one_of(J.id, Slot("job_ids")) & _live()
     )
 )
 
@@ -229,9 +238,11 @@ class ClaimOrder:
         self.claimed: list[Any] = []
         self.members: dict[str, _Caller] = {}
         self.lap_closed = False
+        self.taken_from: dict[str, None] = {}  # the jobs claimed from, each once
 
     def run(self, limit: int, fair: bool) -> list[Any]:
-        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out."""
+        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out. The
+        jobs claimed from become running, with ``lease = now``, in one statement at the end."""
         ring = _LOCK_RING.rows()
         if self.per_host is not None:
             self.running.update(row[0] for row in _RUNNING_HOSTS.rows())
@@ -239,6 +250,8 @@ class ClaimOrder:
             self._oldest_first(limit)
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
+        if self.taken_from:
+            _CLAIM_JOBS.run(job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
         return self.claimed
 
     # -- fair=False: oldest job first across callers ------------------------------------------------------
@@ -282,6 +295,8 @@ class ClaimOrder:
             if got < want:
                 current.out = True
             if current.out or used >= current.weight:
+                if len(self.claimed) >= limit:
+                    break  # full: no need to find, and lock the job of, the member that would come next
                 current, used = self._following(current.name), 0
         if self.claimed:
             _SAVE_RING.run(caller=last, turns=last_used)
@@ -321,37 +336,39 @@ class ClaimOrder:
 
     def _following(self, name: str | None) -> _Caller | None:
         """The ring's next member with something to claim after ``name`` (byte order, wrapping round). Until
-        the walk has come round the whole ring, each step is a probe of batch_job_ring; then the members are
-        known, and the walk goes on among them."""
-        probe = name
-        while not self.lap_closed:
-            row = _NEXT_CALLER.rows(after=probe) if probe is not None else []
+        the walk has come round the whole ring, each step is a search of batch_job_ring that finds the next
+        caller and its job at once; then the members are known, and the walk goes on among them."""
+        if not self.lap_closed:
+            row = _NEXT_CALLER_JOB.rows(after=name) if name is not None else []
             if not row:
-                row = _FIRST_CALLER.rows()
+                row = _FIRST_CALLER_JOB.rows()
                 if not row:
                     return None
-            probe = row[0][0]
-            assert probe is not None
-            if probe in self.members:  # round the whole ring once: every member is known
-                self.lap_closed = True
-                break
-            member = self._load(probe)
-            if not member.out:
-                return member
+            if row[0][4] not in self.members:
+                return self._join(row[0])
+            # Round the whole ring once: every member is known. The job the search locked (that member's
+            # oldest with a pending target) is one this claim holds already, or the one it would take next.
+            self.lap_closed = True
         names = sorted(n for n, member in self.members.items() if not member.out)
         if not names:
             return None
         return self.members[next((n for n in names if name is None or n > name), names[0])]
 
+    def _join(self, row: Any) -> _Caller:
+        """The caller of ``row``, its oldest live job with a pending target, as a member: its weight is that
+        job's class."""
+        member = self.members[row[4]] = _Caller(row[4])
+        member.job = _Job(row)
+        member.weight = self.weights.get(member.job.caller_class, 1)
+        return member
+
     def _load(self, name: str) -> _Caller:
-        """The caller as a member: its weight is the class of its oldest live job with a pending target
-        (found as the caller enters the claim's ring)."""
-        member = self.members.get(name)
-        if member is None:
-            member = self.members[name] = _Caller(name)
-            job = self._next_job(member)
-            if job is not None:
-                member.weight = self.weights.get(job.caller_class, 1)
+        """The caller the ring's cursor names as a member (to go on with its turn): its weight is the class of
+        its oldest live job with a pending target; none, and it is out."""
+        member = self.members[name] = _Caller(name)
+        job = self._next_job(member)
+        if job is not None:
+            member.weight = self.weights.get(job.caller_class, 1)
         return member
 
     def _next_job(self, member: _Caller) -> _Job | None:
@@ -403,7 +420,7 @@ class ClaimOrder:
                         continue  # the want is met, or the host has more
                 job.host_inclusive = False  # full, or no more of it in this job: the next host
         if rows:
-            _CLAIM_JOB.run(job_id=job.id, now=self.now)
+            self.taken_from[job.id] = None
             job.taken += len(rows)
             self.claimed += rows
         return len(rows)

@@ -135,6 +135,13 @@ class Backend(Protocol):
     def among(self, column: peewee.Node, query: peewee.Node) -> peewee.Node:
         """``column`` is one of the values ``query`` selects, evaluated once, each row found by index."""
 
+    def one_of(self, column: peewee.Node, values: peewee.Node) -> peewee.Node:
+        """``column`` is one of the values of the parameter ``values`` (bound as :meth:`listed` gives them),
+        each row found by index."""
+
+    def listed(self, values: Sequence[str]) -> Any:
+        """``values`` as the one parameter of a :meth:`one_of`."""
+
     def require_claims(self) -> None:
         """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""
 

@@ -11,7 +11,7 @@ taking its jobs ``FOR UPDATE SKIP LOCKED`` (a job a writer holds is being refres
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import peewee
@@ -114,6 +114,16 @@ class PostgresRules(PostgresBase):
         by a TID scan, each once, whatever the statistics say (``IN (query)`` or a join could be planned as a
         nested loop over the query's rows)."""
         return peewee.Expression(column, "=", peewee.fn.ANY(peewee.NodeList((peewee.SQL("ARRAY"), query))))
+
+    @staticmethod
+    def one_of(column: peewee.Node, values: peewee.Node) -> peewee.Node:
+        """``column = ANY(values)``: the values come as one array; each row is found by index."""
+        return peewee.Expression(column, "=", peewee.fn.ANY(values))
+
+    @staticmethod
+    def listed(values: Sequence[str]) -> list[str]:
+        """``values`` as a list, which psycopg binds as an array, for :meth:`one_of`."""
+        return list(values)
 
     @staticmethod
     def require_claims() -> None:

@@ -7,8 +7,9 @@ transaction meets a deadlock: the row and key locks are no-ops here (PostgreSQL'
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import peewee
@@ -77,6 +78,18 @@ class SqliteRules(SqliteBase):
         """``column IN (query)``: SQLite runs the query once into an ephemeral index, and finds each row
         by it."""
         return peewee.Expression(column, "IN", query)
+
+    @staticmethod
+    def one_of(column: peewee.Node, values: peewee.Node) -> peewee.Node:
+        """``column IN (SELECT value FROM json_each(values))``: SQLite binds no list, so the values come as
+        one JSON array; each row is found by index."""
+        elements = peewee.Select([peewee.fn.json_each(values)], [peewee.SQL("value")])
+        return peewee.Expression(column, "IN", elements)
+
+    @staticmethod
+    def listed(values: Sequence[str]) -> str:
+        """``values`` as a JSON array, for :meth:`one_of`."""
+        return json.dumps(list(values))
 
     @staticmethod
     def require_claims() -> None:
