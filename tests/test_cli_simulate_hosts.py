@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from sift.cli.simulation.cores import busy_pct, cores_time
 from sift.cli.simulation.host import MAX_ATTEMPTS, STALE_REASON, Host, HostConfig
 from sift.cli.simulation.hosts_verdicts import check_run
 from sift.cli.simulation.journal import read_journal
-from sift.cli.simulation.workload import Settings, plan
+from sift.cli.simulation.workload import JobSpec, Settings, plan
 from sift.cli.store import CommandError
 
 HOSTS = [
@@ -429,6 +430,34 @@ def test_a_host_whose_thread_cannot_connect_says_why_and_stops(
     assert errors[0].strip().endswith("StoreUnavailable: database: too many connections (simulated)")
     assert [r["k"] for r in read_journal(Path(journal))] == ["error"]
     assert dcache.db.is_closed()
+
+
+def test_a_submission_is_journaled_at_the_start_of_its_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another host may claim a job's targets before the submitting call returns: the submission's record
+    holds the call's start, so in the journals merged by time every claim of the job comes after it."""
+    path = tmp_path / "sim.db"
+    dcache.open_db(path)
+    journal = str(tmp_path / "host-0.jsonl")
+    spec = plan(SETTINGS)[0]
+    host = Host(HostConfig(str(path), journal, 0, "p", SETTINGS, 6, (spec,)))
+    real = host.submit
+    called: list[float] = []
+
+    def submit(submitted: JobSpec) -> tuple[str, bool]:
+        called.append(time.monotonic())
+        answered = real(submitted)
+        host.stop.set()  # the API thread records the answer, then stops instead of polling the job
+        return answered
+
+    monkeypatch.setattr(host, "submit", submit)
+    try:
+        host.api([spec], 1)
+    finally:
+        dcache.close_db()
+    (record,) = [r for r in read_journal(Path(journal)) if r["k"] == "sub"]
+    assert record["new"] and record["t"] <= called[0]
 
 
 def test_a_host_that_dies_before_it_is_ready_stops_the_run_at_once(tmp_path: Path) -> None:

@@ -187,8 +187,11 @@ class Host:
                 self.poll(outstanding)
             if self.stop.is_set():
                 return
+            # Its time is the call's start: another host may claim the job's targets before the call
+            # returns, and every claim of them must come after the submission in the merged journals.
+            started = time.monotonic()
             answered, created = self.submit(spec)
-            self.journal.write(k="sub", n=spec.number, id=answered, new=created, t=time.monotonic())
+            self.journal.write(k="sub", n=spec.number, id=answered, new=created, t=started)
             if created:
                 outstanding.append(answered)
         while outstanding and not self.stop.is_set():
