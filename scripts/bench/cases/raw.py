@@ -115,36 +115,26 @@ class Baseline:
     def close(self) -> None:
         self.conn.close()
 
-    def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
+    def update_target_done(
+        self, job_id: str, idx: int, result: str, now: int, *, at_lease: bool = False
+    ) -> None:
+        """The package's result write, its statements sent plainly: the job's update, then the target's.
+        ``at_lease``: the job's lease is ``now`` already, and the form that leaves it alone is sent."""
         size = len(result.encode("utf-8"))
+        params: tuple[object, ...]
+        if at_lease:
+            sql = self.finish_at_lease_sql
+            params = (1, 1, 0, job_id, idx, size, 0, job_id, idx, job_id, now, job_id, idx, 1, 1, None, None)
+        else:
+            sql = self.finish_sql
+            params = (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            cur = conn.execute(
-                self.finish_sql,
-                (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None),
-            )
-            if cur.rowcount != 1:
-                raise LookupError(f"no target {job_id}/{idx}")
-            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    def update_target_at_lease(self, job_id: str, idx: int, result: str, now: int) -> None:
-        """The package's runner step in the second of the job's lease, its statements sent plainly: the
-        job's update that leaves the lease alone, then the target's."""
-        size = len(result.encode("utf-8"))
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            cur = conn.execute(
-                self.finish_at_lease_sql,
-                (1, 1, 0, job_id, idx, size, 0, job_id, idx, job_id, now, job_id, idx, 1, 1, None, None),
-            )
-            if cur.rowcount != 1:
-                raise LookupError(f"no target {job_id}/{idx} in a job whose lease is {now}")
+            if conn.execute(sql, params).rowcount != 1:
+                raise LookupError(
+                    f"no target {job_id}/{idx}" + (f" in a job whose lease is {now}" if at_lease else "")
+                )
             conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
             conn.execute("COMMIT")
         except BaseException:
@@ -294,7 +284,7 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
     pkg_step = runner_step(now)
 
     def sql_step(i: int) -> None:
-        base.update_target_at_lease(RUNNER_JOB, i, RESULT_1K, now)
+        base.update_target_done(RUNNER_JOB, i, RESULT_1K, now, at_lease=True)
         base.evict_noop(BUDGET)
 
     def base_step(i: int) -> None:
