@@ -458,14 +458,18 @@ def test_a_process_killed_inside_its_transaction_releases_the_lock(file_store: P
 
 def _fork_inside_transaction_then_wait(path: str, pids: Any) -> None:
     """A process that forks from inside its own write transaction; the child lives on, idle, after this
-    process is killed."""
+    process is killed. The pids go out once the child runs: the store's fork handler, which closes the
+    child's copy of the lock file, runs in the child, and a busy machine may not have run the child yet."""
     dcache.open_db(path)
     db.begin()
     db.execute_sql(RAW_WRITE)
+    running, started = os.pipe()
     child = os.fork()
     if child == 0:
+        os.write(started, b"1")  # os.fork() has returned here: the handlers have run
         time.sleep(WAIT_S)
         os._exit(0)
+    assert os.read(running, 1) == b"1"
     pids.put((os.getpid(), child))
     time.sleep(WAIT_S)
 
