@@ -37,6 +37,18 @@ CASES = {
     *(f"raw/{case}/{side}" for case in RAW for side in ("package", "sqlite3")),
     # the runner step's statements sent plainly on the package's file: what the package's Python adds
     "raw/runner_step/package_sql",
+    # the same statements on copies of the file lacking the structures a result write moves, and the seed
+    *(
+        f"raw/runner_step_parts/{side}"
+        for side in (
+            "sqlite3",
+            "package_sql",
+            "no_pending_index",
+            "no_host_index",
+            "no_byte_total",
+            "none_of_them",
+        )
+    ),
     "locks/sweep",
     "locks/evict",
     "memory/put_from_generator",
@@ -150,6 +162,8 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
             frames = [v for k, v in extra.items() if k.startswith("wal_frames/") and k != "wal_frames/all"]
             assert extra["wal_frames/all"] == pytest.approx(sum(frames), abs=0.01 * len(frames))
             assert {"wal_frames/batch_target", "wal_frames/batch_job"} <= set(extra)
+    parts = [c for c in report["cases"] if c["name"].startswith("raw/runner_step_parts/")]
+    assert all(c["ratio"] > 0 for c in parts)  # each over the seed's median, measured in the same rounds
     for case in report["cases"]:
         if case["name"] in ("claims/fair", "claims/fair_per_host") and has_dbstat():
             # a claim's -wal frames: the targets it takes, each on its table's and two indexes' pages

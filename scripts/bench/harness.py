@@ -153,11 +153,12 @@ def print_report(report: Report, info: dict[str, Any]) -> None:
         f"SQLite {info['sqlite']}{server}, peewee {info['peewee']}"
     )
     print()
-    print(f"{'case':<34} {'N':>9} {'median µs/op':>13} {'ratio':>7}")
-    print("-" * 66)
+    width = max([34, *(len(c.name) for c in report.cases)])
+    print(f"{'case':<{width}} {'N':>9} {'median µs/op':>13} {'ratio':>7}")
+    print("-" * (width + 32))
     for c in report.cases:
         ratio = "" if c.ratio is None else f"{c.ratio:.2f}"
-        print(f"{c.name:<34} {c.n:>9} {c.median_us:>13.1f} {ratio:>7}")
+        print(f"{c.name:<{width}} {c.n:>9} {c.median_us:>13.1f} {ratio:>7}")
     print()
     for c in report.cases:
         if c.extra:

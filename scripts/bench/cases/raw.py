@@ -10,6 +10,7 @@ package's own statements on a copy of its file."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,20 @@ LAYOUTS: dict[str, list[object]] = {
 
 #: Runner steps whose -wal frames are counted, after the timed ones: under SQLite's 1,000-frame checkpoint.
 FRAMES_STEPS = 100
+#: What each of the structures a result write moves costs it: the package's statements sent plainly on
+#: copies of its file, each without one of them (the byte total's trigger is its row's only writer), and
+#: without all three; against the full file and the careful seed, in one interleaved run.
+STEP_PARTS: dict[str, tuple[str, ...]] = {
+    "package_sql": (),
+    "no_pending_index": ("DROP INDEX batch_target_pending",),
+    "no_host_index": ("DROP INDEX batch_target_host",),
+    "no_byte_total": ("DROP TRIGGER batch_totals_update",),
+    "none_of_them": (
+        "DROP INDEX batch_target_pending",
+        "DROP INDEX batch_target_host",
+        "DROP TRIGGER batch_totals_update",
+    ),
+}
 
 
 def check_layouts() -> None:
@@ -254,11 +269,60 @@ def ratio_pair(report: Report, case: str, n: int, pkg: list[float], base: list[f
     )
 
 
+def bench_step_parts(
+    tmp: Path, source: Path, careful: CarefulRunner, start: int, now: int, sizes: Sizes, report: Report
+) -> None:
+    """STEP_PARTS: the runner step's statements sent plainly on copies of ``source`` (the package's file,
+    its runner job's targets pending from ``start``), and the careful seed, interleaved batch by batch;
+    each case's ratio is its median over the seed's."""
+    sides: list[Callable[[int], None]] = []
+    plain: list[Baseline] = []
+    for part, statements_ in STEP_PARTS.items():
+        path = tmp / f"raw-part-{part}.db"
+        src, dst = sqlite3.connect(source), sqlite3.connect(path)
+        src.backup(dst)
+        src.close()
+        dst.execute("PRAGMA journal_mode = wal")
+        for statement in statements_:
+            dst.execute(statement)
+        dst.commit()
+        dst.close()
+        base = Baseline(path)
+        plain.append(base)
+
+        def step(i: int, base: Baseline = base) -> None:
+            base.update_target_done(RUNNER_JOB, i, RESULT_1K, now, at_lease=True)
+            base.evict_noop(BUDGET)
+
+        sides.append(step)
+
+    def seed_step(i: int) -> None:
+        careful.update_target_done(RUNNER_JOB, i, RESULT_1K, now)
+        careful.evict_noop(BUDGET)
+
+    sides.append(seed_step)
+    samples = interleave_all(
+        sizes.raw_rounds, tuple(sides), lambda r: start + r * sizes.runner_ops, sizes.runner_ops
+    )
+    for base in plain:
+        base.close()
+    seed = report.case("raw/runner_step_parts/sqlite3", 1, samples[-1])
+    seed.ratio = 1.0
+    for part, times in zip(STEP_PARTS, samples):
+        case = report.case(f"raw/runner_step_parts/{part}", 1, times)
+        case.ratio = case.median_us / seed.median_us
+    log(
+        "raw: the runner step's statements sent plainly, over the seed: "
+        + ", ".join(f"{c.name.rsplit('/', 1)[1]} {c.ratio:.2f}" for c in report.cases[-len(STEP_PARTS) :])
+    )
+
+
 def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
     """The package and the sqlite3 baseline on two copies of one file, interleaved batch by batch."""
     check_layouts()
     pkg_path, base_path = tmp / "raw-package.db", tmp / "raw-sqlite3.db"
-    steps = sizes.raw_rounds * sizes.runner_ops + sizes.warmup + FRAMES_STEPS + 10
+    # the comparison's steps, then as many for the structures' costs (bench_step_parts)
+    steps = 2 * sizes.raw_rounds * sizes.runner_ops + sizes.warmup + FRAMES_STEPS + 10
     b = Builder(pkg_path)
     b.jobs(
         "job-", sizes.flat_small, targets=sizes.targets_per_job, result_bytes=sizes.retained_result, lease0=T0
@@ -309,6 +373,8 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
             ("sqlite3", careful.path, base_step),
         )
     }
+    parts_from = after + FRAMES_STEPS
+    bench_step_parts(tmp, base_path, careful, parts_from, now, sizes, report)
     careful.close()
     pkg_case = report.case("raw/runner_step/package", 1, pkg)
     sql_case = report.case("raw/runner_step/package_sql", 1, sql)
