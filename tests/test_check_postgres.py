@@ -57,7 +57,7 @@ REPAIRABLE: dict[str, tuple[list[str], set[tuple[str, str | None]]]] = {
     "slot_extra": (["INSERT INTO batch_totals (slot, nbytes) VALUES (16, 0)"], {("total", None)}),
     "orphans": (["DELETE FROM batch_job WHERE id = 'job-b'"], {("orphan_targets", "job-b")}),
     "dropped_index": (["DROP INDEX batch_job_evictable"], {("schema", None)}),
-    "dropped_claim_index": (["DROP INDEX batch_target_pending"], {("schema", None)}),
+    "dropped_claim_index": (["DROP INDEX batch_target_host"], {("schema", None)}),
     "dropped_trigger": (
         [
             "DROP TRIGGER batch_totals_track ON batch_job",

@@ -397,14 +397,14 @@ def test_a_claims_update_reads_each_picked_target_once_on_postgres(
 
 CLAIMER = {"runner": "r", "now": 5}
 POSTGRES_INDEXES = {
-    "_NEXT_JOB": {"batch_job_claim", "batch_target_pending"},
-    "_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
-    "_NEXT_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
-    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_pending"},
+    "_NEXT_JOB": {"batch_job_claim", "batch_target_host"},
+    "_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
+    "_NEXT_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
     "_HOST_FROM": {"batch_target_host"},
     "_HOST_AFTER": {"batch_target_host"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host"},
-    "_CLAIM_TARGETS": {"batch_target_pending"},
+    "_CLAIM_TARGETS": {"batch_target_host"},
     "_RENEW": {"batch_target_running"},
     "_RELEASE": {"batch_target_running"},
     "_STALE_JOBS": {"batch_target_running", "batch_job_pkey"},

@@ -194,11 +194,11 @@ def test_callers_and_busiest_hosts(shared_store: str, capsys: pytest.CaptureFixt
     assert load["other_callers"] == {"caller": "(other)", "pending": 0 + 2 + 4, "running": 6}
     assert load["more_callers"] == 3
     running_by_host: dict[str, int] = {}
-    for target in claimed:  # the first two targets of each job: hosts a and b
+    for target in claimed:  # each job's first two by host: a and b of two jobs, a twice of the others
         host = dcache.url_host(target.url)
         running_by_host[host] = running_by_host.get(host, 0) + 1
-    assert running_by_host == {"a.example": 5, "b.example": 5}
-    assert load["hosts"] == [{"host": "a.example", "running": 5}, {"host": "b.example", "running": 5}]
+    assert running_by_host == {"a.example": 8, "b.example": 2}
+    assert load["hosts"] == [{"host": "a.example", "running": 8}, {"host": "b.example", "running": 2}]
     assert (load["other_hosts"], load["more_hosts"]) == ({"host": "(other)", "running": 0}, 0)
     code, out, _ = run(capsys, "stats", "--db", shared_store, "--top", "2")
     lines = out.splitlines()
@@ -210,7 +210,7 @@ def test_callers_and_busiest_hosts(shared_store: str, capsys: pytest.CaptureFixt
         "  3 other callers        6        6",
     ]
     at = lines.index("Busiest hosts (running targets)")
-    assert lines[at + 1 : at + 4] == ["  host       running", "  a.example        5", "  b.example        5"]
+    assert lines[at + 1 : at + 4] == ["  host       running", "  a.example        8", "  b.example        2"]
 
 
 def test_callers_and_hosts_of_an_idle_store(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -147,6 +147,21 @@ def test_a_host_at_its_limit_is_skipped_and_other_work_flows(store: Any) -> None
     assert keys(again) == [("a/hot", 1)]
 
 
+@pytest.mark.parametrize("fair", [True, False])
+@pytest.mark.parametrize("per_host", [None, 10])
+def test_within_a_job_targets_go_host_by_host_then_by_idx(
+    store: Any, fair: bool, per_host: int | None
+) -> None:
+    """With or without a host limit, fair or oldest first: a job's targets host by host (byte order: "B"
+    sorts before "a" in a URL, but url_host lower-cases it), lowest idx first within a host."""
+    hosts = ["b.example", "a.example", "B.example", "c.example", "a.example", "b.example"]
+    add_hosted_job("a", "j", hosts, created_at=1)
+    got = dcache.claim_batch_targets(4, per_host=per_host, fair=fair, now=5)
+    assert keys(got) == [("a/j", 1), ("a/j", 4), ("a/j", 0), ("a/j", 2)]
+    again = dcache.claim_batch_targets(4, per_host=per_host, fair=fair, now=6)
+    assert keys(again) == [("a/j", 5), ("a/j", 3)]
+
+
 def test_per_host_counts_targets_running_from_earlier_claims(store: Any) -> None:
     add_hosted_job("a", "j", ["h.example"] * 5, created_at=1)
     assert len(dcache.claim_batch_targets(1, now=1)) == 1  # no limit: one running on h.example

@@ -185,10 +185,24 @@ def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
     assert db.execute_sql("SELECT COUNT(*), COUNT(DISTINCT slot) FROM batch_totals").fetchone() == (16, 16)
 
 
+#: The index of pending targets by idx that versions 2 to 4 made, and version 5 drops.
+PENDING_BY_IDX = "CREATE INDEX batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'"
+
+
+def make_version_4(target: str) -> None:
+    """Turn the store at ``target`` into what sift's schema version 4 made: with its index of pending
+    targets by idx."""
+    dcache.open_db(target)
+    db.execute_sql(PENDING_BY_IDX)
+    db.execute_sql("UPDATE sift_schema SET version = 4")
+    dcache.close_db()
+
+
 def make_version_3(target: str) -> None:
     """Turn the store at ``target`` into what sift's schema version 3 made: without version 4's host column,
     the ring's indexes and its cursor table."""
     dcache.open_db(target)
+    db.execute_sql(PENDING_BY_IDX)
     db.execute_sql("DROP INDEX batch_job_ring, batch_target_host")
     db.execute_sql("DROP TABLE batch_claim_ring")
     db.execute_sql("ALTER TABLE batch_target DROP COLUMN host")
@@ -201,7 +215,7 @@ def make_version_1(target: str) -> None:
     version 3's claim columns and version 4's host and ring."""
     make_version_3(target)
     dcache.open_db(target)
-    db.execute_sql("DROP INDEX batch_job_claim, batch_target_pending, batch_job_live_lease")
+    db.execute_sql("DROP INDEX batch_job_claim, batch_job_live_lease")  # version 5 dropped the third
     db.execute_sql("ALTER TABLE batch_target DROP COLUMN runner, DROP COLUMN heartbeat, DROP COLUMN attempts")
     db.execute_sql("UPDATE sift_schema SET version = 1")
     dcache.close_db()
@@ -216,7 +230,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
@@ -227,8 +241,8 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     with pytest.raises(dcache.StoreReadOnly):
         dcache.claim_batch_targets(1)
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
-    assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 5)]
+    assert claim_indexes() == {"batch_job_claim", "batch_job_live_lease"}
     assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
     assert dcache.batch_nbytes() == 5
     dcache.open_db(pg, readonly=True)  # now current: a read-only open works
@@ -248,29 +262,47 @@ def test_opening_a_version_3_store_fills_in_the_hosts(pg: str) -> None:
     assert dcache.batch_job("job-1") is not None
     assert {v.kind for v in dcache.check_store().violations} == {"schema_version", "schema"}
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 5)]
     hosts = db.execute_sql("SELECT host, COUNT(*) FROM batch_target GROUP BY host ORDER BY host").fetchall()
     assert hosts == [(f"h{i}.example", count // 3) for i in range(3)]
     assert dcache.check_store().ok
     assert len(dcache.claim_batch_targets(10, per_host=2, now=9)) == 6
 
 
+def test_opening_a_version_4_store_drops_its_index_of_pending_targets_by_idx(pg: str) -> None:
+    """Version 5's upgrade: claims read batch_target_host alone, so version 4's index of pending targets by
+    idx goes; a read-only open reads the version 4 store as it is, hosts and all."""
+    urls = ["https://b.example/0", "https://a.example/1", "https://b.example/2", "https://a.example/3"]
+    targets = [dcache.BatchTarget(idx=i, url=url, options="{}") for i, url in enumerate(urls)]
+    dcache.create_batch_job(make_job("job-1", targets_total=4), targets)
+    make_version_4(pg)
+    dcache.open_db(pg, readonly=True)
+    assert {v.kind for v in dcache.check_store().violations} == {"schema_version"}
+    assert db.execute_sql("SELECT 1 FROM pg_indexes WHERE indexname = 'batch_target_pending'").fetchall()
+    dcache.open_db(pg)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 5)]
+    assert not db.execute_sql("SELECT 1 FROM pg_indexes WHERE indexname = 'batch_target_pending'").fetchall()
+    assert dcache.check_store().ok
+    claimed = dcache.claim_batch_targets(3, now=9)
+    assert [(t.job_id, t.idx) for t in claimed] == [("job-1", 1), ("job-1", 3), ("job-1", 0)]
+
+
 def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
     assert open_from_8_processes(pg) == ["ok"] * 8
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 4)]
-    assert claim_indexes() == {"batch_job_claim", "batch_target_pending", "batch_job_live_lease"}
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 5)]
+    assert claim_indexes() == {"batch_job_claim", "batch_job_live_lease"}
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
 
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
-    db.execute_sql("UPDATE sift_schema SET version = 5")
-    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 5; this sift knows version 4$"):
+    db.execute_sql("UPDATE sift_schema SET version = 6")
+    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 6; this sift knows version 5$"):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current
-        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = 4")
+        conn.execute(f"UPDATE {pg.rsplit('=', 1)[1]}.sift_schema SET version = {SCHEMA_VERSION}")
 
 
 def test_columns_are_bigint_and_options_json(pg: str) -> None:

@@ -31,6 +31,7 @@ from helpers import create_partial, make_job, make_targets, rule_statements
 from sift import dcache
 from sift.dcache.backends.sqlite.schema import OWN_INDEXES, TOTAL_NBYTES_SQL
 from sift.dcache.statements import Statement
+from sift.dcache.tables import SCHEMA_VERSION
 
 FINISHED = ("done", "partial", "failed", "cancelled")
 RESULT = "r" * 32
@@ -178,16 +179,16 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     # the next caller and its oldest job at once: batch_job_ring in its order (caller, then claim order; from
     # its first entry, for the first caller), each live job probed for a pending target
-    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_pending (job_id=?)"},
-    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_pending (job_id=?)"},
-    "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_pending (job_id=?)"},
-    "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_pending (job_id=?)"},
+    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_host (job_id=?)"},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host (job_id=?)"},
+    "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_host (job_id=?)"},
+    "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_host (job_id=?)"},
     "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
     "_HOST_AFTER": {"batch_target_host (job_id=? AND host>?)"},
     # the running targets' hosts: a scan of batch_target_running, bounded by what runners hold
     "_RUNNING_HOSTS": {"batch_target_running"},
     # each picked target by its rowid, picked from the pending targets of the job (of one host)
-    "_CLAIM_TARGETS": {"batch_target_pending (job_id=?)", "INTEGER PRIMARY KEY (rowid=?)"},
+    "_CLAIM_TARGETS": {"batch_target_host (job_id=?)", "INTEGER PRIMARY KEY (rowid=?)"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host (job_id=? AND host=?)", "INTEGER PRIMARY KEY (rowid=?)"},
     # claims: one runner's by batch_target_running, the stale ones by a scan of it (running targets only)
     "_RENEW": {"batch_target_running (runner=?)"},
@@ -281,7 +282,7 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: bool) -
 #: What a result write (update_batch_target, and each target of update_batch_targets) opens for writing,
 #: besides the two tables and the byte total's row. batch_job_lease is the original schema's and moves with
 #: every lease; batch_job_evictable is opened because the lease is in its key and the bytes in its
-#: condition, but a live job is never in it; batch_target_pending loses the target that leaves pending (a
+#: condition, but a live job is never in it; batch_target_host loses the target that leaves pending (a
 #: claimed target has left it already).
 #: Every other index sift adds is left alone: no index keyed on the lease holds live jobs.
 RESULT_WRITE_INDEXES = {
@@ -290,9 +291,9 @@ RESULT_WRITE_INDEXES = {
     # left alone, where setting the lease to the value it holds would still move its entry
     "_FINISH_AT_LEASE": {"sqlite_autoindex_batch_job_1", "batch_job_evictable"},
     # a result leaves the pending or the running targets (a claimed target is running when written)
-    # (batch_target_host, like batch_target_pending, is opened because its filter reads the status; a
-    # running target is in neither, before or after, so neither gets an entry written)
-    "_SET_TARGET": {TARGET_PK, "batch_target_pending", "batch_target_host", "batch_target_running"},
+    # (both are opened because their filters read the status; a target is in at most one of them, before
+    # and after, so only the index it leaves gets an entry written)
+    "_SET_TARGET": {TARGET_PK, "batch_target_host", "batch_target_running"},
 }
 
 
@@ -370,20 +371,28 @@ def test_an_index_an_earlier_version_defined_otherwise_is_made_again(tmp_path: P
         dcache.close_db()
 
 
-def test_a_store_an_earlier_version_made_loses_its_retired_index(tmp_path: Path) -> None:
+#: Indexes earlier versions made, as they made them, which open_db drops.
+RETIRED_INDEXES = {
+    "batch_job_live_lease": "ON batch_job(lease) WHERE status IN ('queued', 'running')",
+    "batch_target_pending": "ON batch_target(job_id, idx) WHERE status = 'pending'",
+}
+
+
+@pytest.mark.parametrize("index", sorted(RETIRED_INDEXES))
+def test_a_store_an_earlier_version_made_loses_its_retired_index(tmp_path: Path, index: str) -> None:
     path = tmp_path / "store.db"
     dcache.open_db(path)
     dcache.close_db()
     with sqlite3.connect(path) as conn:  # as an earlier version left it
-        conn.execute(
-            "CREATE INDEX batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running')"
-        )
+        conn.execute(f"CREATE INDEX {index} {RETIRED_INDEXES[index]}")
+        conn.execute("PRAGMA user_version = 4")
     conn.close()
     dcache.open_db(path)
     try:
         names = {row[0] for row in dcache.db.execute_sql("SELECT name FROM sqlite_master").fetchall()}
-        assert "batch_job_live_lease" not in names
-        assert "batch_job_claim" in names
+        assert index not in names
+        assert {"batch_job_claim", "batch_target_host"} <= names
+        assert dcache.db.execute_sql("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         dcache.close_db()
 
@@ -654,7 +663,7 @@ def test_a_result_in_the_second_of_the_lease_writes_no_page_of_the_lease_index(
 #: row: the index the target leaves (pending, or running once claimed). ``sqlite_schema`` is page 1, whose
 #: header holds the file's size: it is written when a page split grows the file.
 RESULT_PAGES = {
-    "pending": {"batch_target_pending", "batch_target_host"},
+    "pending": {"batch_target_host"},
     "running": {"batch_target_running"},
 }
 

@@ -103,8 +103,9 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
     assert ("index", "batch_job_live") in objects
     assert ("index", "batch_job_evictable") in objects
     assert ("index", "batch_job_claim") in objects
-    assert ("index", "batch_target_pending") in objects
+    assert ("index", "batch_target_host") in objects
     assert ("index", "batch_job_live_lease") not in objects  # retired: every result write moved it
+    assert ("index", "batch_target_pending") not in objects  # retired: claims read batch_target_host
     assert ("table", "batch_totals") in objects
 
 

@@ -169,8 +169,8 @@ class ModelClaim:
     """The claim's order, turn by turn: the ring of callers with a live job holding a pending target (byte
     order), from the machine's cursor; each caller's turn hands out up to its weight (the class of its
     oldest live job with a pending target), one target at a time from its oldest live job with a claimable
-    target (per_job this claim, per_host running), lowest idx first (host by host with per_host); a caller
-    with nothing claimable leaves. fair=False: the oldest job first across callers."""
+    target (per_job this claim, per_host running), host by host (byte order), lowest idx first within a
+    host; a caller with nothing claimable leaves. fair=False: the oldest job first across callers."""
 
     def __init__(
         self,
@@ -208,12 +208,10 @@ class ModelClaim:
         """The job's next claimable target in this claim, or None."""
         if self.taken[job_id] >= self.per_job:
             return None
-        pending = sorted(idx for j, idx in self.pending if j == job_id)
+        pending = (idx for j, idx in self.pending if j == job_id)
         for idx in sorted(pending, key=lambda i: (dcache.url_host(self.jobs[job_id].targets[i].url), i)):
             host = dcache.url_host(self.jobs[job_id].targets[idx].url)
-            if self.per_host is None:
-                return pending[0] if pending else None
-            if self.running[host] < self.per_host:
+            if self.per_host is None or self.running[host] < self.per_host:
                 return idx
         return None
 

@@ -33,10 +33,17 @@ T = BatchTarget
 Inline = peewee.ValueLiterals
 _RING = peewee.Table(RING_TABLE, ("id", "caller", "turns"))
 _IDX = TARGET_COLUMNS.index("idx")
+_HOST = len(TARGET_COLUMNS)  # a claim's rows end with the target's host, after the model's columns
+
+
+def _claim_key(row: Any) -> tuple[str, int]:
+    """Where a claimed row comes in the claim's order within its job: its host, then its idx (RETURNING
+    promises no order; Python compares text by code point, which is UTF-8's byte order)."""
+    return row[_HOST], row[_IDX]
 
 
 def _pending(target: Any) -> peewee.Node:
-    """``target`` is pending: the partial indexes batch_target_pending and batch_target_host hold these."""
+    """``target`` is pending: the partial index batch_target_host holds these."""
     return Inline(target.status == TargetStatus.PENDING.value)
 
 
@@ -44,10 +51,18 @@ def _live() -> Any:
     return Inline(J.status.in_(LIVE_JOB_STATUSES))
 
 
+def _host_order(target: Any) -> tuple[peewee.Node, ...]:
+    """A job's pending targets as a claim takes them: host by host (byte order), by idx within a host, the
+    order of batch_target_host, the one index of pending targets."""
+    return db.backend.bytewise(target_host(target)), target.idx
+
+
 def _has_pending() -> peewee.Node:
     """The job has a pending target: a scalar subquery, not EXISTS, which PostgreSQL may turn into a join
-    read from every pending target; its ORDER BY idx keeps PostgreSQL on batch_target_pending."""
-    probe = T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(T.idx).limit(literal(1))
+    read from every pending target; its ORDER BY keeps PostgreSQL on batch_target_host."""
+    probe = (
+        T.select(T.idx).where((T.job_id == J.id) & _pending(T)).order_by(*_host_order(T)).limit(literal(1))
+    )
     return peewee.Expression(probe, peewee.OP.IS_NOT, None)
 
 
@@ -75,7 +90,7 @@ _SAVE_RING = Statement(
 def _caller_job_after(after: bool) -> peewee.Node:
     """The first caller (byte order) with a live job that has a pending target, after ``after`` when asked,
     and that caller's oldest such job (claim order), locked as ``_CALLER_JOB`` locks it: one walk of
-    batch_job_ring, each live job probed in batch_target_pending; callers without pending work cost a probe
+    batch_job_ring, each live job probed in batch_target_host; callers without pending work cost a probe
     of each live job, in one statement."""
     caller = db.backend.bytewise(J.caller)
     where = _live() & _has_pending()
@@ -141,7 +156,8 @@ _PICK = T.alias("pending")
 
 
 def _claim_targets(by_host: bool) -> peewee.Node:
-    """The job's first ``take`` pending targets (idx order; of ``host`` only, ``by_host``) become running,
+    """The job's first ``take`` pending targets (host by host, then idx; of ``host`` only, ``by_host``)
+    become running,
     held by ``runner`` with its heartbeat at ``now``, one more attempt each; the statement returns them.
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
@@ -156,7 +172,7 @@ def _claim_targets(by_host: bool) -> peewee.Node:
     first: Any = db.backend.lock_rows(
         _PICK.select(db.backend.row_address.alias("address"))
         .where(where)
-        .order_by(_PICK.idx)
+        .order_by(*_host_order(_PICK))
         .limit(Slot("take")),
         skip_locked=True,
     )
@@ -173,7 +189,7 @@ def _claim_targets(by_host: bool) -> peewee.Node:
         # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
         .where(db.backend.among(db.backend.row_address, peewee.Select([picked], [picked.c.address])))
         .with_cte(picked)
-        .returning(*[getattr(T, n) for n in TARGET_COLUMNS])
+        .returning(*[getattr(T, n) for n in TARGET_COLUMNS], target_host())
     )
 
 
@@ -241,7 +257,8 @@ class ClaimOrder:
         self.taken_from: dict[str, None] = {}  # the jobs claimed from, each once
 
     def run(self, limit: int, fair: bool) -> list[Any]:
-        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS), in the order handed out. The
+        """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS, then the host), in the order
+        handed out. The
         jobs claimed from become running, with ``lease = now``, in one statement at the end."""
         ring = _LOCK_RING.rows()
         if self.per_host is not None:
@@ -391,12 +408,12 @@ class ClaimOrder:
         return got
 
     def _take(self, job: _Job, want: int) -> int:
-        """Up to ``want`` of the job's pending targets: by idx, or with a host limit host by host (byte
-        order), by idx within a host, skipping a host at its limit."""
+        """Up to ``want`` of the job's pending targets, host by host (byte order), by idx within a host; with
+        a host limit, a host at its limit is skipped."""
         rows: list[Any] = []
         if self.per_host is None:
             rows = _CLAIM_TARGETS.rows(job_id=job.id, take=want, runner=self.runner, now=self.now)
-            rows.sort(key=lambda row: row[_IDX])  # RETURNING promises no order
+            rows.sort(key=_claim_key)
             if len(rows) < want:
                 job.done = True
         else:
@@ -415,7 +432,7 @@ class ClaimOrder:
                         job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
                     )
                     self.running[host] += len(got)
-                    rows += sorted(got, key=lambda row: row[_IDX])  # RETURNING promises no order
+                    rows += sorted(got, key=_claim_key)
                     if len(got) == ask and self.running[host] < self.per_host:
                         continue  # the want is met, or the host has more
                 job.host_inclusive = False  # full, or no more of it in this job: the next host

@@ -130,9 +130,9 @@ def claim_batch_targets(
     """Move up to ``limit`` pending targets of queued or running jobs to running and return them, in the
     claim's order: round-robin over the callers with pending work (byte order of caller names, from where
     the last claim stopped), ``weights[caller_class]`` turns each a round (default 1), each caller's oldest
-    job first (created_at, then insertion order), then idx; at most ``per_job`` from one job. ``fair=False``:
-    oldest job first across all callers. ``per_host``: no host (``url_host``) gets more than that many
-    targets running at once; a host at its limit is skipped, and within a job targets go host by host.
+    job first (created_at, then insertion order), within a job host by host (``url_host``, byte order), then
+    idx; at most ``per_job`` from one job. ``fair=False``: oldest job first across all callers.
+    ``per_host``: no host gets more than that many targets running at once; a host at its limit is skipped.
     Each job claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
 
     Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its

@@ -33,8 +33,16 @@ VERSION_3_CLAIMS = _DDL["version_3"]
 #: Version 4: the targets' host column, the ring's indexes and its cursor row.
 VERSION_4_RING = _DDL["version_4"]
 
+#: Version 5: the index of pending targets by idx dropped (claims read batch_target_host alone).
+VERSION_5_ONE_PENDING_INDEX = _DDL["version_5"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: VERSION_2_INDEXES, 2: VERSION_3_CLAIMS, 3: VERSION_4_RING}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: VERSION_2_INDEXES,
+    2: VERSION_3_CLAIMS,
+    3: VERSION_4_RING,
+    4: VERSION_5_ONE_PENDING_INDEX,
+}
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
 #: Version 3's and 4's columns add nothing to tables made here; they upgrade tables an earlier program made.
@@ -71,7 +79,7 @@ class PostgresSchema(PostgresBase):
                 version = self._version()
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
-            self.hosts_stored = version == SCHEMA_VERSION
+            self.hosts_stored = version is not None and version >= 4
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""

@@ -24,11 +24,9 @@ CREATE INDEX IF NOT EXISTS batch_job_live ON batch_job(caller) WHERE status IN (
 CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, id) WHERE nbytes > 0 AND status IN ('done', 'partial', 'failed', 'cancelled');
 
 -- name: version_2
--- Version 2: what claim_batch_targets reads (live jobs in claim order, each job's pending targets), and
--- what rescue_stale_jobs reads (live jobs by lease; batch_job_lease holds the history too).
+-- Version 2: what claim_batch_targets reads (live jobs in claim order; version 2 also made an index of each
+-- job's pending targets by idx, which version 5 drops), and what rescue_stale_jobs reads (live jobs by lease; batch_job_lease holds the history too).
 CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) WHERE status IN ('queued', 'running');
-
-CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
 
 CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
 
@@ -58,6 +56,11 @@ CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host COLLAT
 CREATE TABLE IF NOT EXISTS batch_claim_ring (id SMALLINT PRIMARY KEY CHECK (id = 0), caller TEXT, turns BIGINT NOT NULL);
 
 INSERT INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0) ON CONFLICT (id) DO NOTHING;
+
+-- name: version_5
+-- Version 5: claims read a job's pending targets from batch_target_host alone (host by host, then idx), so
+-- the index of them by idx that version 2 made is dropped: every submit, claim and result write moved it.
+DROP INDEX IF EXISTS batch_target_pending;
 
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.

@@ -29,17 +29,17 @@ CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, i
 
 -- name: claims
 -- claim_batch_targets: live jobs in claim order (created_at, then rowid, which every index entry ends
--- with), and each job's pending targets in idx order, so a claim reads neither history nor done targets.
+-- with), and each job's pending targets (batch_target_host), so a claim reads neither history nor done
+-- targets.
 -- rescue_stale_jobs reads batch_job_claim too (every live job, checking its lease), never batch_job_lease,
 -- which holds the history as well. A read-only open may lack these: only claims and rescues (writes) read
 -- them.
 CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status IN ('queued', 'running');
 
-CREATE INDEX IF NOT EXISTS batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending';
-
 -- Version 4: the claim's ring walks the callers with a live job in name order, and each caller's live jobs
--- in claim order; with a per-host limit it walks a job's pending targets host by host (a skip scan), then
--- by idx. The ring's cursor is one row: the caller served last and the turns of its round it has used.
+-- in claim order, and a claim takes a job's pending targets host by host, then by idx (with a per-host
+-- limit, a skip scan over the hosts). It is the one index of pending targets, which every submit, claim
+-- and result write moves. The ring's cursor is one row: the caller served last and the turns it has used.
 CREATE INDEX IF NOT EXISTS batch_job_ring ON batch_job(caller, created_at) WHERE status IN ('queued', 'running');
 
 CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) WHERE status = 'pending';
@@ -49,9 +49,12 @@ CREATE TABLE IF NOT EXISTS batch_claim_ring (id INTEGER PRIMARY KEY CHECK (id = 
 INSERT OR IGNORE INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0);
 
 -- name: retired
--- Indexes earlier versions made, dropped at open: every result write moved their entries (a live job's
--- lease changes on each), and nothing reads them any more.
+-- Indexes earlier versions made, dropped at open: every result write moved their entries, and nothing
+-- reads them any more. batch_job_live_lease: a live job's lease changes on each write. batch_target_pending
+-- (a job's pending targets by idx): claims read batch_target_host alone since version 5.
 DROP INDEX IF EXISTS batch_job_live_lease;
+
+DROP INDEX IF EXISTS batch_target_pending;
 
 -- The running targets, by the runner that holds them: renew_claims, release_claims and
 -- requeue_stale_claims read only these, never history.
