@@ -67,7 +67,7 @@ def _fill(execute_many: Callable[[str, Any], Any], mark: str, pending: int) -> N
 
 
 def build_sqlite(path: Path, pending: int) -> None:
-    """A store file made by open_db (schema version 4), filled with plain SQL."""
+    """A store file made by open_db (the current schema), filled with plain SQL."""
     dcache.open_db(path)
     dcache.close_db()
     conn = sqlite3.connect(path, isolation_level=None)
