@@ -176,8 +176,8 @@ _PICK = T.alias("pending")
 
 def _claim_targets(by_host: bool) -> peewee.Node:
     """The job's first ``take`` pending targets (host by host, then idx; of ``host`` only, ``by_host``)
-    become running,
-    held by ``runner`` with its heartbeat at ``now``, one more attempt each; the statement returns them.
+    become running, held by ``runner`` with its heartbeat at ``now``, one more attempt each; the statement
+    returns them, each with its host last.
 
     They are picked in a MATERIALIZED CTE: as an ``IN (… LIMIT … FOR UPDATE SKIP LOCKED)`` subquery,
     PostgreSQL ran the subquery again for each row it updated, and so updated every pending target. The
@@ -279,8 +279,8 @@ class ClaimOrder:
 
     def run(self, limit: int, fair: bool) -> list[Any]:
         """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS, then the host), in the order
-        handed out. The
-        jobs claimed from become running, with ``lease = now``, in one statement at the end."""
+        handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
+        end."""
         ring = _LOCK_RING.rows()
         if self.per_host is not None:
             self.running.update(row[0] for row in _RUNNING_HOSTS.rows())

@@ -25,7 +25,8 @@ CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, i
 
 -- name: version_2
 -- Version 2: what claim_batch_targets reads (live jobs in claim order; version 2 also made an index of each
--- job's pending targets by idx, which version 5 drops), and what rescue_stale_jobs reads (live jobs by lease; batch_job_lease holds the history too).
+-- job's pending targets by idx, which version 5 drops), and what rescue_stale_jobs reads (live jobs by
+-- lease; batch_job_lease holds the history too).
 CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at, seq) WHERE status IN ('queued', 'running');
 
 CREATE INDEX IF NOT EXISTS batch_job_live_lease ON batch_job(lease) WHERE status IN ('queued', 'running');
