@@ -93,6 +93,27 @@ def test_reads_work(populated: Path) -> None:
     assert populated.read_bytes() == before
 
 
+def test_a_version_4_store_opens_read_only_as_it_is(populated: Path) -> None:
+    """A store of schema version 4, with its index of pending targets by idx: a read-only open reads it,
+    claims are refused, and the file is left byte for byte as it was (the index is dropped by a writable
+    open only)."""
+    with closing(sqlite3.connect(populated)) as conn:
+        conn.execute(
+            "CREATE INDEX batch_target_pending ON batch_target(job_id, idx) WHERE status = 'pending'"
+        )
+        conn.execute("PRAGMA user_version = 4")
+        conn.commit()
+    before = populated.read_bytes()
+    dcache.open_db(populated, readonly=True)
+    assert [(t.idx, t.status) for t in dcache.batch_targets("a") or []] == [(0, "done"), (1, "pending")]
+    kinds = {violation.kind for violation in dcache.check_store().violations}
+    assert not kinds & {"schema", "schema_version"}, kinds  # the extra index is no fault of the schema
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.claim_batch_targets(1)
+    dcache.close_db()
+    assert populated.read_bytes() == before
+
+
 def test_a_store_made_before_the_claim_indexes_opens_read_only_as_it_is(populated: Path) -> None:
     with closing(sqlite3.connect(populated)) as conn:
         for index in ("batch_job_claim", "batch_target_host"):
