@@ -68,6 +68,8 @@ REPAIRABLE: dict[str, tuple[list[str], set[tuple[str, str | None]]]] = {
         {("schema", None), ("total", None)},
     ),
     "missing_total_row": (["DELETE FROM batch_totals"], {("total", None)}),
+    # the claims' index of running targets: without it, renewals and releases read every target
+    "dropped_running_index": (["DROP INDEX batch_target_running"], {("schema", None)}),
 }
 
 UNREPAIRABLE: dict[str, tuple[list[str], set[tuple[str, str | None]]]] = {

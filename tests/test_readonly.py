@@ -116,7 +116,7 @@ def test_a_version_4_store_opens_read_only_as_it_is(populated: Path) -> None:
 
 def test_a_store_made_before_the_claim_indexes_opens_read_only_as_it_is(populated: Path) -> None:
     with closing(sqlite3.connect(populated)) as conn:
-        for index in ("batch_job_claim", "batch_target_host"):
+        for index in ("batch_job_claim", "batch_target_host", "batch_target_running"):
             conn.execute(f"DROP INDEX {index}")
     before = populated.read_bytes()
     dcache.open_db(populated, readonly=True)

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,40 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
     assert ("index", "batch_job_live_lease") not in objects  # retired: every result write moved it
     assert ("index", "batch_target_pending") not in objects  # retired: claims read batch_target_host
     assert ("table", "batch_totals") in objects
+
+
+#: Every index of a store: the original DDL's two, then sift's own.
+INDEXES = [
+    "batch_job_idem",
+    "batch_job_lease",
+    "batch_job_claim",
+    "batch_job_evictable",
+    "batch_job_live",
+    "batch_job_ring",
+    "batch_target_host",
+    "batch_target_running",
+]
+
+
+def test_the_indexes_are_these(tmp_path: Path) -> None:
+    dcache.open_db(tmp_path / "package.db")
+    dcache.close_db()
+    made = {name for kind, name in schema_objects(tmp_path / "package.db") if kind == "index"}
+    assert {name for name in made if not name.startswith("sqlite_autoindex")} == set(INDEXES)
+
+
+@pytest.mark.parametrize("index", INDEXES)
+def test_a_writable_open_makes_again_an_index_another_program_dropped(tmp_path: Path, index: str) -> None:
+    path = tmp_path / "package.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(f"DROP INDEX {index}")
+        conn.commit()
+    assert ("index", index) not in schema_objects(path)
+    dcache.open_db(path)
+    dcache.close_db()
+    assert ("index", index) in schema_objects(path)
 
 
 def test_models_are_named_after_the_columns(tmp_path: Path) -> None:

@@ -32,8 +32,8 @@ CREATE INDEX IF NOT EXISTS batch_job_evictable ON batch_job(lease, created_at, i
 -- with), and each job's pending targets (batch_target_host), so a claim reads neither history nor done
 -- targets.
 -- rescue_stale_jobs reads batch_job_claim too (every live job, checking its lease), never batch_job_lease,
--- which holds the history as well. A read-only open may lack these: only claims and rescues (writes) read
--- them.
+-- which holds the history as well. A read-only open may lack these: claims, rescues and the claims'
+-- renewals, releases and requeues (writes) need them; a read of running targets scans without them.
 CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status IN ('queued', 'running');
 
 -- Version 4: the claim's ring walks the callers with a live job in name order, and each caller's live jobs
@@ -43,6 +43,10 @@ CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status
 CREATE INDEX IF NOT EXISTS batch_job_ring ON batch_job(caller, created_at) WHERE status IN ('queued', 'running');
 
 CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) WHERE status = 'pending';
+
+-- The running targets, by the runner that holds them: renew_claims, release_claims and
+-- requeue_stale_claims read only these, never history.
+CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
 
 CREATE TABLE IF NOT EXISTS batch_claim_ring (id INTEGER PRIMARY KEY CHECK (id = 0), caller TEXT, turns INTEGER NOT NULL);
 
@@ -55,10 +59,6 @@ INSERT OR IGNORE INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0);
 DROP INDEX IF EXISTS batch_job_live_lease;
 
 DROP INDEX IF EXISTS batch_target_pending;
-
--- The running targets, by the runner that holds them: renew_claims, release_claims and
--- requeue_stale_claims read only these, never history.
-CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
 
 -- name: claim_columns
 -- Version 3: a claim's runner, its heartbeat (unix seconds) and how many times the target was claimed, as
