@@ -66,6 +66,8 @@ CASES = {
     # a fair claim of 50 over 1,000 callers, 1,000 pending against many, without and with per_host
     "claims/fair",
     "claims/fair_per_host",
+    # the same claim without per_host written at its least in plain sqlite3, on the same two files
+    "claims/fair_floor",
     # the flood workload's small callers' first results: fair claiming, and oldest job first
     "fairness/first_result/fair",
     "fairness/first_result/oldest_first",
@@ -181,9 +183,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # reader p99, -wal size), 1 memory, 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk
     # (file over pages in use, hold), claims from 4 processes no slower than from 1, 2 tail workloads x
     # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
-    # against its small one, without and with per_host, the flood's small callers 10 x sooner with fair
-    # claiming.
-    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 2 + 1
+    # against its small one, without and with per_host, and its floor's reported, the flood's small callers
+    # 10 x sooner with fair claiming.
+    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
@@ -196,7 +198,7 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1
     assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    sqlite_info = 3
+    sqlite_info = 4
     pg_info = 4 + ceiling
     assert [g["verdict"] for g in goals].count("INFO") == sqlite_info + (
         pg_info if with_postgres() else 0

@@ -92,6 +92,9 @@ CLAIM_READS: dict[str, dict[str, Any]] = {
     "_FIRST_CALLER_JOB": {},
     "_HOST_FROM": {"job_id": "job-3", "host": ""},
     "_HOST_AFTER": {"job_id": "job-3", "host": "a.example"},
+    # the claim's updates, on a job of their own: 15 runs claim its 10 targets, then find none
+    "_CLAIM_TARGETS": {"job_id": "job-19", "take": 1, "runner": "r", "now": 5},
+    "_CLAIM_HOST_TARGETS": {"job_id": "job-18", "host": "example.com", "take": 1, "runner": "r", "now": 5},
 }
 
 
