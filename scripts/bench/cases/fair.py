@@ -126,7 +126,8 @@ def _claims(target: str, count: int, warmup: int, per_host: int | None) -> tuple
 # target in batch_target_host's order, the target and the job made running. Every caller's oldest job has
 # pending targets in these stores (each claim is released), so it searches no further.
 FLOOR_JOB_SQL = (
-    "SELECT id FROM batch_job WHERE caller = ? AND status IN ('queued', 'running') ORDER BY created_at LIMIT 1"
+    "SELECT id FROM batch_job WHERE caller = ? AND status IN ('queued', 'running') "
+    "ORDER BY created_at LIMIT 1"
 )
 FLOOR_PICK_SQL = (
     "SELECT rowid FROM batch_target WHERE job_id = ? AND status = 'pending' AND host >= '' "

@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import StoreUnavailable
 from ...sqlfiles import load_sql
 from ...tables import HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
-from ..sqlite.schema import BASE_SCHEMA, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
+from ..sqlite.schema import BASE_SCHEMA, CLAIM_COLUMN_DDL, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
@@ -183,11 +183,8 @@ class PostgresMaintenance(PostgresBase):
             dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
             dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
             dst.execute("PRAGMA synchronous = OFF")  # the backup fsyncs the finished file
-            for statement in (
-                *BASE_SCHEMA,
-                HOST_COLUMN_DDL,
-                *SPEED_SCHEMA,
-            ):  # the host index needs its column
+            # the claims' and the host's columns before the indexes on them
+            for statement in (*BASE_SCHEMA, *CLAIM_COLUMN_DDL.values(), HOST_COLUMN_DDL, *SPEED_SCHEMA):
                 dst.execute(statement)
             dst.execute("BEGIN")
             if self.in_caller_transaction():
