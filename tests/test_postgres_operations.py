@@ -19,8 +19,12 @@ from test_backup import Writers
 
 from sift import dcache
 from sift.dcache import backup
+from sift.dcache.tables import CLAIM_COLUMNS
 from sift.dcache.tables import JOB_COLUMN_LIST as JOB_COLUMNS
 from sift.dcache.tables import TARGET_COLUMN_LIST as TARGET_COLUMNS
+
+#: A target's columns and its claim's, as the backup copies them.
+CLAIMED_TARGET_COLUMNS = ", ".join((TARGET_COLUMNS, *CLAIM_COLUMNS))
 
 pytestmark = pytest.mark.postgres
 
@@ -37,7 +41,7 @@ def pg(pg_target: str) -> Iterator[str]:
 
 def fill() -> None:
     """Jobs as varied as the columns allow: every status, NULLs, non-ASCII text, JSON text with odd spacing,
-    the largest integers, and ties in created_at inserted against id order."""
+    the largest integers, ties in created_at inserted against id order, and a claimed target."""
     dcache.create_batch_job(
         make_job("job-z", created_at=BIG, lease=BIG, targets_total=2, idem_key="k"),
         [make_target(i, options='{ "b" : [1, 2.50,  {}],"a":"\\u00e9" }') for i in range(2)],
@@ -56,6 +60,9 @@ def fill() -> None:
         dcache.create_batch_job(
             make_job(f"s-{n}", status=status, caller="bob", targets_total=1), make_targets(1)
         )
+    # a target held by a runner: its claim (runner, heartbeat, attempts) is copied too
+    (claimed,) = dcache.claim_batch_targets(1, runner="runner-1", now=5_000)
+    assert (claimed.runner, claimed.heartbeat, claimed.attempts) == ("runner-1", 5_000, 1)
 
 
 def pg_rows() -> dict[str, list[tuple[Any, ...]]]:
@@ -63,7 +70,7 @@ def pg_rows() -> dict[str, list[tuple[Any, ...]]]:
     return {
         "batch_job": dcache.db.execute_sql(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY seq").fetchall(),
         "batch_target": dcache.db.execute_sql(
-            f"SELECT {TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+            f"SELECT {CLAIMED_TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
         ).fetchall(),
     }
 
@@ -74,7 +81,7 @@ def file_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         return {
             "batch_job": conn.execute(f"SELECT {JOB_COLUMNS} FROM batch_job ORDER BY _rowid_").fetchall(),
             "batch_target": conn.execute(
-                f"SELECT {TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
+                f"SELECT {CLAIMED_TARGET_COLUMNS} FROM batch_target ORDER BY job_id, idx"
             ).fetchall(),
         }
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import StoreUnavailable
 from ...sqlfiles import load_sql
-from ...tables import HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
+from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
 from ..sqlite.schema import BASE_SCHEMA, CLAIM_COLUMN_DDL, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
@@ -176,8 +176,9 @@ class PostgresMaintenance(PostgresBase):
     ) -> tuple[int, int]:
         """Write the store's rows into a new SQLite store at ``temp``, from one snapshot (so the copy is
         consistent while others write, and blocks no one). Jobs go in insertion order (``seq``), so the
-        copy's ``_rowid_`` keeps the newest-wins tiebreak; ``options`` as the text stored. Returns the
-        file's pages and page size; ``progress`` counts rows."""
+        copy's ``_rowid_`` keeps the newest-wins tiebreak; ``options`` as the text stored, and each target's
+        claim (runner, heartbeat, attempts). Returns the file's pages and page size; ``progress`` counts
+        rows."""
         dst = sqlite3.connect(temp, isolation_level=None)
         try:
             dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
@@ -220,9 +221,11 @@ class PostgresMaintenance(PostgresBase):
                 "SELECT (SELECT COUNT(*) FROM batch_job), (SELECT COUNT(*) FROM batch_target)", ()
             )
             total, done = jobs + targets, 0
+            # each target's claim as stored; a version 2 store (open read-only) has none: unclaimed
+            claims = CLAIM_COLUMNS if self.claims_stored else ()
             for table, columns, order in (
                 ("batch_job", JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ keeps it
-                ("batch_target", (*TARGET_COLUMNS, HOST_COLUMN), "job_id, idx"),
+                ("batch_target", (*TARGET_COLUMNS, *claims, HOST_COLUMN), "job_id, idx"),
             ):
                 names = ", ".join(columns)
                 insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})"
