@@ -30,8 +30,10 @@ TARGET_INSERT = f"INSERT INTO batch_target ({tables.TARGET_COLUMN_LIST}) VALUES 
 def empty_source(path: Path) -> Path:
     """A new store file with sift's schema (as open_db writes it) and no rows."""
     with closing(sqlite3.connect(path)) as conn:
-        # the original columns only (a program that writes VALUES of eight): no index on version 4's host
-        for statement in [*BASE_SCHEMA, *(s for s in SPEED_SCHEMA if "batch_target_host" not in s)]:
+        # the original columns only (a program that writes VALUES of eight): no index on the claims' runner
+        # or on version 4's host
+        later = ("batch_target_host", "batch_target_running")
+        for statement in [*BASE_SCHEMA, *(s for s in SPEED_SCHEMA if not any(name in s for name in later))]:
             conn.execute(statement)
         conn.execute("INSERT INTO batch_totals (id, nbytes) VALUES (0, 0)")
         conn.commit()
