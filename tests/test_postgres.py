@@ -215,9 +215,14 @@ def make_version_1(target: str) -> None:
     version 3's claim columns and version 4's host and ring."""
     make_version_3(target)
     dcache.open_db(target)
-    # this open migrated the version 3 store to 5, which drops batch_target_pending, version 2's third index
-    db.execute_sql("DROP INDEX batch_job_claim, batch_job_live_lease")
-    db.execute_sql("ALTER TABLE batch_target DROP COLUMN runner, DROP COLUMN heartbeat, DROP COLUMN attempts")
+    # this open migrated the version 3 store to 5, which drops batch_target_pending, version 2's third index,
+    # and adds again version 4's host and ring
+    db.execute_sql("DROP INDEX batch_job_claim, batch_job_live_lease, batch_job_ring, batch_target_host")
+    db.execute_sql("DROP TABLE batch_claim_ring")
+    db.execute_sql(
+        "ALTER TABLE batch_target DROP COLUMN runner, DROP COLUMN heartbeat, DROP COLUMN attempts, "
+        "DROP COLUMN host"
+    )
     db.execute_sql("UPDATE sift_schema SET version = 1")
     dcache.close_db()
 

@@ -16,6 +16,7 @@ import pytest
 from conftest import POSTGRES_URL
 from helpers import make_job, make_target, make_targets, snapshot
 from test_backup import Writers
+from test_postgres import make_version_1, make_version_3
 
 from sift import dcache
 from sift.dcache import backup
@@ -164,6 +165,29 @@ def test_a_read_only_store_is_backed_up_and_an_old_backup_keeps_its_mode(pg: str
     dcache.open_db(pg, readonly=True)
     dcache.backup_store(dest)
     assert file_rows(dest) == expected and stat.S_IMODE(dest.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_an_older_store_open_read_only_is_backed_up_as_a_current_file(
+    pg: str, tmp_path: Path, version: int
+) -> None:
+    """A store an earlier sift made (version 3 keeps no hosts, version 1 no claims either), open read-only:
+    its backup is a current store file, each target's host computed from its URL, unclaimed where the
+    store keeps no claims."""
+    fill()
+    expected = pg_rows()
+    if version < 3:
+        unclaimed = (None, None, 0)
+        expected["batch_target"] = [row[: -len(unclaimed)] + unclaimed for row in expected["batch_target"]]
+    {1: make_version_1, 3: make_version_3}[version](pg)
+    dcache.open_db(pg, readonly=True)
+    dest = tmp_path / "copy.db"
+    dcache.backup_store(dest)
+    assert file_rows(dest) == expected
+    with closing(sqlite3.connect(f"file:{dest}?mode=ro", uri=True)) as conn:
+        assert conn.execute("SELECT DISTINCT host FROM batch_target").fetchall() == [("example.com",)]
+    dcache.open_db(dest)
+    assert dcache.check_store().ok
 
 
 # -- Space ------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...errors import StoreUnavailable
+from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
 from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
 from ..sqlite.schema import BASE_SCHEMA, CLAIM_COLUMN_DDL, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
@@ -201,6 +202,8 @@ class PostgresMaintenance(PostgresBase):
                 raise
             if progress is not None and total == 0:
                 progress(0, 0)
+            if not self.hosts_stored:
+                backfill_hosts(lambda sql, params: dst.execute(sql, params).fetchall(), dst.executemany, "?")
             dst.execute(RECOMPUTE_TOTAL_SQL)
             dst.execute("COMMIT")
             dst.execute("PRAGMA journal_mode = WAL").fetchall()  # as the store file itself
@@ -223,15 +226,22 @@ class PostgresMaintenance(PostgresBase):
             total, done = jobs + targets, 0
             # each target's claim as stored; a version 2 store (open read-only) has none: unclaimed
             claims = CLAIM_COLUMNS if self.claims_stored else ()
-            for table, columns, order in (
-                ("batch_job", JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ keeps it
-                ("batch_target", (*TARGET_COLUMNS, *claims, HOST_COLUMN), "job_id, idx"),
+            # a version 3 store keeps no hosts: the copy's are computed from the URLs once copied
+            host = HOST_COLUMN if self.hosts_stored else "''"
+            for table, columns, selected, order in (
+                ("batch_job", JOB_COLUMNS, JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ too
+                (
+                    "batch_target",
+                    (*TARGET_COLUMNS, *claims, HOST_COLUMN),
+                    (*TARGET_COLUMNS, *claims, host),
+                    "job_id, idx",
+                ),
             ):
                 names = ", ".join(columns)
                 insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})"
                 with conn.cursor(name=f"sift_backup_{table}") as cursor:  # server-side: streamed
                     cursor.itersize = rows_per_step
-                    cursor.execute(f"SELECT {names} FROM {table} ORDER BY {order}")
+                    cursor.execute(f"SELECT {', '.join(selected)} FROM {table} ORDER BY {order}")
                     while rows := cursor.fetchmany(rows_per_step):
                         dst.executemany(insert, rows)
                         done += len(rows)
