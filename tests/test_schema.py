@@ -110,6 +110,26 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
     assert ("table", "batch_totals") in objects
 
 
+def test_a_new_files_schema_is_what_open_db_makes(tmp_path: Path) -> None:
+    """NEW_FILE_SCHEMA (what a copy written from scratch runs, as a PostgreSQL store's backup) makes the
+    tables, columns, indexes and triggers a new store's open makes, with the same text."""
+    from sift.dcache.backends.sqlite.schema import NEW_FILE_SCHEMA
+
+    dcache.open_db(tmp_path / "package.db")
+    dcache.close_db()
+    with closing(sqlite3.connect(tmp_path / "copy.db")) as conn:
+        for statement in NEW_FILE_SCHEMA:
+            conn.execute(statement)
+        conn.commit()
+    assert describe(tmp_path / "copy.db") == describe(tmp_path / "package.db")
+    master = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+    with (
+        closing(sqlite3.connect(tmp_path / "copy.db")) as copy,
+        closing(sqlite3.connect(tmp_path / "package.db")) as made,
+    ):
+        assert copy.execute(master).fetchall() == made.execute(master).fetchall()
+
+
 #: Every index of a store: the original DDL's two, then sift's own.
 INDEXES = [
     "batch_job_idem",

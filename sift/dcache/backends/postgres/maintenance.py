@@ -21,7 +21,7 @@ from ...errors import StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
 from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
-from ..sqlite.schema import BASE_SCHEMA, CLAIM_COLUMN_DDL, HOST_COLUMN_DDL, RECOMPUTE_TOTAL_SQL, SPEED_SCHEMA
+from ..sqlite.schema import NEW_FILE_SCHEMA, RECOMPUTE_TOTAL_SQL
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
@@ -185,8 +185,7 @@ class PostgresMaintenance(PostgresBase):
             dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
             dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
             dst.execute("PRAGMA synchronous = OFF")  # the backup fsyncs the finished file
-            # the claims' and the host's columns before the indexes on them
-            for statement in (*BASE_SCHEMA, *CLAIM_COLUMN_DDL.values(), HOST_COLUMN_DDL, *SPEED_SCHEMA):
+            for statement in NEW_FILE_SCHEMA:
                 dst.execute(statement)
             dst.execute("BEGIN")
             if self.in_caller_transaction():

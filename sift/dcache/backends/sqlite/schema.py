@@ -15,6 +15,7 @@ from .base import SqliteBase
 
 __all__ = [
     "BASE_SCHEMA",
+    "NEW_FILE_SCHEMA",
     "READ_SCHEMA_NAMES",
     "RETIRED_NAMES",
     "RETIRED_SCHEMA",
@@ -39,6 +40,8 @@ SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
 #: Version 4's column of batch_target, added when missing and then filled in for the stored targets.
 (HOST_COLUMN_DDL,) = _DDL["host_column"]
+#: A new file's whole schema, each column before the indexes on it: what a copy written from scratch runs.
+NEW_FILE_SCHEMA = (*BASE_SCHEMA, *CLAIM_COLUMN_DDL.values(), HOST_COLUMN_DDL, *SPEED_SCHEMA)
 #: Dropped at open where an earlier version made them (see schema.sql).
 RETIRED_SCHEMA = _DDL["retired"]
 
