@@ -94,8 +94,12 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     kill = summary["kill"]
     assert kill["host"] == 2 and kill["held_targets"] >= 1
     # The killed host's claims were requeued, by the survivors' keepers only, and none failed: each target
-    # it held had attempts left. No live host's write was refused.
-    assert summary["total"]["requeued"] >= 1 and hosts[2]["requeued"] == 0
+    # it held had attempts left. No live host's write was refused. The held targets are those the store
+    # showed running under its runners when it was frozen: on SQLite exactly those went stale; on
+    # PostgreSQL also those a transaction of its held then (a COMMIT sent before the freeze still lands).
+    requeued, held = summary["total"]["requeued"], kill["held_targets"]
+    assert requeued >= held if store_target.startswith("postgresql:") else requeued == held
+    assert hosts[2]["requeued"] == 0
     assert summary["total"]["failed_stale"] == 0 and summary["total"]["claims_lost"] == 0
     assert summary["total"]["targets_written"] == sum(h["targets_written"] for h in hosts)
     assert 0 < summary["cores_busy_pct"] <= 100  # the hosts ran: some core was busy

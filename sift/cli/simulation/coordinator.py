@@ -49,11 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from sift import dcache
+from sift.dcache import BatchTarget, TargetStatus
 
 from ..store import CommandError
 from .cores import busy_pct, cores_time
 from .fairness import running_urls
-from .host import HostConfig, host_main
+from .host import HostConfig, host_main, runner_names
 from .journal import JournalReader, read_journal
 from .workload import NO_OPTIONS, ClaimOptions, JobSpec, Settings, plan
 
@@ -88,7 +89,7 @@ def assign(specs: list[JobSpec], hosts: int) -> list[list[JobSpec]]:
 class Kill:
     host: int
     after_targets: int  # written by all hosts when it was killed
-    held_targets: int  # claimed and not yet written, per its journal when it was killed
+    held_targets: int  # running under its runners in the store when it was frozen, no write in flight
     at_s: float
 
 
@@ -172,6 +173,7 @@ def run_hosts(
         hosted.append(_Coordinated(index, process, parent, journal))
         child_ends.append(child)
     victim = hosted[-1] if kill and hosts > 1 else None
+    runners = runner_names(prefix, hosts - 1, settings.workers)
     killed: Kill | None = None
     stalled = False
     peaks: dict[str, int] = {}
@@ -214,8 +216,8 @@ def run_hosts(
                     h.api_done for h in survivors
                 )
                 due = late or (threshold_reached is not None and bool(victim.held))
-                if due and _kill_holding(victim, must_hold=not late):
-                    killed = Kill(victim.index, written, len(victim.held), round(now - started, 3))
+                if due and (held := _kill_holding(victim, runners, must_hold=not late)) is not None:
+                    killed = Kill(victim.index, written, held, round(now - started, 3))
             elif all(h.api_done for h in survivors) and now - last_live_check > 0.05:
                 last_live_check = now
                 if dcache.live_batch_jobs_total() == 0:
@@ -257,22 +259,32 @@ def run_hosts(
     )
 
 
-def _kill_holding(victim: _Coordinated, *, must_hold: bool) -> bool:
-    """SIGKILL the victim if (or, without ``must_hold``, even if not) it holds claimed targets it has not
-    written. It is frozen first (SIGSTOP), so its journal can be read as it stands at its death; if it holds
-    nothing, it runs on (SIGCONT) and False is returned."""
+def _kill_holding(victim: _Coordinated, runners: list[str], *, must_hold: bool) -> int | None:
+    """SIGKILL the victim if (or, without ``must_hold``, even if not) the store shows it holding claimed
+    targets; return how many it held, or None when it held none and lives on. It is frozen first (SIGSTOP),
+    so the store is read as it stands at its death."""
     pid = victim.process.pid or 0
     os.kill(pid, signal.SIGSTOP)
     while _state(pid) not in ("T", "Z", "X", ""):  # until it is stopped (read, not waited for: not reaped)
         time.sleep(0.001)
-    victim.read()
-    if must_hold and not victim.held:
+    held = _held_in_store(runners)
+    if must_hold and not held:
         os.kill(pid, signal.SIGCONT)
-        return False
+        return None
     os.kill(pid, signal.SIGKILL)
     victim.process.join()
     victim.read()
-    return True
+    return held
+
+
+def _held_in_store(runners: list[str]) -> int:
+    """How many targets the store shows running under ``runners`` that no transaction is writing. Its
+    journal cannot tell: a target written just before the freeze may not be journaled yet. On PostgreSQL a
+    row a transaction locks is skipped: a frozen runner's COMMIT already sent still lands."""
+    T = BatchTarget
+    query = T.select(T.job_id).where(T.status == TargetStatus.RUNNING, T.runner.in_(runners))
+    # One statement, outside a transaction: on SQLite a write transaction would wait on the frozen victim.
+    return len(dcache.db.execute(dcache.db.backend.lock_rows(query, skip_locked=True)).fetchall())
 
 
 def _state(pid: int) -> str:

@@ -79,6 +79,11 @@ def host_main(config: HostConfig, conn: multiprocessing.connection.Connection) -
     Host(config).serve(conn)
 
 
+def runner_names(prefix: str, host: int, workers: int) -> list[str]:
+    """The names host ``host``'s runner threads claim under, one a thread."""
+    return [f"{prefix}-host-{host}-{n}" for n in range(workers)]
+
+
 class Host:
     """A host's threads, each with its own connection to the store, and its journal."""
 
@@ -94,7 +99,7 @@ class Host:
         self.empty_claims = 0  # calls that found nothing to claim (written in the end record)
         # Each runner thread's name, which its claims record: a late write of one thread's requeued claim
         # must not pass as another's (their claims would share a name).
-        self.names = [f"{config.prefix}-host-{config.host}-{n}" for n in range(config.settings.workers)]
+        self.names = runner_names(config.prefix, config.host, config.settings.workers)
         self.go = threading.Event()  # the coordinator said go
         self.warmed = threading.Barrier(1)
 
