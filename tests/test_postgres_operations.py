@@ -20,7 +20,7 @@ from test_postgres import make_version_1, make_version_3
 
 from sift import dcache
 from sift.dcache import backup
-from sift.dcache.tables import CLAIM_COLUMNS
+from sift.dcache.tables import CLAIM_COLUMNS, SCHEMA_VERSION
 from sift.dcache.tables import JOB_COLUMN_LIST as JOB_COLUMNS
 from sift.dcache.tables import TARGET_COLUMN_LIST as TARGET_COLUMNS
 
@@ -100,6 +100,9 @@ def test_backup_is_the_store_row_for_row(pg: str, tmp_path: Path) -> None:
     assert seen[-1] == (len(expected["batch_job"]) + len(expected["batch_target"]),) * 2
     assert report.dest == str(dest) and report.nbytes == dest.stat().st_size
     assert stat.S_IMODE(dest.stat().st_mode) == 0o600
+    with closing(sqlite3.connect(f"file:{dest}?mode=ro", uri=True)) as conn:
+        # a current file: its first open has nothing to upgrade (no pass over every target)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     dcache.open_db(dest)
     assert dcache.check_store().ok and dcache.batch_nbytes() == nbytes
     assert dcache.batch_job_by_idem("alice", "t", 60, now=5_010) == "tie-a"  # the tiebreak survives the move

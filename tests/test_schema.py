@@ -15,7 +15,7 @@ import pytest
 from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
-from sift.dcache.tables import CLAIM_COLUMNS
+from sift.dcache.tables import CLAIM_COLUMNS, SCHEMA_VERSION
 
 # The issue's DDL, verbatim.
 DDL = """
@@ -112,7 +112,7 @@ def test_package_adds_its_speed_schema(tmp_path: Path) -> None:
 
 def test_a_new_files_schema_is_what_open_db_makes(tmp_path: Path) -> None:
     """NEW_FILE_SCHEMA (what a copy written from scratch runs, as a PostgreSQL store's backup) makes the
-    tables, columns, indexes and triggers a new store's open makes, with the same text."""
+    tables, columns, indexes and triggers a new store's open makes, with the same text, and its version."""
     from sift.dcache.backends.sqlite.schema import NEW_FILE_SCHEMA
 
     dcache.open_db(tmp_path / "package.db")
@@ -128,6 +128,8 @@ def test_a_new_files_schema_is_what_open_db_makes(tmp_path: Path) -> None:
         closing(sqlite3.connect(tmp_path / "package.db")) as made,
     ):
         assert copy.execute(master).fetchall() == made.execute(master).fetchall()
+        version = "PRAGMA user_version"
+        assert copy.execute(version).fetchone() == made.execute(version).fetchone() == (SCHEMA_VERSION,)
 
 
 #: Every index of a store: the original DDL's two, then sift's own.

@@ -40,8 +40,15 @@ SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
 #: Version 4's column of batch_target, added when missing and then filled in for the stored targets.
 (HOST_COLUMN_DDL,) = _DDL["host_column"]
-#: A new file's whole schema, each column before the indexes on it: what a copy written from scratch runs.
-NEW_FILE_SCHEMA = (*BASE_SCHEMA, *CLAIM_COLUMN_DDL.values(), HOST_COLUMN_DDL, *SPEED_SCHEMA)
+#: A new file's whole schema, each column before the indexes on it, and its version: what a copy written
+#: from scratch runs (without the version, its first open would upgrade it, reading every target).
+NEW_FILE_SCHEMA = (
+    *BASE_SCHEMA,
+    *CLAIM_COLUMN_DDL.values(),
+    HOST_COLUMN_DDL,
+    *SPEED_SCHEMA,
+    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
 #: Dropped at open where an earlier version made them (see schema.sql).
 RETIRED_SCHEMA = _DDL["retired"]
 
