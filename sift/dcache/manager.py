@@ -235,7 +235,8 @@ _DELETE_JOB = Statement(lambda: J.delete().where(J.id == Slot("job_id")))
 
 
 def create_batch_job(job: BatchJob, targets: Iterable[BatchTarget] | None = None) -> None:
-    """Store the unsaved ``job`` exactly as given (lease, created_at, targets_done and nbytes included).
+    """Store the unsaved ``job`` as given (lease and created_at included); ``targets_done`` and ``nbytes``
+    follow its targets, which are stored pending, so they must be 0 (or unset).
 
     With ``targets``, the job and its targets are stored in one transaction, all or nothing, and they must
     be all ``targets_total`` of them. Without, ``put_batch_targets`` adds them later.
@@ -620,16 +621,17 @@ def _job_values(job: Any) -> dict[str, Any]:
         values[name] = validation.count(name, data.get(name))
     if values["targets_done"] > values["targets_total"]:
         validation.invalid("targets_done", f"must be at most targets_total ({values['targets_total']})")
+    for name in ("targets_done", "nbytes"):  # a count that no target backs would never be undone
+        if values[name]:
+            validation.invalid(
+                name, f"follows the job's targets, which start pending: must be 0, got {values[name]}"
+            )
     return values
 
 
 def _insert_job(values: dict[str, Any], targets: Iterable[BatchTarget] | None, *, whole: bool = False) -> int:
     """Insert the job and its targets inside the caller's transaction; return how many targets. Targets
     given must be all of the job's; ``whole`` (a submit) also refuses an empty iterable."""
-    if values["nbytes"] and batch_nbytes() > validation.MAX_INT - values["nbytes"]:
-        validation.invalid(
-            "nbytes", f"would take the store's byte total past {validation.MAX_INT} (2**63 - 1)"
-        )
     try:
         _INSERT_JOB.run(**values)
     except peewee.IntegrityError as exc:

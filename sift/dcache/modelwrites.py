@@ -8,18 +8,21 @@ the same query classes but never executed through them, so its hot paths pay not
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 import peewee
 
-from . import manager, validation
+from . import jsontext, manager, validation
+from .backends.heldwrites import cleared, written_table
 from .clock import unix_now
 from .database import db
 from .errors import ModelWriteRefused
 from .hosts import url_host
 from .models import (
     FINAL_TARGET_STATUSES,
+    FINISHED_JOB_STATUSES,
+    LIVE_JOB_STATUSES,
     BatchJob,
     BatchTarget,
     PeeweeSave,
@@ -95,7 +98,9 @@ class ModelRules:
         targets) create them, all in one transaction; ``replace``, ``on_conflict`` and ``insert_from`` are
         refused, and so is a target whose claim fields are not a new target's (no runner, no heartbeat, no
         attempt). Returns the key of a single row, or the keys of every row (as PostgreSQL's RETURNING)."""
-        model = query.model
+        model = _store_model(query)
+        if model is None:  # a subclass on a table of its own: Peewee's plain insert
+            return run(query)
         if query._on_conflict is not None:
             refuse(
                 "query",
@@ -105,7 +110,7 @@ class ModelRules:
             refuse("query", f"{model.__name__}.insert_from() is not checked row by row; {_add(model)}")
         single = isinstance(query._insert, dict)
         rows = [query._insert] if single else query._insert
-        named_rows = _named_rows(model, rows, query._columns)
+        named_rows = _named_rows(model, query.model, rows, query._columns)
         if model is BatchTarget:
             for named in named_rows:
                 for name, default in TARGET_CLAIM_DEFAULTS.items():
@@ -128,10 +133,16 @@ class ModelRules:
 
     def update(self, query: Any, run: RunQuery) -> Any:
         """A job's status and error move its lease to now (unless the update sets the lease); its key,
-        shape and counts are refused. A target's key and run fields are refused (they move the counts),
-        and so are its claim fields (``runner``, ``heartbeat``, ``attempts``: the claim functions')."""
-        names = {field.name: value for field, value in query._update.items()}
-        if query.model is BatchJob:
+        shape and counts are refused, and so is a finished job's status going back to live. A target's key,
+        run and claim fields are refused. What the update stored is checked as the functions check their
+        arguments (an SQL expression or a subclass's own field included) before it commits."""
+        model = _store_model(query)
+        if model is None:  # a subclass on a table of its own: Peewee's plain update
+            return run(query)
+        if query._returning:
+            refuse("query", f"RETURNING on a {model.__name__} update is not held to the rules; read after")
+        names = _named_values(model, query._update)
+        if model is BatchJob:
             for name, problem in JOB_FIXED.items():
                 if name in names:
                     refuse(name, f"{problem} (BatchJob.update/save may not set it)")
@@ -139,6 +150,7 @@ class ModelRules:
             if "lease" not in names and any(name in names for name in JOB_STATUS_FIELDS):
                 query = query.clone()
                 query._update = {**query._update, BatchJob.lease: unix_now()}
+                names["lease"] = query._update[BatchJob.lease]
         else:
             for name in ("job", "idx", *TARGET_RUN_FIELDS):
                 if name in names:
@@ -148,25 +160,27 @@ class ModelRules:
                     refuse(name, f"{problem} (BatchTarget.update/save may not set it)")
             _check_target_values(names)
             if "url" in names:  # the target's host follows its URL, as every insert writes it
-                if isinstance(names["url"], peewee.Node):
-                    refuse("url", "as an SQL expression would leave the target's host behind; give a str")
                 query = query.clone()
                 query._update = {**query._update, target_host(): url_host(names["url"])}
-        return run(query)
+        return _run_checked(model, query, sorted(names), run)
 
     def delete(self, query: Any, run: RunQuery) -> Any:
         """A job goes with its targets, in one transaction (the byte total follows); a target alone is
         refused, since its job could then never finish. Returns how many jobs were deleted."""
-        if query.model is BatchTarget:
+        model = _store_model(query)
+        if model is None:
+            return run(query)
+        if model is BatchTarget:
             refuse(
                 "query",
                 "a target is deleted with its job: BatchJob.delete_instance(), BatchJob.delete().where(...), "
                 "sweep_batch(ttl) or evict_batch_oldest(max_bytes)",
             )
-        # In id order (one lock order for every deleter), unless the delete's own ORDER BY picks its LIMIT.
-        chosen = (
-            BatchJob.select(BatchJob.id).where(query._where).order_by(*(query._order_by or [BatchJob.id]))
-        )
+        # The ids the delete's own WHERE picks, read from the table the query names (a subclass's fields
+        # compile against it), in id order (one lock order for every deleter) unless its ORDER BY picks its
+        # LIMIT.
+        job_id = peewee.Column(query.model._meta.table, "id")
+        chosen = query.model.select(job_id).where(query._where).order_by(*(query._order_by or [job_id]))
         if query._limit is not None:
             chosen = chosen.limit(query._limit)
         deleted = 0
@@ -174,9 +188,76 @@ class ModelRules:
             ids = [row[0] for row in db.execute(db.backend.lock_rows(chosen)).fetchall()]
             for start in range(0, len(ids), IDS_PER_STATEMENT):
                 chunk = ids[start : start + IDS_PER_STATEMENT]
-                peewee.ModelDelete(BatchTarget).where(BatchTarget.job_id.in_(chunk)).execute()
-                deleted += peewee.ModelDelete(BatchJob).where(BatchJob.id.in_(chunk)).execute()
+                _execute_cleared(peewee.ModelDelete(BatchTarget).where(BatchTarget.job_id.in_(chunk)))
+                deleted += _execute_cleared(peewee.ModelDelete(BatchJob).where(BatchJob.id.in_(chunk)))
         return deleted
+
+
+def _store_model(query: Any) -> Any:
+    """The store's model of the table ``query`` writes, whichever class built it (a subclass too)."""
+    table = written_table(query.table)
+    return None if table is None else BatchJob if table == "batch_job" else BatchTarget
+
+
+def _column(key: Any) -> str:
+    return key.column_name if isinstance(key, peewee.Field) else str(getattr(key, "name", key))
+
+
+def _named_values(model: type[peewee.Model], update: dict[Any, Any]) -> dict[str, Any]:
+    """An update's values by the store model's field names, read from the columns the keys write (a
+    subclass's field may name another column); a column that is not the model's is refused."""
+    named: dict[str, Any] = {}
+    for key, value in update.items():
+        field = model._meta.columns.get(_column(key))
+        if field is None:
+            refuse(_column(key), f"is not a column a {model.__name__} write may set")
+        named[field.name] = value
+    return named
+
+
+def _execute_cleared(query: Any) -> Any:
+    with cleared(query):
+        return query.execute()
+
+
+def _run_checked(model: type[peewee.Model], query: Any, names: list[str], run: RunQuery) -> int:
+    """Runs the update in a write and checks the values each row now holds, so an SQL expression or a
+    subclass's converter cannot store what a plain value may not; a failed check writes nothing."""
+    key = [peewee.Entity(f.column_name) for f in _key_field_list(model)]
+    columns = [peewee.Entity(model._meta.fields[name].column_name) for name in names]
+    returned = query.clone().returning(*key, *columns).tuples()
+    with db.write():
+        finished = _finished_jobs(query) if model is BatchJob and "status" in names else set()
+        with cleared(returned):
+            rows = [tuple(row) for row in run(returned)]
+        checks = JOB_CHECKS if model is BatchJob else TARGET_CHECKS
+        for row in rows:
+            values = dict(zip(names, row[len(key) :], strict=True))
+            for name, value in values.items():
+                checks[name](value)
+            if row[0] in finished and values.get("status") in LIVE_JOB_STATUSES:
+                refuse(
+                    "status",
+                    f"job {row[0]!r} is finished and does not go back to {values['status']}; submit a new "
+                    "job (set_batch_job_status, the original design's call, sets any status)",
+                )
+    return len(rows)
+
+
+def _key_field_list(model: type[peewee.Model]) -> list[peewee.Field]:
+    key: Any = model._meta.primary_key
+    return [model._meta.fields[n] for n in key.field_names] if model._meta.composite_key else [key]
+
+
+def _finished_jobs(query: Any) -> set[str]:
+    """The ids of finished jobs an update's WHERE picks, locked until the write ends."""
+    table = query.model._meta.table
+    chosen = query.model.select(peewee.Column(table, "id")).where(
+        peewee.Column(table, "status").in_(FINISHED_JOB_STATUSES)
+    )
+    if query._where is not None:
+        chosen = chosen.where(query._where)
+    return {row[0] for row in db.execute(db.backend.lock_rows(chosen)).fetchall()}
 
 
 def _add(model: type[peewee.Model]) -> str:
@@ -204,17 +285,22 @@ def _key(instance: Any) -> tuple[Any, ...]:
     return (instance.job_id, instance.idx)
 
 
-def _named_rows(model: type[peewee.Model], rows: Iterable[Any], columns: Any) -> list[dict[str, Any]]:
-    """Each row to insert as {field name: value}; an SQL expression as a value is refused."""
-    fields = columns if columns is not None else model._meta.sorted_fields
+def _named_rows(
+    model: type[peewee.Model], built_by: type[peewee.Model], rows: Iterable[Any], columns: Any
+) -> list[dict[str, Any]]:
+    """Each row to insert as {the store model's field name: value}, read from the column each key writes
+    (a subclass's field may name another column); an SQL expression as a value is refused."""
+    fields = columns if columns is not None else built_by._meta.sorted_fields
     named_rows = []
     for row in rows:
         items = row.items() if isinstance(row, dict) else zip(fields, row, strict=True)
         named: dict[str, Any] = {}
         for key, value in items:
-            field = key if isinstance(key, peewee.Field) else model._meta.combined.get(key)
-            if field is None or field.model is not model:
-                refuse(str(getattr(key, "name", key)), f"is not a field of {model.__name__}")
+            if not isinstance(key, peewee.Field | peewee.Column):
+                key = built_by._meta.combined.get(key, key)
+            field = model._meta.columns.get(_column(key))
+            if field is None:
+                refuse(_column(key), f"is not a field of {model.__name__}")
             if isinstance(value, peewee.Node):
                 refuse(field.name, f"must be a value, not an SQL expression; {_add(model)}")
             named[field.name] = value
@@ -229,29 +315,47 @@ def _by_job(targets: list[Any]) -> dict[Any, list[Any]]:
     return groups
 
 
+def _url(value: Any) -> None:
+    if type(value) is not str or not value:
+        validation.invalid("url", "must be a non-empty str")
+    validation.text("url", value)
+
+
+def _options(value: Any) -> None:
+    text = jsontext.checked_options(value)
+    if not jsontext.is_json(text):
+        jsontext.refuse("is not valid JSON text")
+
+
+#: How each column a model update may set is checked: as the functions check the same argument. The plain
+#: values of an update are checked before it runs, and what every row holds after it, before it commits.
+JOB_CHECKS: dict[str, Callable[[Any], object]] = {
+    "caller": lambda value: validation.key("caller", value),
+    "caller_class": validation.caller_class,
+    "idem_key": lambda value: validation.key("idem_key", value, allow_empty=True),
+    "status": validation.job_status,
+    "error": lambda value: validation.text("error", value),
+    "created_at": lambda value: validation.count("created_at", value),
+    "lease": lambda value: validation.count("lease", value),
+}
+TARGET_CHECKS: dict[str, Callable[[Any], object]] = {"url": _url, "options": _options}
+
+
 def _check_job_values(names: dict[str, Any]) -> None:
     """Plain values are checked as the functions check them; a status must be one value."""
-    if "status" in names:
-        if isinstance(names["status"], peewee.Node):
-            refuse("status", "must be one value per update; call set_batch_job_status(job_id, status)")
-        validation.job_status(names["status"])
-    for name in ("error", "caller", "idem_key"):
-        if name in names and not isinstance(names[name], peewee.Node):
-            validation.text(name, names[name], allow_empty=name != "caller")
-    if "caller_class" in names and not isinstance(names["caller_class"], peewee.Node):
-        validation.caller_class(names["caller_class"])
-    for name in ("lease", "created_at"):
-        if name in names and not isinstance(names[name], peewee.Node):
-            validation.count(name, names[name])
+    if isinstance(names.get("status"), peewee.Node):
+        refuse("status", "must be one value per update; call set_batch_job_status(job_id, status)")
+    for name, value in names.items():
+        if not isinstance(value, peewee.Node):
+            JOB_CHECKS[name](value)
 
 
 def _check_target_values(names: dict[str, Any]) -> None:
-    url = names.get("url")
-    if "url" in names and not isinstance(url, peewee.Node):
-        if type(url) is not str or not url:
-            validation.invalid("url", "must be a non-empty str")
-        if "\x00" in url:
-            validation.invalid("url", validation.NUL_PROBLEM)
+    """The URL is one plain str (its host is computed from it); plain options are checked by their field."""
+    if isinstance(names.get("url"), peewee.Node):
+        refuse("url", "as an SQL expression would leave the target's host behind; give a str")
+    if "url" in names:
+        _url(names["url"])
 
 
 def _write_target(target: Any, run_fields: list[str]) -> None:

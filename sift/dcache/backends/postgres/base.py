@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 from playhouse.pool import PooledPostgresqlDatabase
 
 from ...driver_errors import Translation
+from ..heldwrites import HeldWrites
 
 __all__ = ["PostgresBase"]
 
 
-class PostgresBase(PooledPostgresqlDatabase):  # type: ignore[misc]
+class PostgresBase(HeldWrites, PooledPostgresqlDatabase):  # type: ignore[misc]
     """The base every layer of the PostgreSQL store's database extends (each layer is a mixin of one
     concern)."""
 

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 import peewee
 
 from ...driver_errors import Translation
+from ..heldwrites import HeldWrites
 from .writer_queue import WriterQueue
 
 __all__ = ["SqliteBase"]
 
 
-class SqliteBase(peewee.SqliteDatabase):
+class SqliteBase(HeldWrites, peewee.SqliteDatabase):
     """The base every layer of the SQLite store's database extends (each layer is a mixin of one concern)."""
 
     #: Held from BEGIN to COMMIT and around every single statement: one connection serves every thread.
