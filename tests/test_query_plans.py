@@ -152,6 +152,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_FINISH_ON_JOB": {JOB_BY_ID, TARGET_BY_KEY},
     "_FINISH_AT_LEASE": {JOB_BY_ID, TARGET_BY_KEY},  # by id, the lease checked on the row: not by its index
     "_SET_TARGET": {TARGET_BY_KEY},
+    "_SET_TARGET_UNCLAIMED": {TARGET_BY_KEY},
     # API reads
     "_SELECT_JOB": {JOB_BY_ID},
     "_IDEM": {"batch_job_idem (caller=? AND idem_key=?)"},
@@ -311,6 +312,8 @@ RESULT_WRITE_INDEXES = {
     # (both are opened because their filters read the status; a target is in at most one of them, before
     # and after, so only the index it leaves gets an entry written)
     "_SET_TARGET": {TARGET_PK, "batch_target_host", "batch_target_running"},
+    # pending or failed: the same, and the claim's runner and heartbeat cleared (the running index's key)
+    "_SET_TARGET_UNCLAIMED": {TARGET_PK, "batch_target_host", "batch_target_running"},
 }
 
 
@@ -351,7 +354,8 @@ def test_a_row_write_builds_no_temporary_table(history: int, table: str) -> None
 
 
 @pytest.mark.parametrize(
-    "name", ["_FINISH_ON_JOB", "_SET_TARGET", "_SET_JOB_STATUS", "_TOUCH", "_DELETE_JOB"]
+    "name",
+    ["_FINISH_ON_JOB", "_SET_TARGET", "_SET_TARGET_UNCLAIMED", "_SET_JOB_STATUS", "_TOUCH", "_DELETE_JOB"],
 )
 def test_a_rule_writing_one_row_builds_no_temporary_table(history: int, name: str) -> None:
     program = dcache.db.execute_sql(

@@ -75,7 +75,11 @@ BROKEN = [
     ("nbytes-phantom", "UPDATE batch_job SET nbytes = 1000000 WHERE id = 'done'", "nbytes"),
     ("nbytes-negative", "UPDATE batch_job SET nbytes = -999999000000 WHERE id = 'live'", "nbytes"),
     ("idx-outside", "UPDATE batch_target SET idx = 7 WHERE job_id = 'live' AND idx = 1", "target_idx"),
-    ("idx-negative", "UPDATE batch_target SET idx = -1 WHERE job_id = 'live' AND idx = 1", "target_idx"),
+    ("idx-negative", "UPDATE batch_target SET idx = -1 WHERE job_id = 'live' AND idx = 1", "idx: must be"),
+    ("lease-negative", "UPDATE batch_job SET lease = -7 WHERE id = 'done'", "lease: must be"),
+    ("created-at-float", "UPDATE batch_job SET created_at = 1.5 WHERE id = 'done'", "created_at: must be"),
+    ("url-too-long", "UPDATE batch_target SET url = printf('h%.20000c', 'x') WHERE idx = 0", "url: must be"),
+    ("error-too-long", "UPDATE batch_job SET error = printf('%.70000c', 'e') WHERE id = 'done'", "error:"),
     (
         "orphan",
         "INSERT INTO batch_target VALUES ('ghost', 0, 'https://x/', '{}', 'running', NULL, NULL, NULL)",

@@ -186,14 +186,14 @@ def runner_name() -> str:
 
 
 def _runner(runner: str | None) -> str:
-    return runner_name() if runner is None else validation.text("runner", runner, allow_empty=False)
+    return runner_name() if runner is None else validation.key("runner", runner)
 
 
 @retried
 def renew_claims(runner: str, *, now: int | None = None) -> int:
     """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``.
     Returns how many. It never touches a job (a job's lease is its client's signal, not the runner's)."""
-    runner = validation.text("runner", runner, allow_empty=False)
+    runner = validation.key("runner", runner)
     now = validation.now(now)
     with db.write():
         renewed = _RENEW.run(runner=runner, now=now)
@@ -205,7 +205,7 @@ def renew_claims(runner: str, *, now: int | None = None) -> int:
 def release_claims(runner: str, *, now: int | None = None) -> int:
     """A clean shutdown: every running target ``runner`` holds goes back to pending at once, unclaimed,
     and the attempt it took is given back. Returns how many. ``now`` is accepted for symmetry only."""
-    runner = validation.text("runner", runner, allow_empty=False)
+    runner = validation.key("runner", runner)
     validation.now(now)
     with db.write():
         released = _RELEASE.run(runner=runner)
@@ -223,7 +223,7 @@ def requeue_stale_claims(
     and a live job whose last target that was becomes done, partial or failed. Returns how many targets
     moved. Safe from every host at any time; job leases move only where a target failed."""
     max_attempts = validation.positive("max_attempts", max_attempts)
-    reason = validation.text("reason", reason)
+    reason = validation.message("reason", reason)
     now = validation.now(now)
     cutoff = validation.cutoff(now, stale_after, "stale_after")
     return _requeue(cutoff, max_attempts, reason, now)
@@ -237,7 +237,7 @@ def requeue_in_flight(
     ``requeue_stale_claims(0, ...)``; queued jobs and pending targets are left alone. With several
     runners, use ``requeue_stale_claims`` instead: this would take the others' claims."""
     max_attempts = validation.positive("max_attempts", max_attempts)
-    reason = validation.text("reason", reason)
+    reason = validation.message("reason", reason)
     now = validation.now(now)
     return _requeue(now, max_attempts, reason, now)
 

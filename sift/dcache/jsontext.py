@@ -17,6 +17,8 @@ from .errors import InvalidBatchInput
 #: The deepest nesting of arrays and objects ``options`` may have on both backends: SQLite's ``json_valid``
 #: refuses deeper text, PostgreSQL's ``json`` stores it (and fails with "stack depth" far deeper still).
 MAX_JSON_DEPTH = 2000
+#: The longest options text (JSON) of a target, in UTF-8 bytes.
+MAX_OPTIONS_BYTES = 65_536
 
 _JSON_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 # One JSON token after optional whitespace (RFC 8259): what the iterative check below reads.
@@ -51,6 +53,8 @@ def checked_options(value: Any) -> str:
     """:func:`options_text`, with JSON text also checked here as the store would: the text a model
     write stores. Valid JSON holds no NaN or Infinity, no NUL, no lone surrogate, at most 2000 levels."""
     text = options_text(value)
+    if len(text) > MAX_OPTIONS_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_OPTIONS_BYTES:
+        refuse(f"must be at most {MAX_OPTIONS_BYTES} bytes of UTF-8")
     if "\x00" in text:  # never JSON, and SQLite's json_valid stops reading at a NUL
         refuse("is not valid JSON text (it holds a NUL character)")
     if not text.isascii():

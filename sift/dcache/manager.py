@@ -31,6 +31,7 @@ from .models import (
     BatchJob,
     BatchTarget,
     JobStatus,
+    TargetStatus,
     target_host,
 )
 from .space import TRANSACTIONS_PER_CHECKPOINT
@@ -160,11 +161,26 @@ _FINISH_ON_JOB = Statement(lambda: _finish_on_job(at_lease=False))
 # would move the job's lease entry each time. Where the backend does so, a result write first tries this
 # form, which leaves the lease alone when it is ``now`` already, and falls back to _FINISH_ON_JOB.
 _FINISH_AT_LEASE = Statement(lambda: _finish_on_job(at_lease=True))
-_SET_TARGET = Statement(
-    lambda: T.update(
-        {T.status: Slot("status"), T.result: Slot("result"), T.error: Slot("error"), T.hint: Slot("hint")}
-    ).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
-)
+
+
+def _set_target(*, unclaim: bool) -> peewee.Node:
+    """The target's write; ``unclaim`` (pending, failed) also ends its claim: back in the pool or failed,
+    it is no runner's, so a late write with ``runner=`` is refused and no renewal or requeue sees it."""
+    changes: dict[peewee.Node, Any] = {
+        T.status: Slot("status"),
+        T.result: Slot("result"),
+        T.error: Slot("error"),
+        T.hint: Slot("hint"),
+    }
+    if unclaim:
+        changes.update({T.runner: None, T.heartbeat: None})
+    return T.update(changes).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
+
+
+_SET_TARGET = Statement(lambda: _set_target(unclaim=False))
+_SET_TARGET_UNCLAIMED = Statement(lambda: _set_target(unclaim=True))
+#: The statuses whose write ends the target's claim.
+UNCLAIMED_STATUSES = frozenset({TargetStatus.PENDING, TargetStatus.FAILED})
 _TARGET_STATUS = Statement(lambda: _target_value(T.status))
 _TARGET_RUNNER = Statement(lambda: _target_value(T.runner))
 _SET_JOB_STATUS = Statement(
@@ -315,7 +331,7 @@ def update_batch_target(
     """
     job_id = validation.job_id(job_id)
     write = _target_write(idx, status, result, error, hint)
-    runner = validation.optional_text("runner", runner)
+    runner = validation.optional_key("runner", runner)
     now = validation.now(now)
     with db.write():
         _write_target(job_id, write, runner, now)
@@ -334,7 +350,7 @@ def update_batch_targets(
     if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
         validation.invalid("results", f"must be an iterable of mappings, got {type(results).__name__}")
     writes = [_target_write_of(i, entry) for i, entry in enumerate(results)]
-    runner = validation.optional_text("runner", runner)
+    runner = validation.optional_key("runner", runner)
     now = validation.now(now)
     if not writes:
         return 0
@@ -354,8 +370,12 @@ def _target_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> 
         field = "result" if result is not None else "error" if error is not None else "hint"
         validation.invalid(field, f"may only be given with status done or failed, not {status}")
     size = 0 if result is None else validation.utf8_size("result", result)
-    error = validation.optional_text("error", error)
-    hint = validation.optional_text("hint", hint)
+    if size > validation.MAX_RESULT_BYTES:
+        validation.invalid(
+            "result", f"must be at most {validation.MAX_RESULT_BYTES} bytes of UTF-8, got {size}"
+        )
+    error = validation.optional_message("error", error)
+    hint = validation.optional_message("hint", hint)
     return idx, status, final, size, result, error, hint
 
 
@@ -392,7 +412,8 @@ def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int)
         and _FINISH_AT_LEASE.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now)
     ) and not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now):
         _explain_target_miss(job_id, idx, status, runner)
-    _SET_TARGET.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
+    written = _SET_TARGET_UNCLAIMED if status in UNCLAIMED_STATUSES else _SET_TARGET
+    written.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
 
 
 @retried
@@ -400,7 +421,7 @@ def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int 
     """Set the job's status and error, and its lease to ``now``."""
     job_id = validation.job_id(job_id)
     status = validation.job_status(status)
-    error = validation.text("error", error)
+    error = validation.message("error", error)
     now = validation.now(now)
     with db.write():
         if not _SET_JOB_STATUS.run(job_id=job_id, status=status, error=error, now=now):
@@ -421,7 +442,7 @@ def touch_batch_job(job_id: str, *, now: int | None = None) -> None:
 def mark_in_flight_failed(reason: str, *, now: int | None = None) -> int:
     """Restart reconciliation: every queued or running job becomes failed with ``error = reason``
     and ``lease = now``. Returns how many jobs changed."""
-    reason = validation.text("reason", reason)
+    reason = validation.message("reason", reason)
     now = validation.now(now)
     with db.write():
         marked = _MARK_FAILED.run(reason=reason, now=now)
@@ -434,7 +455,7 @@ def rescue_stale_jobs(stale_after: Duration, reason: str, *, now: int | None = N
     """Every queued or running job whose lease is at least ``stale_after`` old (``lease + stale_after <=
     now``) becomes failed with ``error = reason`` and ``lease = now``; its targets stay as they are.
     Returns how many jobs changed. Safe from every host at any time."""
-    reason = validation.text("reason", reason)
+    reason = validation.message("reason", reason)
     now = validation.now(now)
     cutoff = validation.cutoff(now, stale_after, "stale_after")
     with db.write():
@@ -615,7 +636,7 @@ def _job_values(job: Any) -> dict[str, Any]:
         "caller_class": validation.caller_class(data.get("caller_class")),
         "idem_key": validation.key("idem_key", data.get("idem_key"), allow_empty=True),
         "status": validation.job_status(data.get("status")),
-        "error": validation.text("error", data.get("error")),
+        "error": validation.message("error", data.get("error")),
     }
     for name in ("targets_total", "targets_done", "created_at", "lease", "nbytes"):
         values[name] = validation.count(name, data.get(name))
@@ -715,9 +736,11 @@ def _target_rows(
             validation.invalid("url", f"must be a non-empty str (target {idx})")
         if "\x00" in url:
             validation.invalid("url", f"{validation.NUL_PROBLEM} (target {idx})")
+        validation.at_most("url", url, validation.MAX_URL_BYTES)
         options = data.get("options")
         if type(options) is not str:
             options = validation.options_text(options)  # a str subclass's text as a plain str
+        validation.at_most("options", options, validation.MAX_OPTIONS_BYTES)
         if "\x00" in options:  # never JSON, and SQLite's json_valid stops reading at a NUL
             validation.invalid("options", f"is not valid JSON text (target {idx})")
         if validation.json_too_deep(options):  # one limit for both backends: SQLite's

@@ -318,13 +318,7 @@ def _by_job(targets: list[Any]) -> dict[Any, list[Any]]:
 def _url(value: Any) -> None:
     if type(value) is not str or not value:
         validation.invalid("url", "must be a non-empty str")
-    validation.text("url", value)
-
-
-def _options(value: Any) -> None:
-    text = jsontext.checked_options(value)
-    if not jsontext.is_json(text):
-        jsontext.refuse("is not valid JSON text")
+    validation.at_most("url", validation.text("url", value), validation.MAX_URL_BYTES)
 
 
 #: How each column a model update may set is checked: as the functions check the same argument. The plain
@@ -334,11 +328,11 @@ JOB_CHECKS: dict[str, Callable[[Any], object]] = {
     "caller_class": validation.caller_class,
     "idem_key": lambda value: validation.key("idem_key", value, allow_empty=True),
     "status": validation.job_status,
-    "error": lambda value: validation.text("error", value),
+    "error": lambda value: validation.message("error", value),
     "created_at": lambda value: validation.count("created_at", value),
     "lease": lambda value: validation.count("lease", value),
 }
-TARGET_CHECKS: dict[str, Callable[[Any], object]] = {"url": _url, "options": _options}
+TARGET_CHECKS: dict[str, Callable[[Any], object]] = {"url": _url, "options": jsontext.checked_options}
 
 
 def _check_job_values(names: dict[str, Any]) -> None:

@@ -58,8 +58,9 @@ def restore_store(
     Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
     store itself, or a schema that could run code or make data on read (generated or hidden columns, a
     view, a trigger that is not the store's own), or a row the store's functions would not write (a NUL in
-    any text, an unknown status or caller_class, options not JSON, a key longer than ``MAX_KEY_BYTES``, a
-    value of the wrong type, attempts that are not a non-negative int), or rows that break a rule
+    any text, an unknown status or caller_class, options not JSON, a key or text past the store's bounds, a
+    value of the wrong type, a count or time that is not a non-negative int, attempts past
+    ``MAX_ATTEMPTS``), or rows that break a rule
     ``check_store`` holds the store to (counts, byte sizes, idx ranges, orphan targets, a result on a
     pending target, a runner's running target with no attempt), or one the open store cannot hold: the
     open store is then left as it was. ``StoreUnavailable`` when the open store already holds jobs.
@@ -204,14 +205,35 @@ def _batches(src: sqlite3.Connection, sql: str, path: str) -> Iterator[list[Any]
         raise InvalidBatchInput("source", f"cannot read {path!r}: {exc}") from exc
 
 
-def _integer(field: str, value: Any) -> None:
-    if type(value) is not int:
-        validation.invalid(field, f"must be an integer, got {type(value).__name__}")
-
-
-def _optional_integer(field: str, value: Any) -> None:
+def _optional_count(field: str, value: Any) -> None:
     if value is not None:
-        _integer(field, value)
+        validation.count(field, value)
+
+
+def _attempts(field: str, value: Any) -> None:
+    if validation.count(field, value) > validation.MAX_ATTEMPTS:
+        validation.invalid(field, f"must be at most {validation.MAX_ATTEMPTS}, got {value}")
+
+
+def _url(field: str, value: Any) -> None:
+    validation.at_most(field, validation.text(field, value, allow_empty=False), validation.MAX_URL_BYTES)
+
+
+def _options(field: str, value: Any) -> None:
+    validation.at_most(field, validation.text(field, value), validation.MAX_OPTIONS_BYTES)
+
+
+def _message(field: str, value: Any) -> None:
+    validation.optional_message(field, value)
+
+
+def _optional_key(field: str, value: Any) -> None:
+    validation.optional_key(field, value)
+
+
+def _result(field: str, value: Any) -> None:
+    if value is not None and validation.utf8_size(field, value) > validation.MAX_RESULT_BYTES:
+        validation.invalid(field, f"must be at most {validation.MAX_RESULT_BYTES} bytes of UTF-8")
 
 
 def _json(field: str, value: str, valid: Any) -> None:
@@ -256,23 +278,25 @@ _JOB_RULES: tuple[Callable[[str, Any], object], ...] = (
     _caller_class,
     _idem_key,
     _job_status,
-    validation.text,  # error
-    *(_integer,) * 5,  # targets_total, targets_done, created_at, lease, nbytes
+    _message,  # error
+    *(validation.count,) * 5,  # targets_total, targets_done, created_at, lease, nbytes
 )
 _TARGET_RULES: tuple[Callable[[str, Any], object], ...] = (
     _nonempty,  # job_id: a target's job is a job, whose id the job rules hold to the key limit
-    _integer,  # idx
-    _nonempty,  # url
-    validation.text,  # options, then _json
+    validation.count,  # idx
+    _url,
+    _options,  # then _json
     _target_status,
-    *(validation.optional_text,) * 3,  # result, error, hint
+    _result,
+    _message,  # error
+    _message,  # hint
 )
 #: A claim column's rule, for a source that has it; the rule between a claim's columns (a runner's running
 #: target has an attempt) is the integrity check's ``target_attempts``.
 _CLAIM_RULES: dict[str, Callable[[str, Any], object]] = {
-    "runner": validation.optional_text,
-    "heartbeat": _optional_integer,
-    "attempts": validation.count,
+    "runner": _optional_key,
+    "heartbeat": _optional_count,
+    "attempts": _attempts,
 }
 
 

@@ -10,6 +10,7 @@ from .clock import unix_now
 from .counters import counters
 from .errors import InvalidBatchInput
 from .jsontext import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from .jsontext import MAX_OPTIONS_BYTES as MAX_OPTIONS_BYTES
 from .jsontext import json_too_deep as json_too_deep
 from .jsontext import options_text as options_text
 from .models import CallerClass, JobStatus, TargetStatus
@@ -19,6 +20,17 @@ MAX_INT = 2**63 - 1  # SQLite INTEGER
 #: The longest key or id (a job id, caller, idem_key), in UTF-8 bytes, on both backends: PostgreSQL's
 #: btree index entry holds at most about 2,700 bytes, and (caller, idem_key) share one.
 MAX_KEY_BYTES = 1024
+
+#: The longest URL a target holds, in UTF-8 bytes: twice what HTTP asks every server to take (RFC 9110
+#: recommends at least 8,000 octets), far past what sites serve.
+MAX_URL_BYTES = 16_384
+#: The longest error, hint or reason: a message, not a payload.
+MAX_MESSAGE_BYTES = 65_536
+#: The largest result one target holds (results also count against the store's byte budget).
+MAX_RESULT_BYTES = 64 * 2**20
+#: The most claims one target's ``attempts`` records: a restored count past it is refused, so the claims'
+#: ``attempts + 1`` never leaves a 64-bit integer on either backend.
+MAX_ATTEMPTS = 2**31 - 1
 
 JOB_STATUS_VALUES = {s.value: s.value for s in JobStatus}
 TARGET_STATUS_VALUES = {s.value: s.value for s in TargetStatus}
@@ -71,11 +83,24 @@ def text(field: str, value: Any, *, allow_empty: bool = True) -> str:
 
 def key(field: str, value: Any, *, allow_empty: bool = False) -> str:
     """:func:`text` of at most :data:`MAX_KEY_BYTES` UTF-8 bytes: a key or id, the same on both backends."""
-    checked = text(field, value, allow_empty=allow_empty)
-    if len(checked) > MAX_KEY_BYTES // 4 and len(checked.encode("utf-8")) > MAX_KEY_BYTES:
-        size = len(checked.encode("utf-8"))
-        invalid(field, f"must be at most {MAX_KEY_BYTES} bytes of UTF-8, got {size}")
+    return at_most(field, text(field, value, allow_empty=allow_empty), MAX_KEY_BYTES)
+
+
+def at_most(field: str, checked: str, most: int) -> str:
+    """``checked`` (a str :func:`text` took) if it holds at most ``most`` bytes of UTF-8."""
+    if len(checked) > most // 4 and len(checked.encode("utf-8", "surrogatepass")) > most:
+        size = len(checked.encode("utf-8", "surrogatepass"))
+        invalid(field, f"must be at most {most} bytes of UTF-8, got {size}")
     return checked
+
+
+def message(field: str, value: Any) -> str:
+    """:func:`text` of at most :data:`MAX_MESSAGE_BYTES`: an error, hint or reason."""
+    return at_most(field, text(field, value), MAX_MESSAGE_BYTES)
+
+
+def optional_message(field: str, value: Any) -> str | None:
+    return None if value is None else message(field, value)
 
 
 #: Why a NUL is refused: one rule on both backends, and PostgreSQL's text cannot hold one.
@@ -99,6 +124,11 @@ def utf8_size(field: str, value: Any) -> int:
 
 def optional_text(field: str, value: Any) -> str | None:
     return None if value is None else text(field, value)
+
+
+def optional_key(field: str, value: Any) -> str | None:
+    """None, or :func:`key` (the empty str allowed: it names no holder)."""
+    return None if value is None else key(field, value, allow_empty=True)
 
 
 def choice(field: str, value: Any, allowed: dict[str, str]) -> str:
