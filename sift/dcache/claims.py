@@ -170,6 +170,8 @@ def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | 
         validation.invalid("weights", f"may name at most {MAX_WEIGHTS} caller classes, got {len(weights)}")
     checked: dict[str, int] = {}
     for name, weight in weights.items():
+        if len(checked) == MAX_WEIGHTS:  # counted as read: a Mapping's own __len__ may say less
+            validation.invalid("weights", f"may name at most {MAX_WEIGHTS} caller classes")
         if type(name) is not str:
             validation.invalid("weights", f"keys must be caller classes (str), got {name!r}")
         if type(weight) is not int or not 1 <= weight <= MAX_WEIGHT:

@@ -40,7 +40,7 @@ from .backends import (
     sqlite_path,
 )
 from .counters import counters
-from .errors import StoreConflict, StoreUnavailable
+from .errors import InvalidBatchInput, StoreConflict, StoreUnavailable
 
 __all__ = ["StoreDatabase", "close_db", "db", "open_db", "retried"]
 
@@ -166,11 +166,15 @@ def open_db(
     a missing one raises ``StoreMissing`` and nothing is created, for a process that must not make a store
     from a mistyped target. ``durable=True`` runs a SQLite store with ``synchronous=FULL``: a commit that
     returned survives a power loss, at the cost of an fsync per commit (a PostgreSQL commit is durable
-    already, with the server's ``synchronous_commit`` on). Raises ``StoreUnavailable``
+    already, with the server's ``synchronous_commit`` on). ``readonly``, ``create`` and ``durable`` must be
+    bools (``InvalidBatchInput`` naming the one that is not). Raises ``StoreUnavailable``
     for a target that cannot be opened (saying why), one that is not a batch store, or one locked by
     another process past ``timeout`` seconds; ``StoreCorrupt`` for a file that is not a SQLite database
     or is damaged, and ``StoreFull`` when the disk is too full to create the schema.
     """
+    for name, flag in (("readonly", readonly), ("create", create), ("durable", durable)):
+        if type(flag) is not bool:  # "no" or 0 would be taken as its truth value
+            raise InvalidBatchInput(name, f"must be True or False, got {flag!r:.60}")
     text = os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
     if is_postgres_target(text):
         backend = open_postgres(

@@ -12,7 +12,10 @@ classified by SQLSTATE in :data:`POSTGRES_ERRORS`, then by its two-character cla
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import resource
 import sqlite3
 from collections.abc import Callable
 from types import TracebackType
@@ -75,6 +78,28 @@ SQLITE_ERRORS: dict[int, tuple[type[StoreUnavailable], str]] = {
     sqlite3.SQLITE_PERM: (StoreUnavailable, "access to {path} denied ({sqlite})"),
     sqlite3.SQLITE_NOMEM: (StoreUnavailable, "SQLite ran out of memory ({sqlite})"),
 }
+
+#: SQLite's extended code for a failed write: EFBIG (a file past the process's size limit) is one.
+SQLITE_IOERR_WRITE = 778
+_FILE_SIZE_LIMIT = (
+    StoreFull,
+    "a write to {path} would pass this process's file size limit ({sqlite}; `ulimit -f`, RLIMIT_FSIZE): "
+    "raise the limit, or free space in the store (evict, sweep, vacuum)",
+)
+
+
+def _past_file_size_limit(path: str) -> bool:
+    """Whether a file-size limit is set and the store file or its WAL is within a page group of it: a
+    write there fails with EFBIG, which SQLite reports as a plain write error."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return False
+    for name in (path, path + "-wal"):
+        with contextlib.suppress(OSError):
+            if os.path.getsize(name) + 2**16 >= limit:
+                return True
+    return False
+
 
 #: Any other driver error: a file changed by another program, or a bug.
 _OTHER = (StoreUnavailable, "unexpected SQLite error on {path} ({sqlite})")
@@ -222,6 +247,8 @@ def store_error(
         return None
     code = _code(error)
     cls, message = SQLITE_ERRORS.get(-1 if code is None else code & 0xFF, _OTHER)
+    if code == SQLITE_IOERR_WRITE and _past_file_size_limit(path):
+        cls, message = _FILE_SIZE_LIMIT
     sqlite = " ".join(str(error).split()) or type(error).__name__
     name = getattr(error, "sqlite_errorname", None)
     if name and name not in sqlite:

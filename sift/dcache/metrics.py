@@ -46,7 +46,7 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .counters import counters, stats
-from .errors import StoreNotOpen
+from .errors import InvalidBatchInput, StoreNotOpen
 from .load import store_load
 from .manager import batch_nbytes, live_batch_jobs_total
 from .reports import LoadReport
@@ -166,6 +166,12 @@ def register(registry: CollectorRegistry = REGISTRY, *, prefix: str = "sift") ->
                 registry.unregister(collector)
         else:
             in_files = bool(os.environ.get(MULTIPROCESS_DIR))
+            if in_files and not os.path.isdir(os.environ[MULTIPROCESS_DIR]):
+                raise InvalidBatchInput(
+                    MULTIPROCESS_DIR,
+                    f"names {os.environ[MULTIPROCESS_DIR]!r}, which is not a directory: make it (empty) "
+                    "before the server starts, or unset it to count in this process",
+                )
             collector = known[prefix] = StoreCollector(prefix, counters=not in_files)
             if in_files and prefix not in _file_counters:
                 _file_counters[prefix] = _count_in_files(prefix)

@@ -9,14 +9,24 @@ is at fault).
   fetched); 409 for a job that is finished already.
 
 The caller is the ``X-Caller`` header, a stand-in for real authentication: a caller sees only its own jobs.
+
+What the app takes: a body of at most ``MAX_BODY_BYTES`` (413 past it), 1 to ``MAX_URLS`` URLs, each an
+absolute ``http`` or ``https`` URL with a host and at most ``MAX_URL_BYTES`` bytes, whose host is not an
+address outside the public internet (``http://169.254.169.254/``, ``http://10.0.0.1/``): 400 naming
+``urls[i]`` otherwise. It cannot tell where a host name leads: a name may resolve to a private or
+loopback address, now or later. The fetching side must check the address it connects to (refuse
+loopback, private, link-local, multicast and reserved addresses, and connect to the address it checked),
+and check every redirect the same way.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app, multiprocess
@@ -27,6 +37,9 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 TTL = 24 * 3600  # seconds a job stays pollable after its last use; the runner sweeps older ones
 MAX_URLS = 1000  # targets in one job
+MAX_URL_BYTES = 2048  # one URL, in UTF-8 bytes: what browsers and most servers take
+MAX_BODY_BYTES = 4 * 2**20  # one request body: MAX_URLS URLs of MAX_URL_BYTES, and their options
+SCHEMES = ("http", "https")  # the only URLs the fetcher follows
 LIVE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 log = logging.getLogger("fetchapp.web")
@@ -45,6 +58,7 @@ def create_app(db_url: str) -> Flask:
 def build_app() -> Flask:
     """The app on the store this process has open (``create_app``, or a test's ``sift_store``)."""
     app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES  # a larger body is 413, never read
     app.add_url_rule("/v1/jobs", view_func=submit, methods=["POST"])
     app.add_url_rule("/v1/jobs/<job_id>", view_func=poll, methods=["GET"])
     app.add_url_rule("/v1/jobs/<job_id>/cancel", view_func=cancel, methods=["POST"])
@@ -95,6 +109,9 @@ def submit() -> Answer:
     urls = body.get("urls")
     if not isinstance(urls, list) or not urls or len(urls) > MAX_URLS:
         return answer(400, {"field": "urls", "error": f"urls: must be a list of 1 to {MAX_URLS} URLs"})
+    for i, url in enumerate(urls):
+        if problem := url_problem(url):
+            return answer(400, {"field": f"urls[{i}]", "error": f"urls[{i}]: {problem}"})
     options = body.get("options", {})
     now = dcache.unix_now()
     job = BatchJob(
@@ -107,6 +124,30 @@ def submit() -> Answer:
     response, status = answer(202 if created else 200, {"id": job_id, "created": created})
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return response, status
+
+
+def url_problem(url: Any) -> str | None:
+    """Why ``url`` is not one the app takes (None if it is): an absolute http(s) URL with a host, short."""
+    if not isinstance(url, str):
+        return "must be a string"
+    if len(url.encode("utf-8", "surrogatepass")) > MAX_URL_BYTES:
+        return f"must be at most {MAX_URL_BYTES} bytes"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as exc:  # a malformed IPv6 literal or port
+        return f"is not a URL: {exc}"
+    if parts.scheme.lower() not in SCHEMES:
+        return f"must be an http or https URL, not {parts.scheme or 'a relative one'}"
+    if not host:
+        return "must name a host"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name: where it leads is the fetcher's to check, at connect time
+        return None
+    if not address.is_global:
+        return f"must not name a private, loopback, link-local or reserved address ({address})"
+    return None
 
 
 def poll(job_id: str) -> Answer:

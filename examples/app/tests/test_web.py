@@ -51,7 +51,19 @@ def test_submit_makes_a_queued_job_and_a_retry_with_the_key_finds_it(client: Fla
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"urls": ["https://a.example/", ""]}, "url"),
+        ({"urls": ["https://a.example/", ""]}, "urls[1]"),
+        ({"urls": ["file:///etc/passwd"]}, "urls[0]"),
+        ({"urls": ["https://a.example/", "javascript:alert(1)"]}, "urls[1]"),
+        ({"urls": ["gopher://a.example:70/_x"]}, "urls[0]"),
+        ({"urls": ["http://169.254.169.254/latest/meta-data/"]}, "urls[0]"),
+        ({"urls": ["http://10.0.0.1/"]}, "urls[0]"),
+        ({"urls": ["http://127.0.0.1:6379/"]}, "urls[0]"),
+        ({"urls": ["http://[::1]/"]}, "urls[0]"),
+        ({"urls": ["http://[::ffff:10.0.0.1]/"]}, "urls[0]"),
+        ({"urls": ["http:///no-host"]}, "urls[0]"),
+        ({"urls": ["http://[::1/"]}, "urls[0]"),
+        ({"urls": ["https://a.example/" + "a" * web.MAX_URL_BYTES]}, "urls[0]"),
+        ({"urls": [7]}, "urls[0]"),
         ({"urls": "https://a.example/"}, "urls"),
         ({"urls": []}, "urls"),
         ({"urls": ["https://a.example/"] * (web.MAX_URLS + 1)}, "urls"),
@@ -69,6 +81,22 @@ def test_bad_input_is_400_naming_the_field_and_writes_nothing(
     assert answer.status_code == 400 and answer.json["field"] == field
     assert answer.json["error"].startswith(f"{field}:")
     assert rows() == before
+
+
+def test_a_body_over_the_cap_is_413_and_writes_nothing(client: FlaskClient) -> None:
+    submit(client, ["https://kept.example/"])
+    before = rows()
+    urls = ["https://a.example/" + "a" * 2000] * (web.MAX_BODY_BYTES // 2000 + 1)
+    answer = client.post("/v1/jobs", json={"urls": urls}, headers=ALICE)
+    assert answer.status_code == 413
+    assert rows() == before
+
+
+def test_the_longest_url_taken_is_stored_whole(client: FlaskClient) -> None:
+    url = "https://a.example/" + "a" * (web.MAX_URL_BYTES - len("https://a.example/"))
+    answer = submit(client, [url, "http://93.184.215.14/"])
+    assert answer.status_code == 202
+    assert [t.url for t in dcache.batch_targets(answer.json["id"]) or []] == [url, "http://93.184.215.14/"]
 
 
 def test_a_key_too_long_is_400_naming_it(client: FlaskClient) -> None:
