@@ -92,3 +92,13 @@ def test_durable_is_a_setting_of_one_open(tmp_path: Path) -> None:
         assert dcache.db.execute_sql("PRAGMA synchronous").fetchone()[0] == NORMAL
     finally:
         dcache.close_db()
+
+
+@pytest.mark.parametrize("flag", ["readonly", "create", "durable"])
+@pytest.mark.parametrize("value", ["yes", "no", 1, 0, None])
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(tmp_path: Path, flag: str, value: Any) -> None:
+    path = tmp_path / "store.db"
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        dcache.open_db(path, **{flag: value})
+    assert info.value.field == flag
+    assert not path.exists()  # nothing opened, nothing made

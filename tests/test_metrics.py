@@ -262,3 +262,10 @@ def test_register_again_returns_the_collector_it_has(file_store: Path) -> None:
     assert scrape(registry)["sift_jobs_created_total"] == ("counter", 1)
     other = register(registry, prefix="other")  # another prefix is another collector
     assert other is not first and scrape(registry)["other_jobs_created_total"] == ("counter", 1)
+
+
+def test_a_missing_multiprocess_directory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "missing"))
+    with pytest.raises(dcache.InvalidBatchInput) as info:
+        register(CollectorRegistry(), prefix="sift_missing_dir")
+    assert info.value.field == "PROMETHEUS_MULTIPROC_DIR" and "missing" in info.value.problem

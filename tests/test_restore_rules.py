@@ -316,3 +316,26 @@ def test_generated_sources_are_refused_when_broken_and_restored_sound_when_valid
             with dcache.db.atomic():
                 dcache.db.execute_sql("DELETE FROM batch_target")
                 dcache.db.execute_sql("DELETE FROM batch_job")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("attempts", 2**63 - 1),
+        ("attempts", dcache.MAX_ATTEMPTS + 1),
+        ("heartbeat", -1),
+        ("runner", "r" * 1025),
+    ],
+)
+def test_a_claim_past_the_stores_bounds_is_refused(
+    store: dcache.StoreDatabase, tmp_path: Path, column: str, value: Any
+) -> None:
+    """A claim column past what the functions could write: the claims' ``attempts + 1`` would leave a
+    64-bit integer, a runner would pass the key bound."""
+    claims = (
+        "ALTER TABLE batch_target ADD COLUMN runner TEXT",
+        "ALTER TABLE batch_target ADD COLUMN heartbeat INTEGER",
+        "ALTER TABLE batch_target ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+        f"UPDATE batch_target SET {column} = {value!r} WHERE job_id = 'live' AND idx = 1",
+    )
+    assert f"{column}: must be" in refused(source_store(tmp_path / "claimed.db", *claims)).problem

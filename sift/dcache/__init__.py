@@ -81,10 +81,22 @@ from .space import (
     vacuum_relations,
     vacuum_store,
 )
-from .validation import MAX_KEY_BYTES
+from .validation import (
+    MAX_ATTEMPTS,
+    MAX_KEY_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_OPTIONS_BYTES,
+    MAX_RESULT_BYTES,
+    MAX_URL_BYTES,
+)
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "MAX_KEY_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_OPTIONS_BYTES",
+    "MAX_RESULT_BYTES",
+    "MAX_URL_BYTES",
     "BackupReport",
     "BatchError",
     "BatchJob",

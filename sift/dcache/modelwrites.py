@@ -345,9 +345,12 @@ def _check_job_values(names: dict[str, Any]) -> None:
 
 
 def _check_target_values(names: dict[str, Any]) -> None:
-    """The URL is one plain str (its host is computed from it); plain options are checked by their field."""
+    """The URL is one plain str (its host is computed from it), the options one value (JSON on PostgreSQL,
+    which would refuse bad JSON itself); plain options are checked by their field."""
     if isinstance(names.get("url"), peewee.Node):
         refuse("url", "as an SQL expression would leave the target's host behind; give a str")
+    if isinstance(names.get("options"), peewee.Node):
+        refuse("options", "must be a value (a dict, a list or JSON text), not an SQL expression")
     if "url" in names:
         _url(names["url"])
 
