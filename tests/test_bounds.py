@@ -4,7 +4,7 @@ bound it is stored whole. The bounds are the table in docs/reference/api.md ("Bo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from helpers import make_job, make_target, make_targets, snapshot
@@ -27,7 +27,7 @@ def held(store: dcache.StoreDatabase) -> Iterator[dcache.StoreDatabase]:
     yield store
 
 
-PAST = {
+PAST: dict[str, tuple[Callable[[], object], str]] = {
     "create_batch_job(url)": (
         lambda: dcache.create_batch_job(make_job("n"), [make_target(0, url=URL)]),
         "url",

@@ -97,7 +97,7 @@ def refused(write: Callable[[], object], field: str) -> None:
     assert snapshot() == before
 
 
-WRITES_AROUND = {
+WRITES_AROUND: dict[str, tuple[Callable[[], object], str]] = {
     "subclass: MyTarget.delete()": (lambda: MyTarget.delete().execute(), "query"),
     "subclass: MyTarget.delete().where()": (
         lambda: MyTarget.delete().where(MyTarget.idx == 0).execute(),
