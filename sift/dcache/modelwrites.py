@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import peewee
 
 from . import jsontext, manager, validation
-from .backends.heldwrites import cleared, written_table
+from .backends import cleared, written_table
 from .clock import unix_now
 from .database import db
 from .errors import ModelWriteRefused

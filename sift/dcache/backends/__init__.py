@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import peewee
 
 from ..errors import StoreUnavailable
+from .heldwrites import cleared, written_table
 from .postgres.urls import parse_target, shown_url
 from .sqlite import SerializedSqliteDatabase
 from .sqlite.maintenance import INCREMENTAL
@@ -32,12 +33,14 @@ __all__ = [
     "SQLITE_TRIGGERS",
     "Backend",
     "ConnectionBlock",
+    "cleared",
     "is_postgres_target",
     "missing_schema",
     "open_postgres",
     "parse_target",
     "shown_url",
     "sqlite_path",
+    "written_table",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
