@@ -94,6 +94,37 @@ def _process_entry(
     results.put(out)
 
 
+def job_with_bytes(job_id: str, nbytes: int, **fields: Any) -> None:
+    """A job holding ``nbytes`` real result bytes in its target 0 (so nbytes follows rule 4), stored with
+    all its targets (``targets_total``, default 2); its status (default done) and lease (default 1,000) are
+    set as given after the write, which ran at that lease. ``fields`` override any other column."""
+    status = fields.pop("status", "done")
+    lease = fields.pop("lease", 1_000)
+    total = fields.pop("targets_total", 2)
+    dcache.create_batch_job(make_job(job_id, targets_total=total, lease=lease, **fields), make_targets(total))
+    if nbytes:
+        dcache.update_batch_target(job_id, 0, "done", result="x" * nbytes, now=lease)
+    dcache.set_batch_job_status(job_id, status, now=lease)
+
+
+def stored_job(
+    job: BatchJob, targets: list[BatchTarget] | None = None, *, nbytes: int = 0, targets_done: int = 0
+) -> None:
+    """``create_batch_job(job, targets)``, then the job's ``nbytes`` and ``targets_done`` set by plain SQL:
+    counts that no target backs, as a damaged or restored store could hold (``create_batch_job`` refuses
+    them, since they follow the targets). The store's triggers keep the byte total in step; the lease and
+    every other column stay as stored. For where real results cannot hold the count (a job of no target,
+    2**62 bytes) or the test is about a count as stored; :func:`job_with_bytes` makes real bytes."""
+    dcache.create_batch_job(job, targets)
+    if nbytes or targets_done:
+        mark = db.param  # "?" on SQLite, "%s" on PostgreSQL
+        with db.write():
+            db.execute_sql(
+                f"UPDATE batch_job SET nbytes = {mark}, targets_done = {mark} WHERE id = {mark}",
+                (nbytes, targets_done, job.id),
+            )
+
+
 def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
     """The two-call path: ``job`` alone, then ``targets``, fewer than its ``targets_total`` (a
     ``create_batch_job`` given targets must give all of them)."""

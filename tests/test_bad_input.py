@@ -177,6 +177,39 @@ case(
     "targets_done",
 )
 
+# -- targets_done or nbytes other than 0: they follow the job's targets, which are stored pending -----------
+
+#: A new job's fields as a user gives them to BatchJob.create and .insert (the model defaults the rest).
+NEW_JOB: dict[str, Any] = {
+    "id": "new",
+    "caller": "bob",
+    "caller_class": "fleet",
+    "idem_key": "",
+    "status": "queued",
+    "targets_total": 3,
+    "created_at": 1_000,
+    "lease": 1_000,
+}
+COUNTS_GIVEN: dict[str, tuple[str, int]] = {
+    "targets_done-1": ("targets_done", 1),
+    "targets_done-all": ("targets_done", 3),
+    "nbytes-1": ("nbytes", 1),
+    "nbytes-huge": ("nbytes", 10**12),
+}
+COUNT_CALLS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "create": lambda kw: dcache.create_batch_job(make_job("new", **kw)),
+    "create-with-targets": lambda kw: dcache.create_batch_job(make_job("new", **kw), make_targets(3)),
+    "submit": lambda kw: dcache.submit_batch_job(make_job("new", idem_key="n", **kw), None, 3_600, now=1_000),
+    "submit-with-targets": lambda kw: dcache.submit_batch_job(
+        make_job("new", idem_key="n", **kw), make_targets(3), 3_600, now=1_000
+    ),
+    "BatchJob.create": lambda kw: dcache.BatchJob.create(**NEW_JOB, **kw),
+    "BatchJob.insert": lambda kw: dcache.BatchJob.insert(**NEW_JOB, **kw).execute(),
+}
+for call_name, call in COUNT_CALLS.items():
+    for name, (column, value) in COUNTS_GIVEN.items():
+        case(f"{call_name}-{name}", bind({column: value}, call), column)
+
 # -- A negative max_bytes or ttl -------------------------------------------------------------------------
 
 BAD_MAX_BYTES: dict[str, Any] = {**BAD_INTS, "fraction": 0.5}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import make_job, snapshot
+from helpers import job_with_bytes, snapshot
 
 from sift import dcache
 
@@ -21,9 +21,7 @@ JOBS = [
 
 def fill() -> None:
     for job_id, status, lease, created_at, nbytes in JOBS:
-        dcache.create_batch_job(
-            make_job(job_id, status=status, lease=lease, created_at=created_at, nbytes=nbytes)
-        )
+        job_with_bytes(job_id, nbytes, status=status, lease=lease, created_at=created_at)
 
 
 def remaining() -> set[str]:

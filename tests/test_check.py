@@ -187,7 +187,11 @@ def test_every_corruption_at_once_is_named(file_store: Path) -> None:
     left = dcache.check_store()
     assert found(left) == {("job_status", "job-c"), ("target_idx", "job-d"), ("missing_targets", "job-e")}
     assert dcache.batch_nbytes() == 10
-    dcache.create_batch_job(make_job("job-f", nbytes=5))  # the recreated trigger counts it
+    foreign(  # a job of 5 bytes inserted whole, as only a foreign writer can: the recreated trigger counts it
+        file_store,
+        "INSERT INTO batch_job SELECT 'job-f', caller, caller_class, idem_key, status, error, targets_total, "
+        "targets_done, created_at, lease, 5 FROM batch_job WHERE id = 'job-a'",
+    )
     assert dcache.batch_nbytes() == 15
     assert json.loads(json.dumps(repaired.as_dict()))["repairs"][1] == {
         "kind": "targets_done",

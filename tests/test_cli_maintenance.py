@@ -20,7 +20,7 @@ from cli_helpers import (
     snapshot_of,
 )
 from freezegun import freeze_time
-from helpers import make_job
+from helpers import job_with_bytes, make_job
 
 from sift import dcache
 
@@ -153,7 +153,7 @@ def test_evict_order_follows_lease_then_created_at_then_id(
     dcache.open_db(path)
     rows = [("b", 10, 5), ("a", 10, 5), ("c", 10, 4), ("d", 9, 9), ("e", 11, 1)]  # id, lease, created_at
     for job_id, lease, created in rows:
-        dcache.create_batch_job(make_job(job_id, status="done", nbytes=10, created_at=created, lease=lease))
+        job_with_bytes(job_id, 10, status="done", created_at=created, lease=lease)
     dcache.close_db()
     code, out, _ = run(capsys, "evict", "--max-bytes", "0", "--dry-run", "--json", "--db", path)
     assert code == 0
@@ -185,8 +185,7 @@ def test_evict_dry_run_pages_through_many_jobs(tmp_path: Path, capsys: pytest.Ca
     dcache.open_db(path)
     with dcache.db.atomic():  # one transaction: quick to set up
         for n in range(1200):  # more than two pages of the dry run's walk
-            job = make_job(f"job-{n:04d}", status="done", nbytes=1, created_at=n, lease=n // 7)
-            dcache.create_batch_job(job)
+            job_with_bytes(f"job-{n:04d}", 1, status="done", created_at=n, lease=n // 7)
     dcache.close_db()
     code, out, _ = run(capsys, "evict", "--max-bytes", "100", "--dry-run", "--json", "--db", path)
     assert code == 0
@@ -227,7 +226,7 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     dcache.open_db(path)
     with dcache.db.atomic():  # one transaction: quick to set up
         for n in range(300):
-            dcache.create_batch_job(make_job(f"job-{n:03d}", status="done", nbytes=100, lease=n))
+            job_with_bytes(f"job-{n:03d}", 100, status="done", lease=n)
     dcache.close_db()
     code, out, terminal = run_on_terminal(
         [str(sift_script()), "evict", "--max-bytes", "10000", "--db", str(path)], tmp_path

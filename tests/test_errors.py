@@ -98,7 +98,7 @@ def test_duplicate_job(store: Any) -> None:
     create_partial(make_job("job-1"), make_targets(2))
     before = snapshot()
     with pytest.raises(dcache.DuplicateJob, match="id") as info:
-        dcache.create_batch_job(make_job("job-1", caller="bob", nbytes=5))
+        dcache.create_batch_job(make_job("job-1", caller="bob", status="done"))
     assert isinstance(info.value, dcache.BatchError)
     with pytest.raises(dcache.DuplicateJob):
         dcache.create_batch_job(make_job("job-1", targets_total=5), make_targets(5))
@@ -196,6 +196,8 @@ CALLER_CAUSED: list[tuple[str, Callable[[], object]]] = [
     ("lease-none", lambda: dcache.create_batch_job(make_job("n", lease=None))),
     ("lease-huge", lambda: dcache.create_batch_job(make_job("n", lease=2**63))),
     ("nbytes-float", lambda: dcache.create_batch_job(make_job("n", nbytes=1.5))),
+    ("nbytes-given", lambda: dcache.create_batch_job(make_job("n", nbytes=5))),
+    ("targets_done-given", lambda: dcache.create_batch_job(make_job("n", targets_done=1))),
     ("not-a-job", lambda: dcache.create_batch_job("job")),  # type: ignore[arg-type]
     ("not-a-target", lambda: dcache.put_batch_targets("job-2", ["target"])),  # type: ignore[list-item]
     ("read-id-surrogate", lambda: dcache.batch_job("\ud800")),

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import job_with_bytes, make_job, stored_job
 
 from sift import dcache
 from sift.dcache import manager
@@ -22,16 +22,6 @@ def job_ids() -> set[str]:
 
 def target_job_ids() -> set[str]:
     return {row[0] for row in dcache.db.execute_sql("SELECT DISTINCT job_id FROM batch_target").fetchall()}
-
-
-def job_with_bytes(job_id: str, nbytes: int, **fields: Any) -> None:
-    """A finished job holding ``nbytes`` real result bytes in its one target (so nbytes follows rule 4)."""
-    status = fields.pop("status", "done")
-    lease = fields.pop("lease", 1_000)
-    dcache.create_batch_job(make_job(job_id, targets_total=2, lease=lease, **fields), make_targets(2))
-    if nbytes:
-        dcache.update_batch_target(job_id, 0, "done", result="x" * nbytes, now=lease)
-    dcache.set_batch_job_status(job_id, status, now=lease)
 
 
 # (id, lease, created_at) in eviction order: lease first, then created_at, then id.
@@ -165,9 +155,10 @@ def test_within_budget_evicts_nothing(store: Any) -> None:
     assert job_ids() == {"job-1"}
 
 
-def test_jobs_created_with_nbytes_are_evicted_by_it(store: Any) -> None:
-    dcache.create_batch_job(make_job("given", status="done", nbytes=50, lease=1))
-    dcache.create_batch_job(make_job("live", status="queued", nbytes=50, lease=0))
+def test_jobs_holding_nbytes_no_target_backs_are_evicted_by_it(store: Any) -> None:
+    """Eviction goes by each job's nbytes as stored, even when no target backs it (a damaged store)."""
+    stored_job(make_job("given", status="done", lease=1), nbytes=50)
+    stored_job(make_job("live", status="queued", lease=0), nbytes=50)
     assert dcache.evict_batch_oldest(60) == 1
     assert job_ids() == {"live"}
 
@@ -178,16 +169,12 @@ def test_eviction_in_many_chunks(store: Any) -> None:
     per_job = 8
     assert count * (per_job + 1) > 2 * ROWS_PER_TRANSACTION
     for i in range(count):
-        dcache.create_batch_job(
-            make_job(f"j{i:04d}", status="done", nbytes=3, lease=i, targets_total=per_job),
-            make_targets(per_job),
-        )
+        job_with_bytes(f"j{i:04d}", 3, status="done", lease=i, targets_total=per_job)
     big = ROWS_PER_TRANSACTION + 100
-    dcache.create_batch_job(
-        make_job("big", status="failed", nbytes=1, lease=0, targets_total=big), make_targets(big)
-    )
-    dcache.create_batch_job(make_job("newest", status="done", nbytes=3, lease=10**6))
-    dcache.create_batch_job(make_job("live", status="running", nbytes=3, lease=0))
+    job_with_bytes("big", 1, status="failed", lease=0, targets_total=big)
+    # newest and live hold no targets (no target row may be left): their bytes are set by SQL
+    stored_job(make_job("newest", status="done", lease=10**6), nbytes=3)
+    stored_job(make_job("live", status="running", lease=0), nbytes=3)
     assert dcache.evict_batch_oldest(6) == count + 1
     assert job_ids() == {"newest", "live"}
     assert target_job_ids() == set()
@@ -199,8 +186,8 @@ def test_eviction_in_many_chunks(store: Any) -> None:
 def test_counters_grow_after_each_chunk(
     store: dcache.SerializedSqliteDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for i in range(3 * JOBS_PER_TRANSACTION):
-        dcache.create_batch_job(make_job(f"j{i:04}", status="done", targets_total=0, nbytes=2, lease=10))
+    for i in range(3 * JOBS_PER_TRANSACTION):  # jobs of no target: their bytes are set by SQL
+        stored_job(make_job(f"j{i:04}", status="done", targets_total=0, lease=10), nbytes=2)
     seen: list[tuple[int, int]] = []
     delete = manager._delete_jobs
 

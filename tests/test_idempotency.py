@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import make_job
+from helpers import job_with_bytes, make_job
 
 from sift import dcache
 
@@ -111,7 +111,7 @@ def test_tie_on_created_at_goes_to_most_recently_created(store: Any, ids: list[s
 def test_tie_survives_deleting_the_last_created(store: Any) -> None:
     idem_job("a", created_at=1_000, lease=1_000)
     idem_job("b", created_at=1_000, lease=1_000)
-    idem_job("c", created_at=1_000, lease=500, status="done", nbytes=1)
+    job_with_bytes("c", 1, idem_key="key", created_at=1_000, lease=500, status="done")
     assert dcache.batch_job_by_idem("alice", "key", 1_000, now=1_050) == "c"
     assert dcache.evict_batch_oldest(0) == 1
     assert dcache.batch_job_by_idem("alice", "key", 1_000, now=1_050) == "b"

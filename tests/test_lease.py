@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from helpers import TargetWriter, create_partial, make_job, make_targets, snapshot
+from helpers import TargetWriter, create_partial, job_with_bytes, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -158,7 +158,7 @@ def test_reads_never_write(store: Any, read: Callable[[], object], write: Target
     dcache.create_batch_job(make_job("job-1", idem_key="key", lease=1_000), make_targets(3))
     write("job-1", 1, "done", result="abc", now=1_000)
     create_partial(make_job("job-2", status="running", lease=800), make_targets(2))
-    dcache.create_batch_job(make_job("job-3", status="done", lease=600, nbytes=5))
+    job_with_bytes("job-3", 5, status="done", lease=600)
     before = snapshot()
     assert writes_of(lambda: (read(), read())) in (0, None)
     assert snapshot() == before

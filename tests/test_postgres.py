@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
-from helpers import create_partial, make_job, make_targets, snapshot
+from helpers import create_partial, make_job, make_targets, snapshot, stored_job
 
 from sift import dcache
 from sift.dcache import db
@@ -237,7 +237,7 @@ def claim_indexes() -> set[str]:
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     assert SCHEMA_VERSION == 5
-    dcache.create_batch_job(make_job("job-1", targets_total=2, nbytes=5), make_targets(2))
+    stored_job(make_job("job-1", targets_total=2), make_targets(2), nbytes=5)  # bytes of pending targets
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
     assert [(t.idx, t.attempts, t.runner) for t in dcache.batch_targets("job-1") or []] == [
@@ -326,10 +326,8 @@ def test_columns_are_bigint_and_options_json(pg: str) -> None:
 def test_largest_int_and_options_text_round_trip(pg: str) -> None:
     big = 2**63 - 1
     options = '{"b": 1,  "a":2, "a":3, "s":"\\u0000é"}'  # jsonb would rewrite this; json keeps it
-    create_partial(
-        make_job("job-1", lease=big, created_at=big, targets_total=big, nbytes=big),
-        [dcache.BatchTarget(idx=0, url="u", options=options)],
-    )
+    stored_job(make_job("job-1", lease=big, created_at=big, targets_total=big), nbytes=big)  # nbytes by SQL
+    dcache.put_batch_targets("job-1", [dcache.BatchTarget(idx=0, url="u", options=options)])
     job = dcache.batch_job("job-1")
     assert job is not None and (job.lease, job.created_at, job.targets_total, job.nbytes) == (big,) * 4
     targets = dcache.batch_targets("job-1")

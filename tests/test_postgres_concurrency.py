@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import open_empty_postgres, postgres_target
-from helpers import make_job, make_targets
+from helpers import job_with_bytes, make_job, make_targets
 
 from sift import dcache
 from sift.dcache import BatchTarget, db
@@ -136,10 +136,8 @@ def _rewriter(target: str, p: int, barrier: Barrier) -> dict[str, Any]:
 def test_four_evictors_evict_what_one_would(schema: str) -> None:
     rng = random.Random(7)
     for i in range(EVICTABLE_JOBS):
-        job = make_job(
-            f"ev-{i:04d}", status="done", lease=rng.randint(1, 50), created_at=i, nbytes=rng.randint(1, 900)
-        )
-        dcache.create_batch_job(job)
+        lease, nbytes = rng.randint(1, 50), rng.randint(1, 900)
+        job_with_bytes(f"ev-{i:04d}", nbytes, status="done", lease=lease, created_at=i)
     for p in range(LIVE_JOBS):
         dcache.create_batch_job(make_job(f"live-{p}", status="running", lease=40_000), make_targets(3))
         for idx in range(3):

@@ -31,10 +31,12 @@ def test_each_status(store: Any, status: str) -> None:
 def test_marks_every_live_job_and_nothing_else(store: Any) -> None:
     for i, status in enumerate(STATUSES):
         for caller in ("alice", "bob"):
+            job_id = f"{caller}-{status}"
             dcache.create_batch_job(
-                make_job(f"{caller}-{status}", caller=caller, status=status, lease=100 + i, nbytes=i),
-                make_targets(3),
+                make_job(job_id, caller=caller, status=status, lease=100 + i), make_targets(3)
             )
+            if i:  # i result bytes, written at the job's lease
+                dcache.update_batch_target(job_id, 2, "done", result="x" * i, now=100 + i)
     dcache.update_batch_target("alice-running", 0, "done", result="abc", now=200)
     before = jobs()
     targets_before = dcache.db.execute_sql("SELECT * FROM batch_target ORDER BY 1, 2").fetchall()

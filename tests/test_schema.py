@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import create_partial, make_job, make_targets
+from helpers import create_partial, job_with_bytes, make_job, make_targets
 
 from sift import dcache
 from sift.dcache.tables import CLAIM_COLUMNS, SCHEMA_VERSION
@@ -247,7 +247,7 @@ def test_existing_rows_get_the_running_total_on_open(tmp_path: Path) -> None:
 def test_total_follows_rows_written_by_another_program(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     dcache.open_db(path)
-    dcache.create_batch_job(make_job("mine", nbytes=10))
+    job_with_bytes("mine", 10)
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("INSERT INTO batch_job VALUES ('theirs', 'bob', 'fleet', '', 'done', '', 1, 1, 5, 5, 32)")
     assert dcache.batch_nbytes() == 42
@@ -267,7 +267,7 @@ def test_total_follows_rows_written_by_another_program(tmp_path: Path) -> None:
 def test_reopen_keeps_data_and_total(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     dcache.open_db(path)
-    dcache.create_batch_job(make_job("a", nbytes=5))
+    job_with_bytes("a", 5)
     dcache.create_batch_job(make_job("b"), make_targets(3))
     dcache.update_batch_target("b", 2, "done", result="hello")
     dcache.open_db(path)

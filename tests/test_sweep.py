@@ -116,7 +116,8 @@ def test_sweep_in_many_chunks_deletes_everything_due(store: Any) -> None:
 @pytest.mark.parametrize("status", STATUSES)
 def test_sweep_leaves_other_rows_untouched(store: Any, status: str) -> None:
     dcache.create_batch_job(make_job("gone", lease=10, status=status), make_targets(3))
-    dcache.create_batch_job(make_job("stays", lease=500, status=status, nbytes=4), make_targets(3))
+    dcache.create_batch_job(make_job("stays", lease=500, status=status), make_targets(3))
+    dcache.update_batch_target("stays", 0, "done", result="four", now=500)
     dcache.update_batch_target("stays", 1, "done", result="é", now=500)
     before = _rows()
     assert dcache.sweep_batch(10, now=100) == 1

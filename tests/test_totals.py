@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets
+from helpers import job_with_bytes, make_job, make_targets, stored_job
 
 from sift import dcache
 
@@ -26,7 +26,7 @@ def test_empty_store_holds_zero_bytes(store: Any) -> None:
 
 def test_total_over_every_job_whatever_its_status(store: Any) -> None:
     for i, status in enumerate(STATUSES):
-        dcache.create_batch_job(make_job(f"job-{status}", status=status, nbytes=10**i))
+        job_with_bytes(f"job-{status}", 10**i, status=status)
     assert dcache.batch_nbytes() == 111_111
     dcache.create_batch_job(make_job("zero"))
     assert dcache.batch_nbytes() == 111_111
@@ -35,7 +35,7 @@ def test_total_over_every_job_whatever_its_status(store: Any) -> None:
 def test_total_follows_every_kind_of_write(store: Any) -> None:
     dcache.create_batch_job(make_job("a", targets_total=3, lease=10), make_targets(3))
     dcache.create_batch_job(make_job("b", targets_total=2, lease=20, status="running"), make_targets(2))
-    dcache.create_batch_job(make_job("c", nbytes=1_000, lease=5, status="done"))
+    job_with_bytes("c", 1_000, lease=5, status="done")
     assert dcache.batch_nbytes() == 1_000
     dcache.update_batch_target("a", 0, "done", result="héllo", now=10)
     assert dcache.batch_nbytes() == 1_006
@@ -64,15 +64,18 @@ def test_failed_writes_leave_the_total(store: Any) -> None:
     with pytest.raises(dcache.InvalidBatchInput):
         dcache.update_batch_target("a", 0, "running", now=2)
     with pytest.raises(dcache.DuplicateJob):
-        dcache.create_batch_job(make_job("a", nbytes=99))
+        dcache.create_batch_job(make_job("a"))
     with pytest.raises(dcache.InvalidBatchInput):
-        dcache.create_batch_job(make_job("b", nbytes=99), make_targets(1, start=5))
+        dcache.create_batch_job(make_job("b"), make_targets(1, start=5))
+    with pytest.raises(dcache.InvalidBatchInput):
+        dcache.create_batch_job(make_job("b", nbytes=99))
     assert dcache.batch_nbytes() == 3 == column_sum()
 
 
 def test_large_totals(store: Any) -> None:
-    dcache.create_batch_job(make_job("a", nbytes=2**62))
-    dcache.create_batch_job(make_job("b", nbytes=2**62 - 1))
+    """Byte counts no result could reach, set by SQL: the running total holds them exactly."""
+    stored_job(make_job("a"), nbytes=2**62)
+    stored_job(make_job("b"), nbytes=2**62 - 1)
     assert dcache.batch_nbytes() == 2**63 - 1
 
 
@@ -116,8 +119,8 @@ def test_live_counts_ignore_caller_class(store: Any) -> None:
 
 @pytest.mark.sqlite_only  # INSERT OR REPLACE with recursive triggers
 def test_replace_by_another_writer_keeps_the_total(store: dcache.SerializedSqliteDatabase) -> None:
-    dcache.create_batch_job(make_job("a", nbytes=100, status="done"))
-    dcache.create_batch_job(make_job("b", nbytes=200, status="done"))
+    job_with_bytes("a", 100, status="done")
+    job_with_bytes("b", 200, status="done")
     row = {
         **dcache.BatchJob.get_by_id("a").__data__,
         "nbytes": 50,
@@ -147,7 +150,7 @@ def test_a_total_that_drifted_is_left_to_check_repair(file_store: Path) -> None:
 
 
 def test_a_missing_total_row_is_rebuilt_at_open(file_store: Path) -> None:
-    dcache.create_batch_job(make_job("a", nbytes=100, status="done"))
+    job_with_bytes("a", 100, status="done")
     dcache.close_db()
     with closing(sqlite3.connect(file_store)) as conn, conn:
         conn.execute("DELETE FROM batch_totals")
