@@ -418,7 +418,11 @@ def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int)
 
 @retried
 def set_batch_job_status(job_id: str, status: str, error: str = "", *, now: int | None = None) -> None:
-    """Set the job's status and error, and its lease to ``now``."""
+    """Set the job's status and error, and its lease to ``now``.
+
+    The original design's call, kept as it was: any status, a finished job's too (an operator's repair), and
+    it leaves the targets alone. A finished job's status set back to live through the models is refused.
+    """
     job_id = validation.job_id(job_id)
     status = validation.job_status(status)
     error = validation.message("error", error)
