@@ -45,6 +45,7 @@ LIVE = ("queued", "running")
 FINISHED = ("done", "partial", "failed", "cancelled")
 IDEM = ("queued", "running", "done", "partial")
 FINAL = ("done", "failed")
+UNCLAIMED = ("pending", "failed")  # a write of these ends the target's claim
 #: The runners that claim; None in an update is a write that names no runner (a client's).
 RUNNERS = ["r1", "r2"]
 MAX_TOTAL = 4
@@ -448,6 +449,8 @@ class StoreMachine(RuleBasedStateMachine):
             assert job is not None
             target = job.targets[idx]
             target.status, target.result, target.error, target.hint = status, result, error, hint
+            if status in UNCLAIMED:  # back in the pool, or failed: the claim ends with the write
+                target.runner = target.heartbeat = None
             job.lease = now
 
     @precondition(lambda self: any(job.targets for job in self.jobs.values()))
@@ -496,6 +499,8 @@ class StoreMachine(RuleBasedStateMachine):
                 modelled.result = result
             else:
                 modelled.result = modelled.error = modelled.hint = None
+            if status in UNCLAIMED:
+                modelled.runner = modelled.heartbeat = None
             modelled.status, job.lease = status, now
 
     @precondition(lambda self: bool(self.jobs))
@@ -505,9 +510,13 @@ class StoreMachine(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(sorted(self.jobs)))
         instance = dcache.BatchJob.get_by_id(job_id)
         instance.status = status
+        # a finished job does not go back to live through the models
+        refused = self.jobs[job_id].status not in LIVE and status in LIVE
         with freeze_time(clock_at(now)):
-            assert instance.save() == 1
-        self.jobs[job_id].status, self.jobs[job_id].lease = status, now
+            saved = self.call({dcache.ModelWriteRefused} if refused else set(), instance.save)
+        if not refused:
+            assert saved == 1
+            self.jobs[job_id].status, self.jobs[job_id].lease = status, now
 
     @rule(data=st.data(), how=st.sampled_from(["delete_instance", "delete_by_id", "delete().where"]))
     def delete_job(self, data: st.DataObject, how: str) -> None:
