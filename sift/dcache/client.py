@@ -145,7 +145,7 @@ def _requested(urls: Any, options: Any) -> list[tuple[str, str]]:
     """``urls`` as (url, options text) in order, each checked as storing it would check it."""
     if isinstance(urls, (str, bytes)) or not isinstance(urls, Iterable):
         validation.invalid("urls", f"must be an iterable of URLs, got {type(urls).__name__}")
-    default = DEFAULT_OPTIONS if options is None else _options("options", options)
+    default = DEFAULT_OPTIONS if options is None else _options(options)
     requested = [_one(idx, entry, default) for idx, entry in enumerate(urls)]
     if not requested:
         validation.invalid("urls", "must not be empty: a job without targets never finishes")
@@ -153,11 +153,13 @@ def _requested(urls: Any, options: Any) -> list[tuple[str, str]]:
 
 
 def _one(idx: int, entry: Any, default: str) -> tuple[str, str]:
-    """Entry ``idx`` of ``urls``: a URL, a (url, options) pair or a BatchTarget, as (url, options text)."""
+    """Entry ``idx`` of ``urls``: a URL, a (url, options) pair or a BatchTarget, as (url, options text).
+    A refusal names ``url``, ``options`` or ``idx`` and the target, as the store's own checks do."""
     if isinstance(entry, BatchTarget):
         data = entry.__data__
         if data.get("idx") not in (None, idx):
-            validation.invalid(f"urls[{idx}].idx", f"must be its position {idx}, got {data['idx']!r}")
+            problem = f"must be the target's place in urls, got {data['idx']!r} (target {idx})"
+            validation.invalid("idx", problem)
         url, given = data.get("url"), data.get("options")
     elif isinstance(entry, (tuple, list)) and len(entry) == 2:
         url, given = entry
@@ -166,18 +168,22 @@ def _one(idx: int, entry: Any, default: str) -> tuple[str, str]:
     if not isinstance(url, str):
         got = type(entry).__name__
         validation.invalid(
-            f"urls[{idx}]", f"must be a URL, a (url, options) pair or a BatchTarget, got {got}"
+            "urls", f"entry {idx} must be a URL, a (url, options) pair or a BatchTarget, got {got}"
         )
-    url = validation.text(f"urls[{idx}]", url, allow_empty=False)
-    return url, default if given is None else _options(f"urls[{idx}].options", given)
-
-
-def _options(field: str, value: Any) -> str:
-    """Options as the JSON text stored (a dict or list as compact JSON), checked; errors name ``field``."""
+    url = validation.plain(url)
     try:
-        return checked_options(value)
+        if not url:
+            validation.invalid("url", "must be a non-empty str")
+        validation.utf8_size("url", url)  # no NUL, no lone surrogate
+        return url, default if given is None else _options(given)
     except InvalidBatchInput as exc:
-        raise InvalidBatchInput(field, exc.problem) from None
+        raise InvalidBatchInput(exc.field or "url", f"{exc.problem} (target {idx})") from None
+
+
+def _options(value: Any) -> str:
+    """Options as the JSON text stored (a dict or list as compact JSON), checked: a refusal names
+    ``options``."""
+    return checked_options(value)
 
 
 def _same_request(job_id: str, caller_class: str, requested: list[tuple[str, str]]) -> bool:
