@@ -101,6 +101,11 @@ def submit(
     created_at and lease. A key that finds a job made from another request raises ``IdempotencyConflict``."""
     now = validation.now(now)
     requested = _requested(urls, options)
+    # The job's own fields, checked before the transaction opens (submit_batch_job checks them again).
+    validation.key("caller", caller)
+    validation.key("idem_key", idem_key, allow_empty=True)
+    checked_class = validation.caller_class(caller_class)
+    validation.cutoff(now, ttl)
     job = BatchJob(
         id=uuid.uuid4().hex,
         caller=caller,
@@ -117,7 +122,7 @@ def submit(
     targets = [BatchTarget(idx=idx, url=url, options=text) for idx, (url, text) in enumerate(requested)]
     with db.write():  # the lookup, the comparison and the create: one transaction
         job_id, created = submit_batch_job(job, targets, ttl, now=now)
-        if not created and not _same_request(job_id, validation.caller_class(caller_class), requested):
+        if not created and not _same_request(job_id, checked_class, requested):
             raise IdempotencyConflict(job_id, idem_key)
     return Submitted(job_id, created)
 
