@@ -52,6 +52,12 @@ def _refused(call: Callable[[], object], error: type[dcache.BatchError], field: 
         call()
 
 
+def _cancel_one() -> None:
+    job_id = _new_id()
+    dcache.create_batch_job(make_job(job_id, targets_total=2), make_targets(2))
+    assert dcache.cancel_batch_job(job_id, now=2_000)
+
+
 def _put_one() -> None:
     job_id = _new_id()
     dcache.create_batch_job(make_job(job_id, targets_total=2))
@@ -68,6 +74,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "batch_job_by_idem": lambda _: dcache.batch_job_by_idem("alice", "k-1", 10**9, now=2_000),
     "batch_nbytes": lambda _: dcache.batch_nbytes(),
     "batch_targets": lambda _: dcache.batch_targets("job-1"),
+    "cancel_batch_job": lambda _: _cancel_one(),
     "check_store": lambda _: dcache.check_store(),
     "claim_batch_targets": lambda _: dcache.claim_batch_targets(2, now=2_000),
     # each claims first, so that it has a claim of its own to renew, release or requeue
@@ -98,6 +105,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "stats": lambda _: dcache.stats(),
     "store_load": lambda _: dcache.store_load(),
     "store_space": lambda _: dcache.store_space(),
+    "submit": lambda _: dcache.submit("alice", ["https://example.com/a"], idem_key=_new_id(), now=2_000),
     "submit_batch_job": lambda _: dcache.submit_batch_job(
         make_job(_new_id(), idem_key=_new_id()), make_targets(3), 10**9, now=2_000
     ),

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sift import dcache, testing
-from sift.dcache import BatchJob, BatchTarget, claimorder, claims, db, load, manager
+from sift.dcache import BatchJob, BatchTarget, claimorder, claims, client, db, load, manager
 from sift.dcache.statements import Statement
 
 
@@ -132,8 +132,9 @@ def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
     dcache.put_batch_targets(job.id, targets)
 
 
-#: The modules whose compiled statements are the store's rules (and its reads of who waits, ``load``).
-RULE_MODULES = (manager, claims, claimorder, load)
+#: The modules whose compiled statements are the store's rules (and its reads of who waits, ``load``;
+#: the client's calls, ``client``).
+RULE_MODULES = (manager, claims, claimorder, load, client)
 
 
 def rule_statements() -> dict[str, Statement]:

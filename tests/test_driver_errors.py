@@ -39,6 +39,7 @@ PRAGMAS = {"journal_mode": "wal", "busy_timeout": 10_000, "recursive_triggers": 
 WRITES = [
     "create_batch_job",
     "submit_batch_job",
+    "submit",
     "put_batch_targets",
     "update_batch_target",
     "update_batch_targets",
@@ -50,6 +51,7 @@ WRITES = [
     "requeue_stale_claims",
     "requeue_in_flight",
     "finish_batch_job",
+    "cancel_batch_job",
     "rescue_stale_jobs",
     "mark_in_flight_failed",
     "evict_batch_oldest",

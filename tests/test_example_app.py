@@ -214,10 +214,11 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     for (client, job), (_, page) in load.jobs.items():
         status, targets = expected(urls_of(client, job))
         found = [(r["status"], r["result"], r["error"]) for r in page["results"]]
-        if load.cancels.get((client, job)) == 200:  # each target as it was at the cancel, or fetched
+        if load.cancels.get((client, job)) == 200:  # each target fetched, or failed by the cancel
             assert page["status"] == "cancelled"
-            unfinished = [("pending", None, None), ("running", None, None)]
-            assert all(got in [want, *unfinished] for got, want in zip(found, targets, strict=True))
+            assert page["done"] == page["total"]
+            by_cancel = ("failed", None, f"cancelled by client-{client}")
+            assert all(got in [want, by_cancel] for got, want in zip(found, targets, strict=True))
         else:
             assert page["status"] == status
             assert found == targets
@@ -227,9 +228,8 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     left = dcache.BatchTarget.select(dcache.BatchTarget.job_id, dcache.BatchTarget.status).where(
         dcache.BatchTarget.status.not_in(["done", "failed"])
     )
-    cancelled = {load.jobs[key][0] for key, code in load.cancels.items() if code == 200}
-    for target in left:  # every claim was written or released; only cancelled jobs keep pending targets
-        assert (target.job_id, target.status) in {(job_id, "pending") for job_id in cancelled}
+    # every claim was written or released, and a cancel failed its job's unfinished targets: none is left
+    assert [(target.job_id, target.status) for target in left] == []
     report = dcache.check_store()
     assert report.ok, report.violations
 

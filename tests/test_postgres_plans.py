@@ -28,6 +28,13 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "_SELECT_JOB": ({"job_id": "old-7"}, {"batch_job_pkey"}),
     "_SELECT_TARGETS": ({"job_id": "job-3"}, {"batch_job_pkey", "batch_target_pkey"}),
     "_TOUCH": ({"job_id": "job-3", "now": 5}, {"batch_job_pkey"}),
+    # a page of a job's targets: one range of the target's primary key
+    "_PAGE": ({"job_id": "old-7", "after_idx": 3, "limit": 5}, {"batch_target_pkey"}),
+    # the client's calls: a key hit's comparison, and a cancel (writes: planned, rolled back)
+    "_STORED_CLASS": ({"job_id": "old-7"}, {"batch_job_pkey"}),
+    "_STORED_TARGETS": ({"job_id": "old-7"}, {"batch_target_pkey"}),
+    "_CANCEL_JOB": ({"job_id": "job-3", "reason": "r", "now": 5}, {"batch_job_pkey", "batch_target_pkey"}),
+    "_FAIL_OPEN_TARGETS": ({"job_id": "job-3", "reason": "r"}, {"batch_target_pkey"}),
     # store_load (a metrics scrape): the live jobs by caller, and the running targets with their jobs
     "_OUTSTANDING": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
     "_RUNNING": ({}, {"batch_target_running", "batch_job_pkey"}),
@@ -81,8 +88,8 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: Left out of the generic-plan test: _EXPIRED runs once per chunk of 256 expired jobs, never on the runner's
 #: path, and is planned on every run all the same (its generic plan guesses a third of the jobs expired; its
 #: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
-#: by primary key, is pinned above).
-NOT_SETTLED = {"_EXPIRED", "_TOUCH"}
+#: by primary key, is pinned above), as are the cancel's two.
+NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS"}
 #: The claim's searches (the ring's next caller with its oldest job, a caller's next job, a job's next host;
 #: fair=False's next job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
 CLAIM_READS: dict[str, dict[str, Any]] = {

@@ -133,6 +133,8 @@ SLOT_VALUES: dict[str, Any] = {
     "after": "caller-1",
     "job_ids": '["old-00001", "runner"]',  # SQLite's list: a JSON array (backend.listed)
     "turns": 1,
+    "after_idx": 2,
+    "limit": 5,
 }
 
 #: Every statement of the manager, and how its plan must reach rows: exactly this set of index accesses,
@@ -160,6 +162,8 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_LIVE": ({"batch_job_live (caller=?)"}, {"batch_job_ring (caller=?)"}),
     "_LIVE_TOTAL": LIVE_SCAN,  # a SCAN of a partial index: bounded by the live jobs
     "_SELECT_TARGETS": {JOB_BY_ID, TARGETS_OF_JOB},
+    # a page of a job's targets: one range of the target's primary key, in its order
+    "_PAGE": {f"{TARGET_PK} (job_id=? AND idx>?)"},
     # sweep and eviction (their no-op forms run only _ANY_EXPIRED, or only the byte total)
     "_ANY_EXPIRED": {"batch_job_lease (lease<?)"},
     "_EXPIRED": {"batch_job_lease (lease<?)"},
@@ -215,6 +219,12 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # the CLI's dry-run previews (not hot): they read every due or evictable job by design
     "_SWEEP_CANDIDATES": {"batch_job_lease (lease<?)"},
     "_EVICT_CANDIDATES": {"batch_job_evictable"},
+    # the client's calls: a key hit's request compared with the stored job's; a cancel
+    "_STORED_CLASS": {JOB_BY_ID},
+    "_STORED_TARGETS": {TARGETS_OF_JOB},
+    "_CANCEL_JOB": {JOB_BY_ID, TARGETS_OF_JOB},
+    "_FAIL_OPEN_TARGETS": {TARGETS_OF_JOB},
+    "_JOB_EXISTS": {JOB_BY_ID},
     "_INSERT_JOB": set(),
     "_INSERT_TARGET": set(),
 }

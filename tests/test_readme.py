@@ -29,7 +29,10 @@ def test_web_app_example(tmp_path: Path) -> None:
         status, body = app["submit"]("alice", "key-1", ["https://a.example/", "https://b.example/"])
         assert status == 202
         job_id = body["id"]
-        assert app["submit"]("alice", "key-1", ["https://a.example/"]) == (200, {"id": job_id})
+        again = app["submit"]("alice", "key-1", ["https://a.example/", "https://b.example/"])
+        assert again == (200, {"id": job_id})
+        status, conflict = app["submit"]("alice", "key-1", ["https://a.example/"])  # another request
+        assert status == 409 and conflict["field"] == "idem_key" and conflict["id"] == job_id
         assert app["poll"]("bob", job_id)[0] == 404
         app["run_one"](job_id, 0, '{"status": 200}')
         status, page = app["poll"]("alice", job_id)

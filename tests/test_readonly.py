@@ -46,6 +46,8 @@ def contents(path: Path) -> dict[str, list[Any]]:
 WRITES: dict[str, Callable[[], object]] = {
     "create_batch_job": lambda: dcache.create_batch_job(make_job("new")),
     "submit_batch_job": lambda: dcache.submit_batch_job(make_job("new", idem_key="n"), None, 10, now=100),
+    "submit": lambda: dcache.submit("alice", ["https://example.com/"], idem_key="n", now=100),
+    "cancel_batch_job": lambda: dcache.cancel_batch_job("a", now=200),
     "put_batch_targets": lambda: dcache.put_batch_targets("b", make_targets(1)),
     "update_batch_target": lambda: dcache.update_batch_target("a", 1, "done", result="x", now=200),
     "set_batch_job_status": lambda: dcache.set_batch_job_status("a", "done", now=200),

@@ -17,6 +17,7 @@ from .claims import (
     runner_name,
     stale_claims,
 )
+from .client import Submitted, cancel_batch_job, submit
 from .clock import unix_now
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
@@ -24,6 +25,7 @@ from .errors import (
     BatchError,
     ClaimLost,
     DuplicateJob,
+    IdempotencyConflict,
     InvalidBatchInput,
     JobNotFound,
     ModelWriteRefused,
@@ -106,6 +108,7 @@ __all__ = [
     "ClaimLost",
     "DuplicateJob",
     "HostLoad",
+    "IdempotencyConflict",
     "InvalidBatchInput",
     "JobNotFound",
     "ModelWriteRefused",
@@ -125,6 +128,7 @@ __all__ = [
     "StoreReport",
     "StoreSpace",
     "StoreUnavailable",
+    "Submitted",
     "TargetNotFound",
     "TargetStatus",
     "VacuumReport",
@@ -133,6 +137,7 @@ __all__ = [
     "batch_job_by_idem",
     "batch_nbytes",
     "batch_targets",
+    "cancel_batch_job",
     "check_store",
     "claim_batch_targets",
     "close_db",
@@ -158,6 +163,7 @@ __all__ = [
     "stats",
     "store_load",
     "store_space",
+    "submit",
     "submit_batch_job",
     "sweep_batch",
     "stale_claims",

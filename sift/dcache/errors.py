@@ -74,6 +74,24 @@ class DuplicateJob(BatchError):
         return type(self), (self.job_id,)
 
 
+class IdempotencyConflict(BatchError):
+    """``submit`` named an ``idem_key`` whose job (``job_id``) was submitted with other URLs, options or
+    caller class; nothing was written. Send the same request again, or use a new key."""
+
+    field = "idem_key"
+
+    def __init__(self, job_id: str, idem_key: str) -> None:
+        super().__init__(
+            f"idem_key: {idem_key!r} already names job {job_id!r}, submitted with other URLs, options or "
+            "caller class; use a new key for a different request"
+        )
+        self.job_id = job_id
+        self.idem_key = idem_key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.job_id, self.idem_key)
+
+
 class ClaimLost(BatchError):
     """A runner wrote a target it no longer holds: its claim went stale, was requeued, and the target is
     pending again or another runner's. Nothing was written; the target's current holder writes it."""

@@ -99,6 +99,15 @@ _SELECT_TARGETS = Statement(
         .order_by(T.idx)
     )
 )
+# A page: one range read of the target's primary key, (job_id, idx) from ``after`` on.
+_PAGE = Statement(
+    lambda: (
+        T.select(*_target_fields())
+        .where((T.job_id == Slot("job_id")) & (T.idx > Slot("after_idx")))
+        .order_by(T.idx)
+        .limit(Slot("limit"))
+    )
+)
 _IDEM = Statement(
     lambda: (
         J.select(J.id)
@@ -566,8 +575,15 @@ def batch_job(job_id: str) -> BatchJob | None:
     return BatchJob.from_row(JOB_COLUMNS, rows[0])
 
 
-def batch_targets(job_id: str) -> list[BatchTarget] | None:
-    """The job's targets in idx order (``[]`` for a job without targets), or None for an unknown job."""
+def batch_targets(
+    job_id: str, *, after: int | None = None, limit: int | None = None
+) -> list[BatchTarget] | None:
+    """The job's targets in idx order (``[]`` for a job without targets), or None for an unknown job.
+
+    A page with ``after`` and/or ``limit``: the targets with ``idx > after``, at most ``limit`` (at least 1)
+    of them, read as one range of the index; ``[]`` past the last target."""
+    if after is not None or limit is not None:
+        return _targets_page(_read_id(job_id), after, limit)
     rows = _SELECT_TARGETS.rows(job_id=_read_id(job_id))
     if not rows:
         counters.add("batch_targets_miss")
@@ -575,6 +591,17 @@ def batch_targets(job_id: str) -> list[BatchTarget] | None:
     counters.add("batch_targets_hit")
     if rows[0][1] is None:  # the job's LEFT JOIN row: no targets
         return []
+    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+
+
+def _targets_page(job_id: str, after: int | None, limit: int | None) -> list[BatchTarget] | None:
+    after = -1 if after is None else validation.count("after", after)
+    limit = validation.MAX_INT if limit is None else validation.positive("limit", limit)
+    rows = _PAGE.rows(job_id=job_id, after_idx=after, limit=limit)
+    if not rows and _TARGETS_TOTAL.scalar(job_id=job_id) is None:  # an empty page, or no such job
+        counters.add("batch_targets_miss")
+        return None
+    counters.add("batch_targets_hit")
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
 
 

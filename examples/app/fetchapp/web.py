@@ -3,10 +3,12 @@
 is at fault).
 
 - ``POST /v1/jobs`` with ``{"urls": [...], "options": {...}}`` and an ``Idempotency-Key`` header: 202 and
-  the new job's id, or 200 and the id of the job this caller already submitted with that key.
-- ``GET /v1/jobs/<id>``: the job and every target's result; reading keeps the job alive (its lease).
-- ``POST /v1/jobs/<id>/cancel``: a queued or running job becomes cancelled (no more of its targets are
-  fetched); 409 for a job that is finished already.
+  the new job's id, or 200 and the id of the job this caller already submitted with that key and the same
+  URLs and options; 409 if that key's job was made from another request.
+- ``GET /v1/jobs/<id>``: the job and every target's result (a page of them with ``?after=&limit=``);
+  reading keeps the job alive (its lease).
+- ``POST /v1/jobs/<id>/cancel``: a queued or running job becomes cancelled and its unfinished targets
+  failed (no more of them are fetched); 409 for a job that is finished already.
 
 The caller is the ``X-Caller`` header, a stand-in for real authentication: a caller sees only its own jobs.
 
@@ -24,14 +26,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app, multiprocess
 from sift import dcache
-from sift.dcache import BatchJob, JobStatus, metrics
+from sift.dcache import JobStatus, metrics
 from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
@@ -101,7 +102,8 @@ class Unauthorized(HTTPException):
 
 def submit() -> Answer:
     """Create the job, or find the one this caller submitted with the same ``Idempotency-Key`` (within
-    ``TTL``): the lookup and the create are one transaction, so a burst of retries makes one job."""
+    ``TTL``) and the same request: the lookup and the create are one transaction, so a burst of retries
+    makes one job. The key of a job made from other URLs or options is 409 (``IdempotencyConflict``)."""
     who = caller()
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
@@ -112,15 +114,13 @@ def submit() -> Answer:
     for i, url in enumerate(urls):
         if problem := url_problem(url):
             return answer(400, {"field": f"urls[{i}]", "error": f"urls[{i}]: {problem}"})
-    options = body.get("options", {})
-    now = dcache.unix_now()
-    job = BatchJob(
-        id=uuid.uuid4().hex, caller=who, caller_class=dcache.CallerClass.FLEET,
-        idem_key=request.headers.get("Idempotency-Key", ""), status=JobStatus.QUEUED,
-        targets_total=len(urls), created_at=now, lease=now,
-    )  # fmt: skip
-    targets = (dcache.BatchTarget(idx=i, url=url, options=options) for i, url in enumerate(urls))
-    job_id, created = dcache.submit_batch_job(job, targets, TTL)  # its errors: store_error
+    job_id, created = dcache.submit(
+        who,
+        urls,
+        idem_key=request.headers.get("Idempotency-Key", ""),
+        options=body.get("options", {}),
+        ttl=TTL,
+    )  # its errors: store_error
     response, status = answer(202 if created else 200, {"id": job_id, "created": created})
     response.headers["Location"] = f"/v1/jobs/{job_id}"
     return response, status
@@ -151,40 +151,54 @@ def url_problem(url: Any) -> str | None:
 
 
 def poll(job_id: str) -> Answer:
-    """The job and its targets' results. Reading touches the job: a polled job is never swept."""
+    """The job and its targets' results, all of them or the page ``?after=&limit=`` asks for (``next``:
+    the next page's query, while a full page was read). Reading touches the job: a polled job is never
+    swept."""
     who = caller()
+    after, limit = page_arguments()
     job = dcache.batch_job(job_id)
     if job is None or job.caller != who:  # the store never filters by caller: the API does
         raise dcache.JobNotFound(job_id)
-    targets = dcache.batch_targets(job_id) or []
+    targets = dcache.batch_targets(job_id, after=after, limit=limit) or []
     dcache.touch_batch_job(job_id)  # JobNotFound if swept since the read: 404 too
-    return answer(200, {
+    body = {
         "id": job.id, "status": job.status, "error": job.error,
         "done": job.targets_done, "total": job.targets_total,
         "results": [
             {"idx": t.idx, "url": t.url, "status": t.status, "result": t.result, "error": t.error}
             for t in targets
         ],
-    })  # fmt: skip
+    }  # fmt: skip
+    if limit is not None and len(targets) == limit:
+        body["next"] = f"?after={targets[-1].idx}&limit={limit}"
+    return answer(200, body)
+
+
+def page_arguments() -> tuple[int | None, int | None]:
+    """``after`` and ``limit`` from the query string, as ints (None when absent); the store checks their
+    range (``InvalidBatchInput``: 400 naming the field)."""
+    found: list[int | None] = []
+    for name in ("after", "limit"):
+        text = request.args.get(name)
+        if text is not None and not text.lstrip("-").isdigit():
+            raise dcache.InvalidBatchInput(name, f"must be a whole number, got {text!r}")
+        found.append(None if text is None else int(text))
+    return found[0], found[1]
 
 
 def cancel(job_id: str) -> Answer:
-    """A queued or running job of this caller becomes cancelled, in one conditional UPDATE, so a runner
-    finishing the job at the same moment and this cancel cannot both win; a finished job is 409."""
+    """A queued or running job of this caller becomes cancelled and its unfinished targets failed, in one
+    transaction (``cancel_batch_job``): a runner finishing the job at the same moment and this cancel
+    cannot both win, and the runner's later writes are refused. A finished job is 409."""
     who = caller()
-    cancelled = (
-        BatchJob.update(status=JobStatus.CANCELLED.value, error=f"cancelled by {who}")
-        .where((BatchJob.id == job_id) & (BatchJob.caller == who) & BatchJob.status.in_(LIVE))
-        .execute()
-    )
-    if cancelled:
-        return answer(200, {"id": job_id, "status": JobStatus.CANCELLED.value})
     job = dcache.batch_job(job_id)
     if job is None or job.caller != who:
         raise dcache.JobNotFound(job_id)
-    return answer(
-        409, {"id": job_id, "status": job.status, "error": f"status: the job is {job.status} already"}
-    )
+    if dcache.cancel_batch_job(job_id, reason=f"cancelled by {who}"):  # JobNotFound if swept meanwhile
+        return answer(200, {"id": job_id, "status": JobStatus.CANCELLED.value})
+    job = dcache.batch_job(job_id)
+    status = job.status if job is not None else JobStatus.CANCELLED.value
+    return answer(409, {"id": job_id, "status": status, "error": f"status: the job is {status} already"})
 
 
 def health() -> Answer:
@@ -194,12 +208,13 @@ def health() -> Answer:
 
 def store_error(exc: dcache.BatchError) -> Answer:
     """The store's errors as HTTP answers: bad input 400 naming the field, a missing job 404, a duplicate
-    id 409, a store that cannot be used now 503 (logged, with Retry-After); anything else is a bug, 500."""
+    id or an idempotency key used for another request 409, a store that cannot be used now 503 (logged,
+    with Retry-After); anything else is a bug, 500."""
     if isinstance(exc, dcache.InvalidBatchInput):
         return answer(400, {"field": exc.field, "error": str(exc)})
     if isinstance(exc, (dcache.JobNotFound, dcache.TargetNotFound)):
         return answer(404, {"error": "no such job"})
-    if isinstance(exc, dcache.DuplicateJob):
+    if isinstance(exc, (dcache.DuplicateJob, dcache.IdempotencyConflict)):
         return answer(409, {"field": exc.field, "error": str(exc)})
     if isinstance(exc, dcache.StoreUnavailable):
         log.error("store unavailable: %s", exc, exc_info=exc)

@@ -36,8 +36,13 @@ def test_submit_makes_a_queued_job_and_a_retry_with_the_key_finds_it(client: Fla
     first = submit(client, ["https://a.example/", "https://b.example/"], key="k1")
     assert first.status_code == 202 and first.json["created"] is True
     assert first.headers["Location"] == f"/v1/jobs/{first.json['id']}"
-    again = submit(client, ["https://a.example/"], key="k1")
+    again = submit(client, ["https://a.example/", "https://b.example/"], key="k1")
     assert (again.status_code, again.json) == (200, {"id": first.json["id"], "created": False})
+    before = rows()
+    other_urls = submit(client, ["https://a.example/"], key="k1")  # the key's job is another request's
+    assert other_urls.status_code == 409 and other_urls.json["field"] == "idem_key"
+    assert first.json["id"] in other_urls.json["error"]
+    assert rows() == before
     other = submit(client, ["https://a.example/"], key="k1", caller="bob")  # keys are per caller
     assert other.status_code == 202 and other.json["id"] != first.json["id"]
     page = client.get(f"/v1/jobs/{first.json['id']}", headers=ALICE).json
@@ -139,7 +144,31 @@ def test_cancel_stops_a_live_job_and_refuses_a_finished_one(client: FlaskClient)
     assert again.status_code == 409 and again.json["status"] == "cancelled"
     page = client.get(f"/v1/jobs/{job_id}", headers=ALICE).json
     assert (page["status"], page["error"]) == ("cancelled", "cancelled by alice")
+    assert (page["done"], page["total"]) == (2, 2)  # its unfinished targets failed, each counted once
+    assert [(r["status"], r["error"]) for r in page["results"]] == [("failed", "cancelled by alice")] * 2
     assert client.post("/v1/jobs/no-such-job/cancel", headers=ALICE).status_code == 404
+
+
+@pytest.mark.sift_store(check=True)
+def test_poll_pages_the_results(client: FlaskClient) -> None:
+    urls = [f"https://a.example/{n}" for n in range(5)]
+    job_id = submit(client, urls).json["id"]
+    first = client.get(f"/v1/jobs/{job_id}?limit=2", headers=ALICE).json
+    assert [r["idx"] for r in first["results"]] == [0, 1] and first["next"] == "?after=1&limit=2"
+    second = client.get(f"/v1/jobs/{job_id}{first['next']}", headers=ALICE).json
+    assert [r["idx"] for r in second["results"]] == [2, 3] and second["total"] == 5
+    last = client.get(f"/v1/jobs/{job_id}?after=3&limit=2", headers=ALICE).json
+    assert [r["url"] for r in last["results"]] == [urls[4]] and "next" not in last
+    rest = client.get(f"/v1/jobs/{job_id}?after=2", headers=ALICE).json
+    assert [r["idx"] for r in rest["results"]] == [3, 4] and "next" not in rest
+    for query, field in [
+        ("?after=x", "after"),
+        ("?after=-1", "after"),
+        ("?limit=0", "limit"),
+        ("?limit=", "limit"),
+    ]:
+        answer = client.get(f"/v1/jobs/{job_id}{query}", headers=ALICE)
+        assert answer.status_code == 400 and answer.json["field"] == field, query
 
 
 def test_a_store_that_cannot_be_used_is_503_with_retry_after(
@@ -148,7 +177,7 @@ def test_a_store_that_cannot_be_used_is_503_with_retry_after(
     def unavailable(*args: Any, **kwargs: Any) -> Any:
         raise dcache.StoreUnavailable("disk I/O error")
 
-    monkeypatch.setattr(dcache, "submit_batch_job", unavailable)
+    monkeypatch.setattr(dcache, "submit", unavailable)
     answer = submit(client, ["https://a.example/"])
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "5"
     assert "unavailable" in answer.json["error"]
