@@ -16,6 +16,13 @@ from helpers import make_job
 from sift import dcache
 
 
+def made(path: Path | str) -> str:
+    """``path`` with an empty store in it, as ``sift init`` leaves it: the web app's ``start`` only opens."""
+    dcache.open_db(path)
+    dcache.close_db()
+    return str(path)
+
+
 def web_app_example() -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     exec(compile(block("web-app"), block_path("web-app"), "exec"), namespace)
@@ -24,7 +31,7 @@ def web_app_example() -> dict[str, Any]:
 
 def test_web_app_example(tmp_path: Path) -> None:
     app = web_app_example()
-    app["start"](str(tmp_path / "app.db"))
+    app["start"](made(tmp_path / "app.db"))
     try:
         status, body = app["submit"]("alice", "key-1", ["https://a.example/", "https://b.example/"])
         assert status == 202
@@ -50,7 +57,7 @@ def test_web_app_example(tmp_path: Path) -> None:
 
 def test_only_the_runner_reconciles(tmp_path: Path) -> None:
     app = web_app_example()
-    path = str(tmp_path / "app.db")
+    path = made(tmp_path / "app.db")
     app["start"](path)
     started = app["submit"]("alice", "k2", ["https://a.example/", "https://b.example/"])[1]["id"]
     dcache.claim_batch_targets(1, runner="previous run")  # the runner died holding one target
@@ -127,7 +134,7 @@ def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch:
     web = types.ModuleType("myapp.web")
     web.__file__ = str(tmp_path / "web.py")  # Flask finds its root path by the module's file
     monkeypatch.setitem(sys.modules, "myapp.web", web)
-    code = block("deploy-flask").replace("/var/lib/sift/sift.db", str(tmp_path / "web.db"))
+    code = block("deploy-flask").replace("/var/lib/sift/sift.db", made(tmp_path / "web.db"))
     exec(compile(code, block_path("deploy-flask"), "exec"), web.__dict__)
     app = web.create_app()
 
@@ -180,7 +187,7 @@ def runner_example() -> dict[str, Any]:
 
 def test_many_runners_example(tmp_path: Path) -> None:
     app = runner_example()
-    app["start"](str(tmp_path / "app.db"))
+    app["start"](made(tmp_path / "app.db"))
     try:
         urls = [f"https://example.com/{i}" for i in range(7)]
         job_id = app["submit"]("alice", "k", urls)[1]["id"]
@@ -212,7 +219,7 @@ def test_many_runners_example(tmp_path: Path) -> None:
 
 def test_a_late_write_is_dropped_by_runner_step(tmp_path: Path) -> None:
     app = runner_example()
-    app["start"](str(tmp_path / "app.db"))
+    app["start"](made(tmp_path / "app.db"))
     try:
         job_id = app["submit"]("alice", "k", ["https://a.example/"])[1]["id"]
 
@@ -242,7 +249,7 @@ class Turns:
 
 def test_keep_claims_renews_this_runners_claims_and_requeues_the_stale(tmp_path: Path) -> None:
     app = runner_example()
-    app["start"](str(tmp_path / "app.db"))
+    app["start"](made(tmp_path / "app.db"))
     try:
         job_id = app["submit"]("alice", "k", ["https://a.example/", "https://b.example/"])[1]["id"]
         now = dcache.unix_now()
@@ -258,7 +265,7 @@ def test_keep_claims_renews_this_runners_claims_and_requeues_the_stale(tmp_path:
 
 def test_run_runner_works_and_releases_its_claims_when_stopped(tmp_path: Path) -> None:
     app = runner_example()
-    app["start"](str(tmp_path / "app.db"))
+    app["start"](made(tmp_path / "app.db"))
     try:
         job_id = app["submit"]("alice", "k", [f"https://a.example/{i}" for i in range(12)])[1]["id"]
         held: list[int] = []
