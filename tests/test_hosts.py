@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -191,3 +192,26 @@ def test_a_stale_host_is_reported(store: Any) -> None:
     report = dcache.check_store()
     assert [(v.kind, v.job_id) for v in report.violations] == [("target_host", "j")]
     assert "'2130706433', not '127.0.0.1'" in report.violations[0].detail
+
+
+@pytest.mark.postgres
+def test_a_version_5_store_open_read_only_is_backed_up_with_its_sites_hosts(
+    postgres_schema: str, tmp_path: Path
+) -> None:
+    """A backup is a current store file: the copy of a version 5 store computes its targets' hosts."""
+    from conftest import open_empty_postgres, postgres_target
+
+    open_empty_postgres(postgres_schema)
+    target = postgres_target(postgres_schema)
+    make_version_5(target)
+    try:
+        dcache.open_db(target, readonly=True)
+        dest = tmp_path / "copy.db"
+        dcache.backup_store(dest)
+        with closing(sqlite3.connect(dest)) as conn:
+            hosts = dict(conn.execute("SELECT url, host FROM batch_target").fetchall())
+        assert all(host == dcache.url_host(url) for url, host in hosts.items())
+        assert set(hosts.values()) == SITES
+    finally:
+        dcache.open_db(target)  # leave the worker's schema current
+        dcache.close_db()
