@@ -67,6 +67,7 @@ from sift.dcache.tables import HOSTS_VERSION, SCHEMA_VERSION
         ("https://example。com/", "example.com"),  # an ideographic full stop separates labels too
         ("http://münchen.DE/", "xn--mnchen-3ya.de"),
         ("https://faß.de/", "xn--fa-hia.de"),  # non-transitional: ß stays ß, not ss
+        ("http://ex\u00adample.com/", "example.com"),  # UTS #46 drops a soft hyphen
         ("http://ex%61mple.com/", "example.com"),  # a percent-encoded host, decoded first
         ("http://%C3%A9.com/", "xn--9ca.com"),
         ("http://a_b.example/", "a_b.example"),  # names IDNA refuses: as written, lower-cased
@@ -74,6 +75,7 @@ from sift.dcache.tables import HOSTS_VERSION, SCHEMA_VERSION
         ("http://xn--ZZ.example/", "xn--zz.example"),  # not punycode
         ("http://exä_mple.com/", "exä_mple.com"),
         ("http://ÄÖ--x.com/", "äö--x.com"),
+        (f"http://{'Ä' * 300}.com/", f"{'ä' * 300}.com"),  # too long for DNS, and for the cache
         ("//example.com/a", "example.com"),  # an authority without a scheme
         ("example.com/a", ""),  # no authority: the "no host" host
         ("mailto:someone@example.com", ""),

@@ -37,14 +37,20 @@ def site_name(host: str) -> str:
         host = unquote(host, errors="replace")
     # IDNA maps no ASCII character but the upper-case letters: lower-cased, an ASCII name is its A-labels, or
     # a name IDNA refuses (and then stays as written, lower-cased): either way, the idna package is not needed
-    name = host.lower().rstrip(".") if host.isascii() else _idna_name(host)
+    if host.isascii():
+        name = host.lower().rstrip(".")
+    else:  # cached: the idna package takes tens of µs a name; a long name is not kept (memory)
+        name = _cached_idna_name(host) if len(host) <= _CACHED_LENGTH else _idna_name(host)
     last = name.rpartition(".")[2]
     if last.isdigit() or last[:2] == "0x":  # WHATWG's "ends in a number": an IPv4 address or no host
         return _ipv4_name(name)
     return name
 
 
-@lru_cache(maxsize=4096)
+#: The longest non-ASCII host whose IDNA name is cached (a DNS name has at most 253 characters).
+_CACHED_LENGTH = 256
+
+
 def _idna_name(host: str) -> str:
     """``host`` (not all ASCII) as IDNA A-labels, or as written, lower-cased, where IDNA refuses it."""
     try:
@@ -52,6 +58,8 @@ def _idna_name(host: str) -> str:
     except ValueError:  # idna.IDNAError, or anything else the package raises for a name it cannot encode
         return host.lower().rstrip(".")
 
+
+_cached_idna_name = lru_cache(maxsize=4096)(_idna_name)
 
 _DIGITS = "0123456789abcdef"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
