@@ -1,23 +1,106 @@
-"""What counts as one host: the host a target's URL names, as politeness limits count it."""
+"""What counts as one host: the site a target's URL names, one name for all its spellings, as politeness
+limits count it."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["backfill_hosts", "url_host"]
+import idna
+
+__all__ = ["backfill_hosts", "site_name", "url_host"]
 
 
 def url_host(url: str) -> str:
-    """The host of ``url``: its authority's host name, lower-cased, without userinfo, port, IPv6 brackets
-    or a trailing dot (``https://User@Example.COM.:8443/x`` is ``example.com``). A URL without an authority
-    (no ``//``), or one Python cannot split, has the host ``""``: all such URLs count as one host."""
+    """The host of ``url``: the :func:`site_name` of its authority's host, without userinfo, port or IPv6
+    brackets (``https://User@Example.COM.:8443/x`` is ``example.com``). A URL without an authority (no
+    ``//``), or one Python cannot split, has the host ``""``: all such URLs count as one host."""
     try:
-        host = urlsplit(url).hostname
-    except ValueError:  # an unbalanced IPv6 bracket
+        netloc = urlsplit(url).netloc
+    except ValueError:  # an unbalanced IPv6 bracket, or a netloc NFKC would change into another one
         return ""
-    return (host or "").rstrip(".")
+    hostinfo = netloc.rpartition("@")[2]
+    if hostinfo[:1] == "[":
+        return _ipv6_name(hostinfo[1:].partition("]")[0])
+    return site_name(hostinfo.partition(":")[0])
+
+
+def site_name(host: str) -> str:
+    """One name per site: an IPv4 address in any spelling WHATWG URLs accept as its dotted quad, any other
+    name as its lower-case IDNA A-labels (UTS #46, non-transitional), without a trailing dot. A name IDNA
+    refuses stays as written, lower-cased: never an error, since every insert computes it."""
+    if "%" in host:  # a URL's host may be percent-encoded (UTF-8), as WHATWG URLs decode it
+        host = unquote(host, errors="replace")
+    # IDNA maps no ASCII character but the upper-case letters: lower-cased, an ASCII name is its A-labels, or
+    # a name IDNA refuses (and then stays as written, lower-cased): either way, the idna package is not needed
+    if host.isascii():
+        name = host.lower().rstrip(".")
+    else:  # cached: the idna package takes tens of µs a name; a long name is not kept (memory)
+        name = _cached_idna_name(host) if len(host) <= _CACHED_LENGTH else _idna_name(host)
+    last = name.rpartition(".")[2]
+    if last.isdigit() or last[:2] == "0x":  # WHATWG's "ends in a number": an IPv4 address or no host
+        return _ipv4_name(name)
+    return name
+
+
+#: The longest non-ASCII host whose IDNA name is cached (a DNS name has at most 253 characters).
+_CACHED_LENGTH = 256
+
+
+def _idna_name(host: str) -> str:
+    """``host`` (not all ASCII) as IDNA A-labels, or as written, lower-cased, where IDNA refuses it."""
+    try:
+        return idna.encode(host, uts46=True, transitional=False).decode("ascii").rstrip(".")
+    except ValueError:  # idna.IDNAError, or anything else the package raises for a name it cannot encode
+        return host.lower().rstrip(".")
+
+
+_cached_idna_name = lru_cache(maxsize=4096)(_idna_name)
+
+_DIGITS = "0123456789abcdef"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: A dotted quad already in its one spelling.
+_QUAD = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}")
+
+
+def _ipv4_name(name: str) -> str:
+    """The dotted quad of ``name`` read as WHATWG's IPv4 parser reads it (``2130706433``, ``0x7f000001``,
+    ``0177.0.0.1``, ``127.1``), or ``name`` itself where that parser refuses it."""
+    if _QUAD.fullmatch(name):
+        return name
+    parts = name.split(".")
+    if len(parts) > 4:
+        return name
+    numbers = []
+    for part in parts:
+        base = 10
+        if part[:2] == "0x":
+            part, base = part[2:], 16
+        elif len(part) > 1 and part[0] == "0":
+            part, base = part[1:], 8
+        if part.strip(_DIGITS[:base]) or not (part or base != 10):  # int() alone takes "_", "+", "٣"
+            return name
+        numbers.append(int(part, base) if part else 0)
+    last = numbers.pop()
+    if any(not 0 <= n <= 255 for n in numbers) or last >= 256 ** (4 - len(numbers)):
+        return name
+    for i, n in enumerate(numbers):
+        last += n << (8 * (3 - i))
+    return f"{last >> 24}.{last >> 16 & 255}.{last >> 8 & 255}.{last & 255}"
+
+
+def _ipv6_name(host: str) -> str:
+    """An IPv6 address compressed, or its IPv4 address where it maps one (``::ffff:127.0.0.1``); a
+    bracketed host that is no IPv6 address, as written, lower-cased."""
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host.lower()
+    return str(address.ipv4_mapped or address)
 
 
 #: How many targets one step of :func:`backfill_hosts` reads.

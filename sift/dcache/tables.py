@@ -13,6 +13,7 @@ __all__ = [
     "TARGET_TABLE",
     "TOTALS_TABLE",
     "HOST_COLUMN",
+    "HOSTS_VERSION",
     "RING_TABLE",
     "SCHEMA_VERSION",
     "VERSION_TABLE",
@@ -54,11 +55,14 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".
 HOST_COLUMN = "host"
+#: The schema version whose ``url_host`` the stored hosts follow: the upgrade from an earlier version
+#: computes every stored target's host again (version 4 added them; version 6 gave a site one name).
+HOSTS_VERSION = 6
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

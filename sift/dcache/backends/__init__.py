@@ -68,8 +68,8 @@ class Backend(Protocol):
     #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
     #: every target as unclaimed, with no attempts.
     claims_stored: bool
-    #: Whether the store has the targets' host column (schema version 4): a read-only open of an older store
-    #: may not, and its check then skips the hosts.
+    #: Whether the store's hosts are this sift's ``url_host`` (schema version 6): a read-only open of an older
+    #: store keeps none or an earlier rule's, and its check then skips the hosts (a copy computes them).
     hosts_stored: bool
     #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
     statement_key: str

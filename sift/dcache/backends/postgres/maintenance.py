@@ -225,7 +225,7 @@ class PostgresMaintenance(PostgresBase):
             total, done = jobs + targets, 0
             # each target's claim as stored; a version 2 store (open read-only) has none: unclaimed
             claims = CLAIM_COLUMNS if self.claims_stored else ()
-            # a version 3 store keeps no hosts: the copy's are computed from the URLs once copied
+            # a store older than version 6 keeps no hosts, or an earlier rule's: the copy computes them
             host = HOST_COLUMN if self.hosts_stored else "''"
             for table, columns, selected, order in (
                 ("batch_job", JOB_COLUMNS, JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ too

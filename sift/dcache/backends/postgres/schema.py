@@ -8,7 +8,7 @@ import re
 from ...errors import StoreMissing, StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, SCHEMA_VERSION
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
@@ -36,12 +36,16 @@ VERSION_4_RING = _DDL["version_4"]
 #: Version 5: the index of pending targets by idx dropped (claims read batch_target_host alone).
 VERSION_5_ONE_PENDING_INDEX = _DDL["version_5"]
 
+#: Version 6: no DDL; every stored target's host is computed again (see :data:`HOSTS_VERSION`).
+VERSION_6_SITE_HOSTS: tuple[str, ...] = ()
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
     2: VERSION_3_CLAIMS,
     3: VERSION_4_RING,
     4: VERSION_5_ONE_PENDING_INDEX,
+    5: VERSION_6_SITE_HOSTS,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
@@ -79,7 +83,7 @@ class PostgresSchema(PostgresBase):
                 version = self._version()
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
-            self.hosts_stored = version is not None and version >= 4
+            self.hosts_stored = version is not None and version >= HOSTS_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
@@ -122,11 +126,11 @@ class PostgresSchema(PostgresBase):
         indexes are built inside it (not CONCURRENTLY), so writers of the store wait while they build."""
         with self.write():
             self._lock_schema()
-            version = self._version()  # read again under the lock: another process may have migrated
+            version = start = self._version()  # read again under the lock: another process may have migrated
             while version in MIGRATIONS:
                 for statement in MIGRATIONS[version]:
                     self.run_sql(statement, ())
-                if version == 3:  # the stored targets' hosts, computed as every insert now writes them
-                    backfill_hosts(self.fetch_all, self.executemany, "%s")
                 version += 1
                 self.run_sql("UPDATE sift_schema SET version = %s WHERE id = 0", (version,))
+            if start is not None and start < HOSTS_VERSION:  # once, as every insert now writes them
+                backfill_hosts(self.fetch_all, self.executemany, "%s")

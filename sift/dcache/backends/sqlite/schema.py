@@ -10,7 +10,7 @@ from pathlib import Path
 from ...errors import StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOST_COLUMN, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOST_COLUMN, HOSTS_VERSION, SCHEMA_VERSION
 from .base import SqliteBase
 
 __all__ = [
@@ -98,7 +98,8 @@ class SqliteSchema(SqliteBase):
         ``check_store(repair=True)`` (``sift check --repair``) to find and mend.
 
         The upgrade of an older file (the original service's, or an earlier sift's: the claims' columns, the
-        host column with every stored target's host filled in, the new indexes, and ``user_version``) is the
+        host column, every stored target's host computed again from its URL where the file is older than
+        :data:`HOSTS_VERSION`, the new indexes, and ``user_version``) is the
         same one transaction; an index of sift's whose stored
         definition is an earlier version's is dropped and made again in it."""
         present = dict(self.execute_sql("SELECT name, sql FROM sqlite_master").fetchall())
@@ -120,7 +121,7 @@ class SqliteSchema(SqliteBase):
                 self.execute_sql(CLAIM_COLUMN_DDL[name])
             if not self.has_host_column():
                 self.execute_sql(HOST_COLUMN_DDL)
-            if self.execute_sql("PRAGMA user_version").fetchone()[0] < 4:
+            if self.execute_sql("PRAGMA user_version").fetchone()[0] < HOSTS_VERSION:
                 backfill_hosts(self.fetch_all, self.executemany, "?")
             for name in redefined:
                 self.execute_sql(f"DROP INDEX {name}")
@@ -159,7 +160,8 @@ class SqliteSchema(SqliteBase):
                 f"{self.path!r} lacks {', '.join(missing)}; open it once without readonly=True to add them"
             )
         self.use_claim_columns(not self.missing_claim_columns())
-        self.hosts_stored = self.has_host_column()
+        current = self.execute_sql("PRAGMA user_version").fetchone()[0] >= HOSTS_VERSION
+        self.hosts_stored = current and self.has_host_column()
 
     def check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""
