@@ -141,8 +141,8 @@ def url_problem(url: Any) -> str | None:
         return f"must be an http or https URL, not {parts.scheme or 'a relative one'}"
     if not host:
         return "must name a host"
-    try:
-        address = ipaddress.ip_address(host)
+    try:  # url_host writes every spelling of an address as one (0x7f000001, 127.1: 127.0.0.1)
+        address = ipaddress.ip_address(dcache.url_host(url).strip("[]"))
     except ValueError:  # a name: where it leads is the fetcher's to check, at connect time
         return None
     if not address.is_global:
