@@ -10,8 +10,6 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import idna
-
 __all__ = ["backfill_hosts", "site_name", "url_host"]
 
 
@@ -54,6 +52,8 @@ _CACHED_LENGTH = 256
 def _idna_name(host: str) -> str:
     """``host`` (not all ASCII) as IDNA A-labels, or as written, lower-cased, where IDNA refuses it."""
     try:
+        import idna  # only a non-ASCII name needs it: importing the package stays light
+
         return idna.encode(host, uts46=True, transitional=False).decode("ascii").rstrip(".")
     except ValueError:  # idna.IDNAError, or anything else the package raises for a name it cannot encode
         return host.lower().rstrip(".")
