@@ -132,6 +132,7 @@ def with_postgres() -> bool:
     return postgres_missing() is None
 
 
+@pytest.mark.slow
 def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     names = {case["name"] for case in report["cases"]}

@@ -79,6 +79,7 @@ def store_rows(target: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]
     return jobs, targets
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "simulate", "--db", store_target, "--json", *HOSTS)
@@ -204,6 +205,7 @@ CLAIMS_CHECK = "no target held by two runners at once; each attempt claimed once
 REQUEUES_CHECK = "every job finished, none failed by a requeue, and every requeue recorded"
 
 
+@pytest.mark.slow
 def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
     """Host 1 claimed a target just before host 0 did, though host 1 lived: the two held it at once."""
     claim = a_record(checked, "claim")
@@ -320,6 +322,7 @@ def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
             dcache.db.execute_sql(sql, (caller, key, job_id))
 
 
+@pytest.mark.slow
 def test_a_stale_after_too_short_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With stale_after 0 every claim is stale at once: the keepers requeue claims that live hosts hold
     (their late writes are refused, ClaimLost), and the check says so (no host is killed here)."""
@@ -375,6 +378,7 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert lines[-1] == "All invariants hold."
 
 
+@pytest.mark.slow
 def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--fetch-ms: each fetch sleeps at least half the given time, so one runner thread's run lasts at least
     that long per target written (a run without the wait takes a few milliseconds per target)."""
@@ -493,6 +497,7 @@ def flood_summary(capsys: pytest.CaptureFixture[str], target: str, *extra: str) 
     return summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     """--per-host 2 across two host processes: the sampler never saw a host above 2 running targets (the
@@ -506,6 +511,7 @@ def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFi
     assert max(fairness["host_peaks"][f"hot-{n}.example"] for n in range(3)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_oldest_first_makes_small_callers_wait(
     store_target: str, capsys: pytest.CaptureFixture[str]

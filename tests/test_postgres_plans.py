@@ -56,6 +56,7 @@ def history(postgres_schema: str) -> None:
     db.execute_sql("ANALYZE batch_target")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("name", list(HOT_READS))
 def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> None:
