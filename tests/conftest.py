@@ -103,19 +103,13 @@ def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
     return opened
 
 
-#: The stores a test using ``store`` runs on: SQLite in memory and PostgreSQL; a test about SQLite alone
-#: (``sqlite_only``) or about the store's file too (``store_file``) runs on a real WAL file as well.
-STORE_KINDS = ("memory", "file", "postgres")
-
-
 def store_kinds(node: pytest.Item) -> list[str]:
-    """The stores ``node`` runs on, by its markers: ``sqlite_only``, the two SQLite ones (memory and file);
-    ``store_file``, all three; otherwise memory and PostgreSQL. The rules are the same on a file and in
-    memory, so the file adds cases only where the test is about SQLite or its file."""
+    """The stores a test using ``store`` runs on: SQLite in memory and PostgreSQL; a test about SQLite alone
+    (``sqlite_only``) in memory and on a real WAL file. The rules are the same on a file as in memory, so
+    the file adds cases only where the test is about SQLite; a test about the file uses ``file_store``, or
+    ``shared_store`` to run on PostgreSQL too."""
     if node.get_closest_marker("sqlite_only"):
         return ["memory", "file"]
-    if node.get_closest_marker("store_file"):
-        return list(STORE_KINDS)
     return ["memory", "postgres"]
 
 

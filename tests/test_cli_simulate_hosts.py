@@ -213,6 +213,7 @@ def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
     assert failing(checked) == [CLAIMS_CHECK]
 
 
+@pytest.mark.slow
 def test_attempts_the_journals_do_not_match_fail_the_check(checked: HostsRun) -> None:
     """A written target whose stored attempts (0) fall short of the claims its claimer journaled."""
     sql = "UPDATE batch_target SET attempts = ? WHERE job_id = ? AND idx = ?"
@@ -226,6 +227,7 @@ def test_attempts_the_journals_do_not_match_fail_the_check(checked: HostsRun) ->
         dcache.db.execute_sql(sql, (attempts, job, idx))
 
 
+@pytest.mark.slow
 def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(checked: HostsRun) -> None:
     """The result names host 1 where host 0 claimed it (same length, so every count still holds)."""
     job, idx = dcache.db.execute_sql(
@@ -242,6 +244,7 @@ def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(check
     assert failing(checked) == []
 
 
+@pytest.mark.slow
 def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
     job = dcache.db.execute_sql("SELECT id FROM batch_job WHERE nbytes > 0 LIMIT 1").fetchone()[0]
     dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes + 1 WHERE id = ?", (job,))
@@ -254,6 +257,7 @@ def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
         dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes - 1 WHERE id = ?", (job,))
 
 
+@pytest.mark.slow
 def test_a_target_failed_stale_with_attempts_left_fails_the_check(checked: HostsRun) -> None:
     """A failed target given the requeue's reason: no runner wrote that, and MAX_ATTEMPTS allowed more."""
     job, idx, error = dcache.db.execute_sql(
@@ -270,6 +274,7 @@ def test_a_target_failed_stale_with_attempts_left_fails_the_check(checked: Hosts
         dcache.db.execute_sql(sql, (error, job, idx))
 
 
+@pytest.mark.slow
 def test_requeues_the_keepers_did_not_record_fail_the_check(checked: HostsRun) -> None:
     """A stored target claimed by the killed host before its journaled claim (so claimed twice, once
     requeued), while no keeper's journal records a requeue."""
@@ -293,11 +298,13 @@ def test_requeues_the_keepers_did_not_record_fail_the_check(checked: HostsRun) -
         dcache.db.execute_sql(sql, (-1, job, idx))
 
 
+@pytest.mark.slow
 def test_a_job_lost_by_a_live_host_fails_the_check(checked: HostsRun) -> None:
     checked.journals[0].append({"k": "lost", "job": "x", "why": "deleted while this host held a claim"})
     assert failing(checked) == [REQUEUES_CHECK]
 
 
+@pytest.mark.slow
 def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) -> None:
     hit = next(
         r for records in checked.journals.values() for r in records if r["k"] == "sub" and not r["new"]
@@ -306,6 +313,7 @@ def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) ->
     assert failing(checked) == ["every idempotent repeat answered with the same id"]
 
 
+@pytest.mark.slow
 def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
     """Two finished jobs given one (caller, key): any two, since the eviction may leave one job with a key."""
     rows = dcache.db.execute_sql(

@@ -99,6 +99,7 @@ CLAIM_READS: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in HOT_READS if name not in NOT_SETTLED] + list(CLAIM_READS))
 def test_hot_reads_settle_on_their_generic_plan(history: None, name: str) -> None:
     """Once psycopg prepares a hot read (after 5 runs), PostgreSQL runs its generic plan instead of planning
