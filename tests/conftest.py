@@ -103,13 +103,28 @@ def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
     return opened
 
 
-@pytest.fixture(params=["memory", "file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_kinds(node: pytest.Item) -> list[str]:
+    """The stores a test using ``store`` runs on: SQLite in memory and PostgreSQL; a test about SQLite alone
+    (``sqlite_only``) in memory and on a real WAL file. The rules are the same on a file as in memory, so
+    the file adds cases only where the test is about SQLite; a test about the file uses ``file_store``, or
+    ``shared_store`` to run on PostgreSQL too."""
+    if node.get_closest_marker("sqlite_only"):
+        return ["memory", "file"]
+    return ["memory", "postgres"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store" in metafunc.fixturenames:
+        kinds = store_kinds(metafunc.definition)
+        params = [pytest.param(k, marks=pytest.mark.postgres) if k == "postgres" else k for k in kinds]
+        metafunc.parametrize("store", params, indirect=True)
+
+
+@pytest.fixture
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dcache.StoreDatabase]:
-    """The store opened in memory, on a real WAL file, and in a PostgreSQL schema: every test using it runs
-    on all three (a test marked ``sqlite_only`` on the first two)."""
+    """The store opened in memory, on a real WAL file, or in a PostgreSQL schema, by the test's markers
+    (see ``store_kinds``)."""
     if request.param == "postgres":
-        if request.node.get_closest_marker("sqlite_only"):
-            pytest.skip("about SQLite alone")
         yield open_empty_postgres(request.getfixturevalue("postgres_schema"))
     else:
         path = ":memory:" if request.param == "memory" else tmp_path / "store.db"

@@ -71,6 +71,7 @@ class Writers:
         assert not self.errors, self.errors
 
 
+@pytest.mark.slow
 def test_backup_during_a_four_thread_write_load_is_consistent(file_store: Path, tmp_path: Path) -> None:
     fill(200, prefix="base")
     dest = tmp_path / "copy.db"
@@ -120,6 +121,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_backup_while_another_process_writes_is_consistent(file_store: Path, tmp_path: Path) -> None:
     fill(200, prefix="base")
     budget = dcache.batch_nbytes() // 2
@@ -161,6 +163,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("older", [False, True], ids=["no-dest", "older-dest"])
 def test_a_backup_killed_half_way_leaves_no_dest(file_store: Path, tmp_path: Path, older: bool) -> None:
     """Killed half-way: no DEST, or the older backup at DEST as it was."""

@@ -132,6 +132,7 @@ def with_postgres() -> bool:
     return postgres_missing() is None
 
 
+@pytest.mark.slow
 def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     names = {case["name"] for case in report["cases"]}
@@ -176,6 +177,7 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
         assert all(c["extra"]["claims_per_s"] > 0 for c in claims.values())
 
 
+@pytest.mark.slow
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     goals = report["goals"]
@@ -256,6 +258,7 @@ def test_bad_db_is_refused_before_any_work(argv: list[str], message: str) -> Non
 COMPARED = ("runner_step", "claim_batch_targets", "sweep_batch_noop", "evict_batch_oldest_noop")
 
 
+@pytest.mark.slow
 def test_compare_with_a_commit_reports_each_hot_path_and_removes_its_worktree(tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     command = [sys.executable, str(BENCH), "--quick", "--compare-with", "HEAD", "--json", str(out)]

@@ -305,6 +305,7 @@ def _writer(path: str, jobs: int, targets: int, ready: Event) -> None:
     dcache.close_db()
 
 
+@pytest.mark.slow
 def test_no_false_alarm_while_another_process_writes(
     file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,6 +167,7 @@ WRITERS = 4
 WRITES = 300
 
 
+@pytest.mark.slow
 def test_repair_is_exact_while_others_write(pg: str) -> None:
     """Writers rewrite results (nbytes and the slots move) while the totals and counts are broken on purpose
     and repaired, round after round: at the end the store is exact."""

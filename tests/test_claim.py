@@ -220,6 +220,7 @@ def _claimer(target: str, seed: int, barrier: Any) -> dict[str, Any]:
     return {"errors": errors, "claimed": claimed, "written": written}
 
 
+@pytest.mark.slow
 def test_8_processes_claim_each_target_exactly_once(shared_store: str) -> None:
     for j in range(JOBS):
         dcache.create_batch_job(
@@ -311,6 +312,7 @@ def test_a_claim_waits_for_a_job_or_a_claim_another_transaction_holds(
 # -- PostgreSQL: the claim's plans read the partial indexes, whatever the planner's statistics say -------
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, plan_mode: str) -> None:
@@ -473,6 +475,7 @@ def _mixed(kind: str, target: str, seed: int, barrier: Any) -> dict[str, Any]:
     return {"errors": errors, **counts}
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_claims_beside_writers_sweeps_and_evictions_meet_no_deadlock(postgres_schema: str) -> None:
     from conftest import open_empty_postgres, postgres_target

@@ -86,6 +86,7 @@ def test_an_age_is_a_span_for_any_time_the_store_accepts(unix: int) -> None:
     assert re.fullmatch(r"(in )?\d+[dhms]( \d+[dhms])?( ago)?", age), age
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unix", UNDISPLAYABLE)
 def test_the_commands_print_a_time_past_year_9999_as_its_number(target: str, unix: int) -> None:
     dcache.open_db(target)
@@ -187,6 +188,7 @@ def long_text(idx: int, width: int) -> str:
     return f"{idx}:" + "é" * (width - 6) + f"{ESC}[1m{RLO}東" * 3 + "x" * 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stored", [2_500, 1_000, 1])
 def test_show_reads_only_the_columns_it_prints_a_page_at_a_time(
     target: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, stored: int
@@ -253,6 +255,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 def test_show_holds_a_bounded_part_of_a_big_job_in_memory(target: str) -> None:
     count, size = 4_000, 20_000
     big = json.dumps({"blob": "o" * size})

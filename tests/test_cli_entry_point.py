@@ -21,6 +21,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS.values(), ids=list(COMMANDS))
 def test_entry_point_runs_commands(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "store.db"

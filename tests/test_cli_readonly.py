@@ -167,6 +167,7 @@ def test_a_write_command_on_a_read_only_file_is_one_line(read_only_file: Path) -
     assert state(read_only_file) == before
 
 
+@pytest.mark.slow
 def test_read_commands_see_the_wal_and_never_write_to_it(tmp_path: Path) -> None:
     """Jobs another process committed to the -wal file (its connection still open) are read, and neither
     file changes."""

@@ -300,6 +300,7 @@ def small_callers(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows[1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_fair_and_oldest_first(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Fair claiming hands each small caller a target within a few claims of its first submission, while
@@ -331,6 +332,7 @@ def test_flood_fair_and_oldest_first(store_target: str, capsys: pytest.CaptureFi
     assert fair_waits[-1] < oldest_waits[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     """--per-host 2: the end check asserts no host ever had more than 2 targets running, counted from the

@@ -79,6 +79,7 @@ def store_rows(target: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]
     return jobs, targets
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "simulate", "--db", store_target, "--json", *HOSTS)
@@ -204,6 +205,7 @@ CLAIMS_CHECK = "no target held by two runners at once; each attempt claimed once
 REQUEUES_CHECK = "every job finished, none failed by a requeue, and every requeue recorded"
 
 
+@pytest.mark.slow
 def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
     """Host 1 claimed a target just before host 0 did, though host 1 lived: the two held it at once."""
     claim = a_record(checked, "claim")
@@ -211,6 +213,7 @@ def test_a_double_claim_fails_the_check(checked: HostsRun) -> None:
     assert failing(checked) == [CLAIMS_CHECK]
 
 
+@pytest.mark.slow
 def test_attempts_the_journals_do_not_match_fail_the_check(checked: HostsRun) -> None:
     """A written target whose stored attempts (0) fall short of the claims its claimer journaled."""
     sql = "UPDATE batch_target SET attempts = ? WHERE job_id = ? AND idx = ?"
@@ -224,6 +227,7 @@ def test_attempts_the_journals_do_not_match_fail_the_check(checked: HostsRun) ->
         dcache.db.execute_sql(sql, (attempts, job, idx))
 
 
+@pytest.mark.slow
 def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(checked: HostsRun) -> None:
     """The result names host 1 where host 0 claimed it (same length, so every count still holds)."""
     job, idx = dcache.db.execute_sql(
@@ -240,6 +244,7 @@ def test_a_target_written_by_another_host_than_its_claimer_fails_the_check(check
     assert failing(checked) == []
 
 
+@pytest.mark.slow
 def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
     job = dcache.db.execute_sql("SELECT id FROM batch_job WHERE nbytes > 0 LIMIT 1").fetchone()[0]
     dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes + 1 WHERE id = ?", (job,))
@@ -252,6 +257,7 @@ def test_a_miscounted_job_fails_the_check(checked: HostsRun) -> None:
         dcache.db.execute_sql("UPDATE batch_job SET nbytes = nbytes - 1 WHERE id = ?", (job,))
 
 
+@pytest.mark.slow
 def test_a_target_failed_stale_with_attempts_left_fails_the_check(checked: HostsRun) -> None:
     """A failed target given the requeue's reason: no runner wrote that, and MAX_ATTEMPTS allowed more."""
     job, idx, error = dcache.db.execute_sql(
@@ -268,6 +274,7 @@ def test_a_target_failed_stale_with_attempts_left_fails_the_check(checked: Hosts
         dcache.db.execute_sql(sql, (error, job, idx))
 
 
+@pytest.mark.slow
 def test_requeues_the_keepers_did_not_record_fail_the_check(checked: HostsRun) -> None:
     """A stored target claimed by the killed host before its journaled claim (so claimed twice, once
     requeued), while no keeper's journal records a requeue."""
@@ -291,11 +298,13 @@ def test_requeues_the_keepers_did_not_record_fail_the_check(checked: HostsRun) -
         dcache.db.execute_sql(sql, (-1, job, idx))
 
 
+@pytest.mark.slow
 def test_a_job_lost_by_a_live_host_fails_the_check(checked: HostsRun) -> None:
     checked.journals[0].append({"k": "lost", "job": "x", "why": "deleted while this host held a claim"})
     assert failing(checked) == [REQUEUES_CHECK]
 
 
+@pytest.mark.slow
 def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) -> None:
     hit = next(
         r for records in checked.journals.values() for r in records if r["k"] == "sub" and not r["new"]
@@ -304,6 +313,7 @@ def test_a_repeat_answered_with_another_id_fails_the_check(checked: HostsRun) ->
     assert failing(checked) == ["every idempotent repeat answered with the same id"]
 
 
+@pytest.mark.slow
 def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
     """Two finished jobs given one (caller, key): any two, since the eviction may leave one job with a key."""
     rows = dcache.db.execute_sql(
@@ -320,6 +330,7 @@ def test_two_findable_jobs_of_one_key_fail_the_check(checked: HostsRun) -> None:
             dcache.db.execute_sql(sql, (caller, key, job_id))
 
 
+@pytest.mark.slow
 def test_a_stale_after_too_short_fails_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With stale_after 0 every claim is stale at once: the keepers requeue claims that live hosts hold
     (their late writes are refused, ClaimLost), and the check says so (no host is killed here)."""
@@ -375,6 +386,7 @@ def test_human_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert lines[-1] == "All invariants hold."
 
 
+@pytest.mark.slow
 def test_fetches_wait_the_network_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--fetch-ms: each fetch sleeps at least half the given time, so one runner thread's run lasts at least
     that long per target written (a run without the wait takes a few milliseconds per target)."""
@@ -493,6 +505,7 @@ def flood_summary(capsys: pytest.CaptureFixture[str], target: str, *extra: str) 
     return summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFixture[str]) -> None:
     """--per-host 2 across two host processes: the sampler never saw a host above 2 running targets (the
@@ -506,6 +519,7 @@ def test_flood_with_a_per_host_limit(store_target: str, capsys: pytest.CaptureFi
     assert max(fairness["host_peaks"][f"hot-{n}.example"] for n in range(3)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_target", BACKENDS, indirect=True)
 def test_flood_oldest_first_makes_small_callers_wait(
     store_target: str, capsys: pytest.CaptureFixture[str]

@@ -55,6 +55,7 @@ def assert_corrupt(exc: dcache.StoreCorrupt) -> None:
     assert exc.__cause__.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at", [0.1, 0.25, 0.5, 0.75, 0.95])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_function_works_or_raises_store_corrupt(
@@ -111,6 +112,7 @@ def test_the_cli_prints_one_line(
     assert err.startswith(f"sift: database: {str(path)!r} is damaged (SQLITE_CORRUPT")
 
 
+@pytest.mark.slow
 def test_damage_met_after_the_first_row(tmp_path: Path) -> None:
     """sqlite3 runs a query to its first row in ``execute`` and reads the rest in ``fetchall``: a damaged
     page met there is StoreCorrupt too. Here: the second leaf page of batch_job, read by sweep_batch's

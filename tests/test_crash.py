@@ -41,6 +41,7 @@ def load_script() -> ModuleType:
 crash_trials = load_script()
 
 
+@pytest.mark.slow
 def test_sigkill_trials(tmp_path: Path) -> None:
     summary = crash_trials.run_trials(TRIALS, SEED, tmp_path)
     print("\n" + summary.report())
@@ -89,11 +90,13 @@ CREATE = ["create", "full-a", 20_000, 20_000, "running", 10_000]
 UPDATE = ["update", "full-a", 7, "done", [1, 500], None, "hint\x01", 10_001]
 
 
+@pytest.mark.slow
 def test_checker_passes_an_untouched_file(tmp_path: Path) -> None:
     path = tmp_path / "crash.db"
     assert failures_of(path, write(path, [CREATE, UPDATE, ["sweep", 5, 10_002], ["evict", 0]])) == []
 
 
+@pytest.mark.slow
 def test_checker_passes_a_write_in_flight_either_way(tmp_path: Path) -> None:
     path = tmp_path / "crash.db"
     log = write(path, [CREATE, UPDATE])
@@ -103,6 +106,7 @@ def test_checker_passes_a_write_in_flight_either_way(tmp_path: Path) -> None:
     assert failures_of(path2, [*log, {"b": 1, "op": UPDATE}]) == []  # killed before it ran: wholly absent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("statements", "expected"),
     [

@@ -89,6 +89,7 @@ def statements_per_transaction() -> Iterator[list[list[str]]]:
         conn.set_trace_callback(None)
 
 
+@pytest.mark.slow
 def test_each_chunk_gives_back_a_bounded_number_of_pages(file_store: Path) -> None:
     fill(60, prefix="old", targets=50, lease=1_000)
     free_before = pragma("freelist_count")
@@ -100,6 +101,7 @@ def test_each_chunk_gives_back_a_bounded_number_of_pages(file_store: Path) -> No
     assert pragma("freelist_count") == free_before == 0
 
 
+@pytest.mark.slow
 def test_big_results_never_leave_a_long_free_list(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk of big results frees more pages than one step gives back: the rest goes in transactions
     of their own before the next chunk, so every chunk starts on an empty free list (moving a page

@@ -95,6 +95,7 @@ def test_the_cli_reference_is_current() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["docs_transcripts.py", "docs_bench.py"])
 def test_the_generated_parts_are_current(script: str) -> None:
     """The transcripts (run again on a new store) and the performance tables (from the bench's JSON)."""

@@ -163,6 +163,7 @@ def test_jobs_holding_nbytes_no_target_backs_are_evicted_by_it(store: Any) -> No
     assert job_ids() == {"live"}
 
 
+@pytest.mark.slow
 def test_eviction_in_many_chunks(store: Any) -> None:
     """More evictable jobs than one transaction takes, and more rows, all evicted in one call."""
     count = JOBS_PER_TRANSACTION * 2 + 11
@@ -183,6 +184,7 @@ def test_eviction_in_many_chunks(store: Any) -> None:
     assert (stats["jobs_evicted"], stats["bytes_evicted"]) == (count + 1, 3 * count + 1)
 
 
+@pytest.mark.slow
 def test_counters_grow_after_each_chunk(
     store: dcache.SerializedSqliteDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -180,6 +180,7 @@ def expected(urls: list[str]) -> tuple[str, list[tuple[str, str | None, str | No
     return ("done" if not failures else "failed" if failures == len(urls) else "partial"), targets
 
 
+@pytest.mark.slow
 def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     new_store: str, tmp_path: Path
 ) -> None:
@@ -234,6 +235,7 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     assert report.ok, report.violations
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_the_example_apps_own_tests_pass(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest

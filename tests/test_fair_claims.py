@@ -45,6 +45,7 @@ def add_hosted_job(caller: str, name: str, hosts: list[str], *, created_at: int,
     return job_id
 
 
+@pytest.mark.slow
 def test_a_later_caller_is_not_starved_behind_a_flood(store: Any) -> None:
     """The flood: one caller's 200 jobs of 500 targets, then another caller's job of 5; the next claim of 10
     hands the second caller at least one target."""
@@ -59,6 +60,7 @@ def test_a_later_caller_is_not_starved_behind_a_flood(store: Any) -> None:
     assert Counter(callers(got)) == {"flood": 5, "small": 5}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [(7, 13), (1,), (400,), (3, 50, 11)])
 def test_weights_split_the_claims_three_to_one(store: Any, sizes: tuple[int, ...]) -> None:
     """Weights 3:1 by caller class: 400 targets claimed in claims of various sizes split 300:100, within
@@ -282,6 +284,7 @@ def _polite_worker(kind: str, *args: Any) -> dict[str, Any]:
     return _polite_runner(*args) if kind == "runner" else _reader(*args)
 
 
+@pytest.mark.slow
 def test_per_host_holds_with_8_runner_processes_claiming_at_once(shared_store: str) -> None:
     from helpers import run_processes
 
@@ -326,6 +329,7 @@ def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 #: and a take: 4 x 2, the walk round, one round of 5 takes, the jobs, the cursor: 3 + 8 + 2 + 5 + 1 + 1.
 #: 50 callers, a claim of 50: 1 + 50 x 2 (the first caller, then each next one, with its job, and a take),
 #: the jobs, the cursor; the claim is full, so the walk looks for no member after the last.
+@pytest.mark.slow
 @pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 8), (5, 10, 20), (50, 50, 103)])
 def test_a_claims_statements_do_not_grow_with_pending_targets(
     store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, limit: int, expected: int
@@ -449,7 +453,7 @@ class FairClaimMachine(RuleBasedStateMachine):
 
 
 FairClaimMachine.TestCase.settings = settings(stateful_step_count=40, max_examples=300)
-TestFairClaimMachine = FairClaimMachine.TestCase
+TestFairClaimMachine = pytest.mark.slow(FairClaimMachine.TestCase)
 
 
 def test_a_model_write_of_a_url_moves_its_host(store: Any) -> None:

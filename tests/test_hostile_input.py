@@ -160,6 +160,7 @@ def generated(count: int) -> Iterator[BatchTarget]:
         yield BatchTarget(idx=i, url=f"https://example.com/{i}", options="{}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["put", "create"])
 def test_hundred_thousand_targets_under_variable_limit_999(file_store: Path, how: str) -> None:
     db.connection().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)

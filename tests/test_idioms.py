@@ -155,6 +155,7 @@ def second_connection_view(path: Path) -> dict[str, tuple[int, int, int]]:
     return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idiom", list(IDIOMS))
 def test_idiom_from_8_threads(tmp_path: Path, idiom: str) -> None:
     path = tmp_path / "store.db"

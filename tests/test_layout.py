@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sift"
 BACKENDS = "sift.dcache.backends"
 
-#: The most lines a module in ``sift/`` may have, and the one module allowed more: the design keeps every
-#: rule in one module, beside the statements its functions run.
-MODULE_LINES = 500
+#: The most lines a module in ``sift/`` may have: what keeps one concept in one file (a module past it holds
+#: two, or one that should be split by its parts). The one module allowed more: the design keeps every rule
+#: in one module, beside the statements its functions run.
+MODULE_LINES = 800
 RULES_MODULE, RULES_MODULE_LINES = "sift.dcache.manager", 1_000
 CLASS_LINES = 300
 
@@ -136,6 +137,7 @@ def test_backend_modules_are_imported_only_inside_the_backends() -> None:
         assert not targets & backend_modules, f"{name} imports {sorted(targets & backend_modules)}"
 
 
+@pytest.mark.slow
 def test_no_private_member_of_a_backend_outside_the_backends() -> None:
     for name, path in modules().items():
         if name.startswith(BACKENDS):

@@ -98,6 +98,7 @@ def scrape(url: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow
 def test_every_scrape_reports_the_creates_of_every_worker(gunicorn: str) -> None:
     pids = set()
     with httpx.Client(timeout=30) as client:

@@ -35,6 +35,7 @@ def databases() -> set[str]:
         return {row[0] for row in conn.execute("SELECT datname FROM pg_database").fetchall()}
 
 
+@pytest.mark.slow
 def test_wal_is_counted_for_this_run_alone() -> None:
     missing = postgres_missing()
     if missing:

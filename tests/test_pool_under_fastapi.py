@@ -91,6 +91,7 @@ def client(url: str, number: int, until: float, latencies: list[float], errors: 
                 job_id = job_id or answer.json()["id"]
 
 
+@pytest.mark.slow
 def test_forty_threads_share_five_connections(server: tuple[str, str]) -> None:
     url, name = server
     latencies: list[float] = []

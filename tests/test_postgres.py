@@ -176,6 +176,7 @@ def open_from_8_processes(target: str) -> list[str]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_eight_processes_create_a_new_schema_at_once(fresh_schema: str) -> None:
     target = postgres_target(fresh_schema)
     assert open_from_8_processes(target) == ["ok"] * 8
@@ -254,6 +255,7 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     dcache.open_db(pg, readonly=True)  # now current: a read-only open works
 
 
+@pytest.mark.slow
 def test_opening_a_version_3_store_fills_in_the_hosts(pg: str) -> None:
     """Version 4's upgrade, in one transaction: the host column, every stored target's host computed from
     its URL in chunks (more targets than one chunk here), the ring's indexes and cursor; claims then work."""
@@ -293,6 +295,7 @@ def test_opening_a_version_4_store_drops_its_index_of_pending_targets_by_idx(pg:
     assert [(t.job_id, t.idx) for t in claimed] == [("job-1", 1), ("job-1", 3), ("job-1", 0)]
 
 
+@pytest.mark.slow
 def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
     assert open_from_8_processes(pg) == ["ok"] * 8
@@ -497,6 +500,7 @@ def test_calls_from_many_threads_run_as_prepared_statements(postgres_schema: str
     dcache.close_db()
 
 
+@pytest.mark.slow
 def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None:
     """A thread that ends holding a connection (db.connect() without db.close()) gives it back."""
     import gc
@@ -521,6 +525,7 @@ def test_ended_threads_give_their_connections_back(postgres_schema: str) -> None
     dcache.close_db()
 
 
+@pytest.mark.slow
 def test_an_exhausted_pool_is_store_unavailable(
     postgres_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -681,6 +686,7 @@ def test_metrics_replace_the_file_gauges_with_table_bytes(pg: str) -> None:
 IDIOM_USES = 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "idiom", ["flask-hooks", "reuse-if-open", "with-db", "connection-context", "atomic", "session"]
 )

@@ -90,6 +90,7 @@ def _counting_writer(target: str, seed: int, barrier: Barrier) -> dict[str, Any]
     return {"errors": errors, "refused": refused}
 
 
+@pytest.mark.slow
 def test_same_targets_from_8_processes_count_exactly(schema: str) -> None:
     dcache.create_batch_job(make_job("job", status="running", targets_total=TARGETS), make_targets(TARGETS))
     reports = run_all(_counting_writer, [(postgres_target(schema), seed) for seed in range(PROCESSES)])
@@ -133,6 +134,7 @@ def _rewriter(target: str, p: int, barrier: Barrier) -> dict[str, Any]:
     return {"errors": errors, "evicted": 0}
 
 
+@pytest.mark.slow
 def test_four_evictors_evict_what_one_would(schema: str) -> None:
     rng = random.Random(7)
     for i in range(EVICTABLE_JOBS):
@@ -198,6 +200,7 @@ def _sweep_or_touch(kind: str, target: str, seed: int, barrier: Barrier) -> dict
     return {"errors": errors, "touched": touched, "swept": swept}
 
 
+@pytest.mark.slow
 def test_sweep_never_deletes_a_refreshed_job(schema: str) -> None:
     for i in range(SWEPT_JOBS):
         dcache.create_batch_job(make_job(f"old-{i:04d}", lease=10 + i % 50, targets_total=2), make_targets(2))
@@ -240,6 +243,7 @@ def _submitter(target: str, p: int, barrier: Barrier) -> dict[str, Any]:
     return {"errors": errors, "answers": answers}
 
 
+@pytest.mark.slow
 def test_submit_bursts_make_one_job_per_key(schema: str) -> None:
     reports = run_all(_submitter, [(postgres_target(schema), p) for p in range(PROCESSES)])
     assert [r["errors"] for r in reports] == [[]] * PROCESSES

@@ -230,6 +230,7 @@ def _expected_targets(calls: list[tuple[Any, ...]]) -> dict[tuple[str, int], lis
     return allowed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stop-fast", "stop-immediate", "restart-immediate"])
 def test_server_restart_under_load(server: PrivateServer, target: str, how: str) -> None:
     for j in range(LOAD_JOBS):
@@ -392,6 +393,7 @@ def _other_process_writes(url: str) -> None:
     writer.join(timeout=LIVENESS_S)
 
 
+@pytest.mark.slow
 def test_client_killed_inside_atomic_leaves_nothing_and_no_lock(server: PrivateServer, target: str) -> None:
     dcache.create_batch_job(make_job("job-1", status="running", targets_total=20), make_targets(20))
     dcache.create_batch_job(make_job("job-3", targets_total=5))
@@ -428,6 +430,7 @@ def _killed_in_a_huge_put(url: str, inside: Any) -> None:
     dcache.put_batch_targets("job-3", targets())
 
 
+@pytest.mark.slow
 def test_client_killed_in_a_huge_put_leaves_nothing_and_no_lock(server: PrivateServer, target: str) -> None:
     dcache.create_batch_job(make_job("job-1", status="running", targets_total=20), make_targets(20))
     dcache.create_batch_job(make_job("job-3", targets_total=HUGE))
@@ -482,6 +485,7 @@ CONNECT_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CONNECT_FAULTS))
 def test_open_db_names_why_it_cannot_connect(server: PrivateServer, case: str) -> None:
     cause = CONNECT_FAULTS[case]
@@ -534,6 +538,7 @@ def test_the_right_password_opens_the_store(server: PrivateServer) -> None:
 # -- The pool exhausted; a session terminated in the middle of a call -------------------------------------
 
 
+@pytest.mark.slow
 def test_exhausted_pool_names_the_option_and_a_freed_connection_serves(server: PrivateServer) -> None:
     url = f"{server.url()}?schema=faults_pool"
     dcache.open_db(url, max_connections=2, timeout=1)

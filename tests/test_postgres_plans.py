@@ -63,6 +63,7 @@ def history(postgres_schema: str) -> None:
     db.execute_sql("ANALYZE batch_target")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("name", list(HOT_READS))
 def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> None:
@@ -105,6 +106,7 @@ CLAIM_READS: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in HOT_READS if name not in NOT_SETTLED] + list(CLAIM_READS))
 def test_hot_reads_settle_on_their_generic_plan(history: None, name: str) -> None:
     """Once psycopg prepares a hot read (after 5 runs), PostgreSQL runs its generic plan instead of planning

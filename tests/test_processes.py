@@ -176,6 +176,7 @@ def _run_processes(
     return outs
 
 
+@pytest.mark.slow
 def test_processes_share_one_file(file_store: Path, record_property: Callable[[str, object], None]) -> None:
     outs = _run_processes(
         _writer, lambda p, barrier, results: (str(file_store), p, 7_000 + p, barrier, results)
@@ -256,6 +257,7 @@ def _stop_holder(holder: multiprocessing.process.BaseProcess, release: Event, ti
     assert holder.exitcode == 0
 
 
+@pytest.mark.slow
 def test_deferred_begin_fails_at_once_while_immediate_waits(file_store: Path) -> None:
     dcache.create_batch_job(make_job("j", targets_total=3), make_targets(3))
     dcache.close_db()
@@ -335,6 +337,7 @@ def _plain_load(path: str, p: int, begin: str, barrier: Barrier, results: Any) -
     results.put({"p": p, "locked": locked, "ok": ok, "errors": errors})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("begin", ["BEGIN", "BEGIN IMMEDIATE"])
 def test_plain_sqlite3_load_deferred_begin_fails(file_store: Path, begin: str) -> None:
     """The same load (4 processes x 300 read-then-write transactions) through plain sqlite3: with a
@@ -491,6 +494,7 @@ def _claims_worker(kind: str, *args: Any) -> dict[str, Any]:
     return workers[kind](*args)
 
 
+@pytest.mark.slow
 def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_count(
     shared_store: str,
 ) -> None:

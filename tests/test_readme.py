@@ -117,6 +117,7 @@ def test_testing_your_app_examples(pytester: pytest.Pytester) -> None:
     assert dcache.db.is_closed()
 
 
+@pytest.mark.slow
 def test_the_deployments_flask_hooks_from_8_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The deployment's Flask app, as written (only its store path changed), with Peewee's request hooks,
     serving polls and submissions from 8 threads: every request answers, the totals are exact."""

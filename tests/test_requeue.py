@@ -216,6 +216,7 @@ STALE_AFTER = 6
 RENEW_EVERY = 2
 
 
+@pytest.mark.slow
 def test_a_killed_runners_targets_go_back_while_the_client_polls_and_another_runner_finishes(
     shared_store: str,
 ) -> None:

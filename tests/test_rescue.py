@@ -152,6 +152,7 @@ def _rescue_or_touch(kind: str, target: str, seed: int, barrier: Any) -> dict[st
     return {"errors": errors, "touched": touched, "rescued": rescued}
 
 
+@pytest.mark.slow
 def test_a_refreshed_job_is_never_rescued(shared_store: str) -> None:
     for i in range(JOBS):
         status = "running" if i % 2 else "queued"

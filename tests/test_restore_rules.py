@@ -294,6 +294,7 @@ def blank_source(tmp_path: Path) -> Path:
     return empty_source(tmp_path / "blank.db")
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(source=sources())
 def test_generated_sources_are_refused_when_broken_and_restored_sound_when_valid(

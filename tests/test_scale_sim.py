@@ -56,6 +56,7 @@ def test_one_shard_is_exactly_the_global_order(extra: dict[str, Any], rebalance:
         }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rebalance", [0, 37])
 @pytest.mark.parametrize("extra", WORKLOADS)
 def test_kept_bytes_never_exceed_the_budget(extra: dict[str, Any], rebalance: int) -> None:
@@ -69,6 +70,7 @@ def test_kept_bytes_never_exceed_the_budget(extra: dict[str, Any], rebalance: in
     assert reference.kept_min * load.budget > load.budget - max(load.sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", WORKLOADS)
 def test_no_wrong_eviction_with_one_shard_and_some_with_many(extra: dict[str, Any]) -> None:
     _, results = run(shards=(1, 64), **extra)
@@ -78,6 +80,7 @@ def test_no_wrong_eviction_with_one_shard_and_some_with_many(extra: dict[str, An
     assert 0.0 <= many["median_wrong_rank"] <= many["p99_wrong_rank"] <= many["youngest_wrong_rank"] < 100.0
 
 
+@pytest.mark.slow
 def test_global_order_against_a_plain_model() -> None:
     """The reference itself: evict the smallest lease from a plain dict, one job at a time."""
     load, results = run(shards=(1,), touches=1.5)
@@ -122,6 +125,7 @@ def test_rebalancing_moves_budget_to_the_busier_shard() -> None:
     assert model.nbytes() <= load.budget
 
 
+@pytest.mark.slow
 def test_a_seed_gives_the_same_run() -> None:
     first = run(rebalance=50, seed=7)
     again = run(rebalance=50, seed=7)
@@ -181,6 +185,7 @@ def test_bad_command_line_exits_2_naming_the_field(
     assert f"{field}: " in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_command_line_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert sim.main(["--jobs", "2000", "--budget-jobs", "200", "--shards", "1,8", "--rebalance", "100"]) == 0
     out = capsys.readouterr().out

@@ -344,6 +344,7 @@ def run_python(code: str, cwd: Path) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_every_function_before_open_db_raises_store_not_open(tmp_path: Path) -> None:
     code = """
         import json, sys

@@ -90,6 +90,7 @@ def sift(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named_by", ["--db", "$SIFT_DB"])
 def test_a_named_store_holding_jobs_is_refused_and_unchanged(populated: Path, named_by: str) -> None:
     before, ids = files_of(populated), job_ids(populated)
@@ -104,6 +105,7 @@ def test_a_named_store_holding_jobs_is_refused_and_unchanged(populated: Path, na
     assert list((populated.parent / "tmp").iterdir()) == []  # no new store either
 
 
+@pytest.mark.slow
 def test_sift_db_in_the_working_directory_is_not_used(populated: Path) -> None:
     before, ids = files_of(populated), job_ids(populated)
     proc = sift(["simulate", "--json", *SMALL], populated.parent)
@@ -115,6 +117,7 @@ def test_sift_db_in_the_working_directory_is_not_used(populated: Path) -> None:
     assert job_ids(populated) == ids
 
 
+@pytest.mark.slow
 def test_the_default_store_is_a_new_file_whose_path_is_printed(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -142,6 +145,7 @@ def test_the_default_store_is_a_new_file_whose_path_is_printed(
     assert not (tmp_path / "sift.db").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["missing", "empty store", "empty file"])
 def test_a_named_store_without_jobs_is_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
@@ -198,6 +202,7 @@ def test_help_names_the_store_it_uses(capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
+@pytest.mark.slow
 def test_another_programs_database_is_refused_and_unchanged(tmp_path: Path) -> None:
     """A mistyped --db naming an app's own SQLite database: no job there, but tables that are not the
     store's, so simulate writes nothing into it."""
@@ -255,6 +260,7 @@ def neighbour(postgres_schema: str) -> Iterator[str]:
         drop_schema(schema)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("named_by", ["--db", "$SIFT_DB"])
 def test_on_postgres_simulate_makes_a_schema_of_its_own(
@@ -294,6 +300,7 @@ def test_on_postgres_simulate_makes_a_schema_of_its_own(
         drop_schema(made)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_on_postgres_the_summary_says_how_to_drop_the_schema(
     postgres_schema: str, capsys: pytest.CaptureFixture[str]
@@ -342,6 +349,7 @@ def test_a_named_postgres_schema_with_other_tables_is_refused(
         drop_schema(schema)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.parametrize("kind", ["missing", "empty store"])
 def test_a_named_postgres_schema_without_jobs_is_used(
@@ -360,6 +368,7 @@ def test_a_named_postgres_schema_without_jobs_is_used(
         drop_schema(schema)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_on_postgres_the_password_is_never_shown(
     postgres_schema: str, capsys: pytest.CaptureFixture[str]

@@ -879,11 +879,13 @@ def _drop_machine_schema() -> Iterator[None]:
 StoreMachine.TestCase.settings = settings(stateful_step_count=30)
 FileStoreMachine.TestCase.settings = settings(stateful_step_count=30)
 PostgresStoreMachine.TestCase.settings = settings(stateful_step_count=30)
-TestStoreMachine = StoreMachine.TestCase
-TestFileStoreMachine = FileStoreMachine.TestCase
-TestPostgresStoreMachine = pytest.mark.postgres(
-    pytest.mark.skipif(bool(postgres_missing()), reason=postgres_missing() or "")(
-        PostgresStoreMachine.TestCase
+TestStoreMachine = pytest.mark.slow(StoreMachine.TestCase)
+TestFileStoreMachine = pytest.mark.slow(FileStoreMachine.TestCase)
+TestPostgresStoreMachine = pytest.mark.slow(
+    pytest.mark.postgres(
+        pytest.mark.skipif(bool(postgres_missing()), reason=postgres_missing() or "")(
+            PostgresStoreMachine.TestCase
+        )
     )
 )
 

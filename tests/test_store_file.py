@@ -59,6 +59,7 @@ dcache.close_db()
 """
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_path_at_once_all_get_the_same_complete_store(tmp_path: Path) -> None:
     """8 processes start open_db on one new path at the same instant. A race can only be shown, not forced:
     with the file created empty and its header written next, this failed in 4 of 6 runs (a file without

@@ -132,6 +132,7 @@ def _submitter(path: str, p: int, barrier: Barrier, results: Any) -> None:
         dcache.close_db()
 
 
+@pytest.mark.slow
 def test_bursts_from_8_processes_make_one_job_per_key(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     dcache.open_db(path)

@@ -92,6 +92,7 @@ def test_sweep_of_an_empty_store(store: Any) -> None:
     assert dcache.sweep_batch(timedelta(0), now=2**62) == 0
 
 
+@pytest.mark.slow
 def test_sweep_in_many_chunks_deletes_everything_due(store: Any) -> None:
     """More due jobs than one transaction takes, and more due rows, plus one job bigger than a chunk."""
     due_jobs = JOBS_PER_TRANSACTION * 2 + 37

@@ -183,6 +183,7 @@ def test_a_failing_check_in_tear_down_still_closes_the_store(pytester: pytest.Py
     assert dcache.db.is_closed()
 
 
+@pytest.mark.slow
 def test_without_the_opt_in_there_are_no_fixtures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_plain="""

@@ -271,6 +271,7 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Non
     dcache.close_db()
 
 
+@pytest.mark.slow
 def test_threads_mixed_operations(shared_store: None) -> None:
     for j in range(SHARED_JOBS):
         dcache.create_batch_job(

@@ -311,6 +311,7 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise Interrupted  # as a KeyboardInterrupt, or a time limit's signal handler, would
 
 
+@pytest.mark.slow
 def test_a_writer_interrupted_while_queued_leaves_no_lock_and_no_turn_behind(file_store: Path) -> None:
     """An exception while a writer waits for its turn (a signal handler's, a KeyboardInterrupt) leaves the
     queue: when the turn comes the lock is dropped, not kept by the idle process, and no turn is kept for
@@ -726,6 +727,7 @@ def _in_child(check: Callable[[], bool]) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", ["readable", "unreadable"])
 def test_a_forked_childs_connection_keeps_the_stores_checkpoint_rule(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, index: str
