@@ -186,8 +186,8 @@ class BatchJob(_StoreModel):
 
 class BatchTarget(_StoreModel):
     """One URL of a job, at position ``idx``; result, error and hint stay NULL until it finishes. ``runner``
-    and ``heartbeat`` are its last claim's runner and that claim's last renewal (NULL before any claim);
-    ``attempts`` counts its claims."""
+    and ``heartbeat`` are its last claim's runner and that claim's last renewal (NULL before any claim, and
+    after a write of pending or failed ends the claim); ``attempts`` counts its claims."""
 
     # The DDL has no foreign key; Peewee's field only gives joins, ``target.job`` and ``job.targets``.
     job = peewee.ForeignKeyField(BatchJob, column_name="job_id", backref="targets", lazy_load=True)
