@@ -19,11 +19,12 @@ from typing import Any
 import peewee
 
 from ..errors import ModelWriteRefused
+from ..tables import JOB_TABLE, TARGET_TABLE
 
-__all__ = ["STORE_TABLES", "HeldWrites", "cleared", "written_table"]
+__all__ = ["HELD_TABLES", "HeldWrites", "cleared", "written_table"]
 
-#: The tables whose writes the rules hold.
-STORE_TABLES = ("batch_job", "batch_target")
+#: The tables whose writes the rules hold (the store's other tables are written by its functions only).
+HELD_TABLES = (JOB_TABLE, TARGET_TABLE)
 _STORE_NAME = re.compile(r"\bbatch_(?:job|target)\b")
 
 #: The one write query the rules cleared in this thread (or task), while they run it.
@@ -42,7 +43,7 @@ def written_table(table: Any) -> str | None:
     else:
         found = _STORE_NAME.search(peewee.Context().sql(table).query()[0])  # type: ignore[no-untyped-call]
         return found.group(0) if found else None
-    return name if name in STORE_TABLES else None
+    return name if name in HELD_TABLES else None
 
 
 @contextmanager
@@ -72,7 +73,7 @@ class HeldWrites:
     def execute(self, query: Any, **context_options: Any) -> Any:
         if _CLEARED.get() is not query:
             for table in _store_writes(query):
-                model = "BatchJob" if table == "batch_job" else "BatchTarget"
+                model = "BatchJob" if table == JOB_TABLE else "BatchTarget"
                 raise ModelWriteRefused(
                     "query",
                     f"writes {table} around the store's rules; build the write from {model} "
