@@ -1,0 +1,86 @@
+"""What a runner's ``fetch`` says besides a result: try again later (:class:`Retry`) or fail now
+(:class:`Fail`), and how long a retry waits (:class:`Backoff`)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from ..dcache.errors import InvalidBatchInput
+from ..dcache.validation import MAX_MESSAGE_BYTES
+
+__all__ = ["Backoff", "Fail", "Retry"]
+
+
+def _message(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidBatchInput(field, f"must be text, got {type(value).__name__}")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+        raise InvalidBatchInput(field, f"longer than {MAX_MESSAGE_BYTES} bytes")
+    return value
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _seconds(field: str, value: object, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise InvalidBatchInput(field, f"must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+class Retry(Exception):
+    """Try the target again: it goes back to pending and is not claimed before ``after`` seconds from now
+    (None: the runner's backoff for its attempt). At the runner's ``max_attempts`` it fails with ``error``."""
+
+    def __init__(self, error: str, after: float | None = None) -> None:
+        self.error = _message("error", error)
+        self.after = _seconds("after", after, allow_none=True)
+        super().__init__(error)
+
+
+class Fail(Exception):
+    """The target is failed now with ``error`` (and ``hint``, shown to its caller), whatever its attempts."""
+
+    def __init__(self, error: str, hint: str | None = None) -> None:
+        self.error = _message("error", error)
+        self.hint = None if hint is None else _message("hint", hint)
+        super().__init__(error)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait before attempt ``n + 1`` after ``n`` failed ones: ``first * factor**(n - 1)``, at most
+    ``most`` seconds, then moved by up to ``jitter`` of itself either way, so retries of one outage spread."""
+
+    first: float = 1.0
+    factor: float = 2.0
+    most: float = 300.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        for field in ("first", "most"):
+            _seconds(field, getattr(self, field))
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or not self.factor >= 1:
+            raise InvalidBatchInput("factor", f"must be a number >= 1, got {self.factor!r}")
+        if (
+            isinstance(self.jitter, bool)
+            or not isinstance(self.jitter, int | float)
+            or not 0 <= self.jitter <= 1
+        ):
+            raise InvalidBatchInput("jitter", f"must be a number from 0 to 1, got {self.jitter!r}")
+
+    def delay(self, attempts: int, rand: random.Random | None = None) -> float:
+        """Seconds to wait after ``attempts`` (>= 1) failed attempts."""
+        exponent = max(attempts, 1) - 1
+        # factor**exponent overflows a float long before it matters: past ``most`` is ``most``.
+        try:
+            base = min(self.first * self.factor**exponent, self.most)
+        except OverflowError:
+            base = self.most
+        spread = base * self.jitter * (2 * (rand or random).random() - 1)
+        return max(0.0, base + spread)
