@@ -48,7 +48,8 @@ def test_backoff_refuses_bad_settings(kwargs: dict[str, object], field: str) -> 
 def test_retry_and_fail_keep_what_they_say() -> None:
     retry = Retry("503 Service Unavailable", after=2.5)
     assert (retry.error, retry.after) == ("503 Service Unavailable", 2.5)
-    assert Retry("timeout").after is None
+    assert (Retry("timeout").after, Retry("timeout").host_wide) == (None, False)
+    assert Retry("429 Too Many Requests", 3, host_wide=True).host_wide
     fail = Fail("404 Not Found", hint="check the URL")
     assert (fail.error, fail.hint) == ("404 Not Found", "check the URL")
 
@@ -61,6 +62,7 @@ def test_retry_and_fail_keep_what_they_say() -> None:
         (lambda: Retry(b"x"), "error"),  # type: ignore[arg-type]
         (lambda: Fail("x" * (MAX_MESSAGE_BYTES + 1)), "error"),
         (lambda: Fail("x", hint=3), "hint"),  # type: ignore[arg-type]
+        (lambda: Retry("x", host_wide=1), "host_wide"),  # type: ignore[arg-type]
     ],
 )
 def test_retry_and_fail_refuse_bad_values(make: object, field: str) -> None:

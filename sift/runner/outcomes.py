@@ -35,11 +35,15 @@ def _seconds(field: str, value: object, *, allow_none: bool = False) -> float | 
 
 class Retry(Exception):
     """Try the target again: it goes back to pending and is not claimed before ``after`` seconds from now
-    (None: the runner's backoff for its attempt). At the runner's ``max_attempts`` it fails with ``error``."""
+    (None: the runner's backoff for its attempt). At the runner's ``max_attempts`` it fails with ``error``.
+    ``host_wide``: the site asked every request to wait (a 429 or 503 with ``Retry-After``), not this one."""
 
-    def __init__(self, error: str, after: float | None = None) -> None:
+    def __init__(self, error: str, after: float | None = None, *, host_wide: bool = False) -> None:
         self.error = _message("error", error)
         self.after = _seconds("after", after, allow_none=True)
+        if type(host_wide) is not bool:
+            raise InvalidBatchInput("host_wide", f"must be True or False, got {host_wide!r}")
+        self.host_wide = host_wide
         super().__init__(error)
 
 
