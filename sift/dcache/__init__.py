@@ -91,6 +91,7 @@ from .validation import (
     MAX_RESULT_BYTES,
     MAX_URL_BYTES,
 )
+from .waiting import MAX_WAIT_SECONDS, wait_for_batch_job
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -99,6 +100,7 @@ __all__ = [
     "MAX_OPTIONS_BYTES",
     "MAX_RESULT_BYTES",
     "MAX_URL_BYTES",
+    "MAX_WAIT_SECONDS",
     "BackupReport",
     "BatchError",
     "BatchJob",
@@ -175,4 +177,5 @@ __all__ = [
     "url_host",
     "vacuum_relations",
     "vacuum_store",
+    "wait_for_batch_job",
 ]

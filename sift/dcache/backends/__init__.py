@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import peewee
 
 from ..errors import StoreUnavailable
+from ..waiters import JobWaiters
 from .heldwrites import cleared, written_table
 from .postgres.urls import parse_target, shown_url
 from .sqlite import SerializedSqliteDatabase
@@ -98,6 +99,9 @@ class Backend(Protocol):
 
     def bulk_writes(self) -> AbstractContextManager[None]:
         """Around many write transactions in a row (a sweep, an eviction)."""
+
+    def job_waiters(self) -> JobWaiters:
+        """This process's waits for jobs to change, woken by the store's change feed."""
 
     def checkpoint(self) -> None:
         """Between bulk write transactions: let the backend do its housekeeping."""

@@ -19,6 +19,7 @@ from typing import Any
 from psycopg.types.string import TextLoader
 
 from ...driver_errors import Translation, store_error
+from .listener import PostgresListener
 from .maintenance import PostgresMaintenance
 from .pool import PostgresPool, fresh_holds
 from .rules import PostgresRules
@@ -28,7 +29,7 @@ from .urls import parse_target, shown_target, url_secrets
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, PostgresPool):
+class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, PostgresListener, PostgresPool):
     """A store in a PostgreSQL schema: a pooled connection for each call or transaction, statements in
     autocommit outside the store's transactions, every transaction READ COMMITTED with the locks described
     above."""
@@ -144,7 +145,8 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, Postgres
         self.dispose()
 
     def close_store(self) -> None:
-        """Close every pooled connection of this process."""
+        """Close every pooled connection of this process, and its listening connection."""
+        self.stop_waits()
         if os.getpid() == self._pid:
             with contextlib.suppress(Exception):
                 self.close_all_connections()

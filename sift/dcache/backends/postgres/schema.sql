@@ -63,6 +63,19 @@ INSERT INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0) ON CONFLICT
 -- the index of them by idx that version 2 made is dropped: every submit, claim and result write moved it.
 DROP INDEX IF EXISTS batch_target_pending;
 
+-- name: version_7
+-- Version 7: a job's change of status or targets_done is announced on channel sift_batch_job, in the
+-- transaction that makes it (delivered at its commit, once per job and transaction), for
+-- wait_for_batch_job's one listening connection per process; the payload names the store's schema too, as
+-- stores in other schemas of the database share the channel.
+CREATE OR REPLACE FUNCTION batch_job_announce() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('sift_batch_job', json_build_array(TG_TABLE_SCHEMA, NEW.id)::text);
+        RETURN NULL;
+    END $$;
+
+CREATE OR REPLACE TRIGGER batch_job_announce AFTER UPDATE OF status, targets_done ON batch_job FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.targets_done IS DISTINCT FROM NEW.targets_done) EXECUTE FUNCTION batch_job_announce();
+
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
 CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);

@@ -24,6 +24,7 @@ import peewee
 
 from ...driver_errors import Translation
 from ...errors import BatchError, StoreUnavailable
+from .changes import SqliteChanges
 from .execution import SqliteExecution
 from .files import create_store_file
 from .idioms import SqliteIdioms
@@ -44,7 +45,7 @@ _inherited_connections: list[sqlite3.Connection] = []
 
 
 class SerializedSqliteDatabase(
-    SqliteIdioms, WalPolicy, SqliteExecution, SqliteSchema, SqliteMaintenance, SqliteRules
+    SqliteIdioms, WalPolicy, SqliteExecution, SqliteSchema, SqliteMaintenance, SqliteRules, SqliteChanges
 ):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 
@@ -211,6 +212,7 @@ class SerializedSqliteDatabase(
         """Close the store's connection, waiting for any transaction of another thread to end first."""
         with self.lock:
             self.refuse_inside_transaction("close_db")
+            self.stop_waits()
             self._store_open = False
             self.writers.close()
             if not self.deferred:
