@@ -6,7 +6,9 @@ is at fault).
   the new job's id, or 200 and the id of the job this caller already submitted with that key and the same
   URLs and options; 409 if that key's job was made from another request.
 - ``GET /v1/jobs/<id>``: the job and every target's result (a page of them with ``?after=&limit=``);
-  reading keeps the job alive (its lease).
+  reading keeps the job alive (its lease). ``?wait=SECONDS`` (a long poll, at most ``MAX_WAIT`` seconds):
+  the answer comes when the job is finished or its status or count of finished targets moves, or at the
+  end of the wait; each waiting request holds a worker (or a thread of one) meanwhile.
 - ``POST /v1/jobs/<id>/cancel``: a queued or running job becomes cancelled and its unfinished targets
   failed (no more of them are fetched); 409 for a job that is finished already.
 
@@ -41,6 +43,7 @@ MAX_URLS = 1000  # targets in one job
 MAX_URL_BYTES = 2048  # one URL, in UTF-8 bytes: what browsers and most servers take
 MAX_BODY_BYTES = 4 * 2**20  # one request body: MAX_URLS URLs of MAX_URL_BYTES, and their options
 SCHEMES = ("http", "https")  # the only URLs the fetcher follows
+MAX_WAIT = 30.0  # seconds one long poll may wait: below proxies' and load balancers' idle timeouts
 LIVE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 log = logging.getLogger("fetchapp.web")
@@ -156,9 +159,14 @@ def poll(job_id: str) -> Answer:
     swept."""
     who = caller()
     after, limit = page_arguments()
+    wait = wait_argument()
     job = dcache.batch_job(job_id)
     if job is None or job.caller != who:  # the store never filters by caller: the API does
         raise dcache.JobNotFound(job_id)
+    if wait:
+        job = dcache.wait_for_batch_job(job_id, timeout=wait, since=job)
+        if job is None:  # swept while waiting
+            raise dcache.JobNotFound(job_id)
     targets = dcache.batch_targets(job_id, after=after, limit=limit) or []
     dcache.touch_batch_job(job_id)  # JobNotFound if swept since the read: 404 too
     body = {
@@ -184,6 +192,21 @@ def page_arguments() -> tuple[int | None, int | None]:
             raise dcache.InvalidBatchInput(name, f"must be a whole number, got {text!r}")
         found.append(None if text is None else int(text))
     return found[0], found[1]
+
+
+def wait_argument() -> float:
+    """``wait`` from the query string: seconds from 0 to ``MAX_WAIT`` (0 when absent)."""
+    text = request.args.get("wait")
+    if text is None:
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_WAIT:  # NaN too
+        problem = f"must be a number of seconds from 0 to {MAX_WAIT:g}, got {text!r}"
+        raise dcache.InvalidBatchInput("wait", problem)
+    return seconds
 
 
 def cancel(job_id: str) -> Answer:

@@ -3,6 +3,8 @@ with SIFT_TEST_DB set."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +174,29 @@ def test_poll_pages_the_results(client: FlaskClient) -> None:
     ]:
         answer = client.get(f"/v1/jobs/{job_id}{query}", headers=ALICE)
         assert answer.status_code == 400 and answer.json["field"] == field, query
+
+
+@pytest.mark.sift_store(check=True)
+def test_a_long_poll_answers_when_the_job_moves(client: FlaskClient) -> None:
+    job_id = submit(client, ["https://a.example/", "https://b.example/"]).json["id"]
+
+    def run_one() -> None:  # a runner's result, once the request waits
+        while job_id not in dcache.db.backend.job_waiters().job_ids():
+            time.sleep(0.01)
+        [target] = dcache.claim_batch_targets(1, runner="r")
+        dcache.update_batch_target(job_id, target.idx, "done", result="<html>", runner="r")
+
+    runner = threading.Thread(target=run_one)
+    runner.start()
+    answer = client.get(f"/v1/jobs/{job_id}?wait=30", headers=ALICE)
+    runner.join()
+    assert answer.status_code == 200 and answer.json["done"] == 1
+    dcache.cancel_batch_job(job_id)
+    final = client.get(f"/v1/jobs/{job_id}?wait=30", headers=ALICE).json  # finished: answered at once
+    assert (final["status"], final["done"]) == ("cancelled", 2)
+    for query in ("?wait=x", "?wait=-1", "?wait=31", "?wait=nan"):
+        refused = client.get(f"/v1/jobs/{job_id}{query}", headers=ALICE)
+        assert refused.status_code == 400 and refused.json["field"] == "wait", query
 
 
 def test_a_store_that_cannot_be_used_is_503_with_retry_after(
