@@ -287,3 +287,40 @@ def test_run_runner_works_and_releases_its_claims_when_stopped(tmp_path: Path) -
         assert [t.status for t in dcache.batch_targets(job_id) or []][5:7] == ["pending", "pending"]
     finally:
         dcache.close_db()
+
+
+def _finish_once_waited(job_id: str, count: int) -> threading.Thread:
+    """A runner's write of the job's one target, once ``count`` waits for it have started."""
+
+    def run() -> None:
+        waiters = dcache.db.backend.job_waiters()
+        while waiters.job_ids().count(job_id) < 1 or len(waiters._wakers[job_id]) < count:
+            threading.Event().wait(0.01)
+        dcache.update_batch_target(job_id, 0, "done", result="<html>")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("face", ["flask", "fastapi"])
+def test_web_app_wait_example(tmp_path: Path, face: str) -> None:
+    from fastapi.testclient import TestClient
+
+    namespace: dict[str, Any] = {"__name__": "app"}  # Flask finds the app's folder by its module's name
+    exec(compile(block("web-app-wait"), block_path("web-app-wait"), "exec"), namespace)
+    dcache.open_db(tmp_path / "app.db")
+    try:
+        job_id = dcache.submit("alice", ["https://a.example/"]).job_id
+        client: Any = (
+            namespace["flask_app"].test_client() if face == "flask" else TestClient(namespace["api"])
+        )
+        writer = _finish_once_waited(job_id, 1)
+        answer = client.get(f"/v1/batch/{job_id}/progress?wait=30")
+        writer.join()
+        assert answer.status_code == 200
+        body = answer.json() if face == "fastapi" else answer.json
+        assert body == {"status": "queued", "done": 1, "total": 1}
+        assert client.get("/v1/batch/nope/progress?wait=30").status_code == 404
+    finally:
+        dcache.close_db()

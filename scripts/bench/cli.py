@@ -29,6 +29,7 @@ from .cases.plugin import bench_testing
 from .cases.raw import bench_raw, pg_raw
 from .cases.simulate import pg_simulate
 from .cases.tail import bench_tail
+from .cases.wait import bench_wait, pg_wait
 from .cases.writers import pg_writers
 from .harness import Report, log, machine, print_report, write_json
 from .sizes import FULL, QUICK, Sizes
@@ -48,6 +49,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "tail": bench_tail,
     "peers": bench_peers,
     "fairness": bench_fairness,
+    "wait": bench_wait,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -57,6 +59,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "simulate": pg_simulate,
     "peers": pg_peers,
     "fairness": pg_fairness,
+    "wait": pg_wait,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

@@ -69,6 +69,7 @@ class Sizes:
     flood_targets: int  # fairness: targets of each flood job
     flood_rounds: int  # fairness: runs of each side (fair, oldest first)
     tail_rounds: int  # SQLite tail: rounds of each side
+    wait_rounds: int  # waits ended by another process's write, each timed from that write's commit
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -123,6 +124,7 @@ FULL = Sizes(
     flood_targets=500,
     flood_rounds=2,
     tail_rounds=8,
+    wait_rounds=50,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -177,6 +179,7 @@ QUICK = Sizes(
     flood_targets=300,
     flood_rounds=1,
     tail_rounds=2,
+    wait_rounds=5,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,
