@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,12 +31,13 @@ class Seen:
 class FetchServer:
     host: str
     port: int
+    scheme: str = "http"
     requests: list[Seen] = field(default_factory=list)
     # Set at the end: what a slow path waits for, so that no handler outlives its test for long.
     release: threading.Event = field(default_factory=threading.Event)
 
     def url(self, path: str) -> str:
-        return f"http://{self.host}:{self.port}{path}"
+        return f"{self.scheme}://{self.host}:{self.port}{path}"
 
     def paths(self) -> list[str]:
         return [seen.path for seen in self.requests]
@@ -130,10 +132,13 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def fetch_server(host: str = "127.0.0.1") -> Iterator[FetchServer]:
-    """A :class:`FetchServer` answering on ``host`` (a free port) until the block ends."""
-    server = FetchServer(host, 0)
+def fetch_server(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> Iterator[FetchServer]:
+    """A :class:`FetchServer` answering on ``host`` (a free port) until the block ends; over TLS with
+    ``tls``, a server-side context."""
+    server = FetchServer(host, 0, "https" if tls else "http")
     httpd = _Server((host, 0), _handler(server))
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     server.port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

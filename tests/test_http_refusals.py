@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -164,10 +167,10 @@ def test_a_bad_allow_private_is_invalid_input(bad: Any, connects: list[Any]) -> 
 
 
 @pytest.fixture
-def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[str], list[str]]]:
-    """``site.test`` resolving to each address of the list in turn (a DNS answer that changes between two
+def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[list[str]], list[str]]]:
+    """``site.test`` resolving to each answer of the list in turn (a DNS answer that changes between two
     lookups, as in DNS rebinding), and the names looked up."""
-    answers: list[str] = []
+    answers: list[list[str]] = []
     asked: list[str] = []
     getaddrinfo = socket.getaddrinfo
 
@@ -175,17 +178,17 @@ def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[str], list[s
         asked.append(host)
         if host != "site.test":
             return getaddrinfo(host, port, *args, **kwargs)
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers.pop(0), port))]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in answers.pop(0)]
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     yield answers, asked
 
 
 def test_the_connection_goes_to_the_address_checked(
-    server: FetchServer, connects: list[Any], lookups: tuple[list[str], list[str]]
+    server: FetchServer, connects: list[Any], lookups: tuple[list[list[str]], list[str]]
 ) -> None:
     answers, asked = lookups
-    answers.extend([SERVER_HOST, "10.0.0.1"])  # a second lookup would get an address never checked
+    answers.extend([[SERVER_HOST], ["10.0.0.1"]])  # a second lookup would get an address never checked
     sent = json.loads(get(f"http://site.test:{server.port}/headers", allow_private=[ALLOWED]))
     assert sent["Host"] == f"site.test:{server.port}"
     assert asked.count("site.test") == 1
@@ -193,10 +196,10 @@ def test_the_connection_goes_to_the_address_checked(
 
 
 def test_a_public_address_passes_the_check_and_is_the_one_connected(
-    monkeypatch: pytest.MonkeyPatch, lookups: tuple[list[str], list[str]]
+    monkeypatch: pytest.MonkeyPatch, lookups: tuple[list[list[str]], list[str]]
 ) -> None:
     answers, asked = lookups
-    answers.append("93.184.215.14")
+    answers.append(["93.184.215.14"])
     tried: list[Any] = []
 
     def unreachable(sock: socket.socket, address: Any) -> None:
@@ -225,3 +228,97 @@ def test_one_private_address_among_public_ones_refuses_the_host(
         get("http://mixed.test/")
     assert "10.0.0.1" in failed.value.error
     assert connects == []
+
+
+def test_an_address_that_does_not_answer_gives_way_to_the_next_checked_one(
+    server: FetchServer, connects: list[Any], lookups: tuple[list[list[str]], list[str]]
+) -> None:
+    answers, asked = lookups
+    answers.append(["127.0.0.3", SERVER_HOST])  # nothing listens on 127.0.0.3
+    text = get(f"http://site.test:{server.port}/text", allow_private=["127.0.0.2/31"])
+    assert text == "héllo wörld"
+    assert connects == [("127.0.0.3", server.port), (SERVER_HOST, server.port)]
+    assert asked.count("site.test") == 1
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for ``site.test`` and its key, made by the openssl command."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    command = [
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=site.test",
+    ]
+    command += ["-addext", "subjectAltName=DNS:site.test", "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_server(certificate: tuple[Path, Path]) -> Iterator[tuple[FetchServer, list[str | None]]]:
+    """A TLS server on 127.0.0.2 with the ``site.test`` certificate, and the SNI name of each handshake."""
+    names: list[str | None] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+    with fetch_server(SERVER_HOST, tls=context) as running:
+        yield running, names
+
+
+@pytest.fixture(autouse=True)
+def fresh_tls(request: pytest.FixtureRequest) -> None:
+    if "tls_server" in request.fixturenames:
+        request.getfixturevalue("tls_server")[0].requests.clear()
+
+
+def test_https_names_the_site_to_the_address_checked(
+    tls_server: tuple[FetchServer, list[str | None]],
+    certificate: tuple[Path, Path],
+    connects: list[Any],
+    lookups: tuple[list[list[str]], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, names = tls_server
+    answers, asked = lookups
+    answers.append([SERVER_HOST])
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # OpenSSL's default trust store, for this test
+    sent = json.loads(get(f"https://site.test:{server.port}/headers", allow_private=[ALLOWED]))
+    assert sent["Host"] == f"site.test:{server.port}"
+    assert names[-1] == "site.test"
+    assert connects == [(SERVER_HOST, server.port)]
+    assert asked.count("site.test") == 1
+
+
+def test_https_refuses_a_certificate_for_another_name(
+    tls_server: tuple[FetchServer, list[str | None]],
+    certificate: tuple[Path, Path],
+    lookups: tuple[list[list[str]], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, _ = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    with pytest.raises(Retry) as retried:  # the certificate is trusted, but names site.test only
+        get(f"https://127.0.0.2:{server.port}/headers", allow_private=[ALLOWED])
+    assert "hostname '127.0.0.2' doesn't match 'site.test'" in retried.value.error
+    assert server.requests == []
+
+
+def test_https_refuses_an_untrusted_certificate(
+    tls_server: tuple[FetchServer, list[str | None]], lookups: tuple[list[list[str]], list[str]]
+) -> None:
+    server, _ = tls_server
+    answers, _ = lookups
+    answers.append([SERVER_HOST])
+    with pytest.raises(Retry) as retried:
+        get(f"https://site.test:{server.port}/headers", allow_private=[ALLOWED])
+    assert "certificate verify failed" in retried.value.error
+    assert server.requests == []
