@@ -169,13 +169,15 @@ def test_a_bad_allow_private_is_invalid_input(bad: Any, connects: list[Any]) -> 
 @pytest.fixture
 def lookups(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[list[str]], list[str]]]:
     """``site.test`` resolving to each answer of the list in turn (a DNS answer that changes between two
-    lookups, as in DNS rebinding), and the names looked up."""
+    lookups, as in DNS rebinding), ``xn--bcher-kva.example`` to 10.1.2.3, and the names looked up."""
     answers: list[list[str]] = []
     asked: list[str] = []
     getaddrinfo = socket.getaddrinfo
 
     def resolve(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         asked.append(host)
+        if host == "xn--bcher-kva.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.1.2.3", port))]
         if host != "site.test":
             return getaddrinfo(host, port, *args, **kwargs)
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)) for address in answers.pop(0)]
@@ -322,3 +324,22 @@ def test_https_refuses_an_untrusted_certificate(
         get(f"https://site.test:{server.port}/headers", allow_private=[ALLOWED])
     assert "certificate verify failed" in retried.value.error
     assert server.requests == []
+
+
+@pytest.mark.parametrize("host", ["a..b", "a" * 64 + ".com", ("a" * 60 + ".") * 5 + "com", "-ä.com"])
+def test_a_host_dns_cannot_hold_fails_without_a_lookup(
+    host: str, connects: list[Any], lookups: tuple[list[list[str]], list[str]]
+) -> None:
+    _, asked = lookups
+    with pytest.raises(Fail) as failed:
+        get(f"http://{host}/", allow_private=True)
+    assert failed.value.error.startswith("refused http://")  # the URL, cut short past 300 characters
+    assert failed.value.error.endswith(": the host is not a valid name")
+    assert (asked, connects) == ([], [])
+
+
+def test_a_non_ascii_name_is_looked_up_as_its_a_labels(lookups: tuple[list[list[str]], list[str]]) -> None:
+    _, asked = lookups
+    with pytest.raises(Fail):
+        get("http://Bücher.example/")  # site.test is the only name the test's resolver answers
+    assert asked == ["xn--bcher-kva.example"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
+import idna
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 
@@ -60,6 +61,9 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Sent on a redirect to the same origin only: another site is not given the first one's credentials.
 _CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _CHUNK = 64 * 1024
+# A name DNS can hold: labels of 1 to 63 characters, at most 253 in all (an underscore is allowed, as sites
+# use it); an IPv6 literal, the other kind of host, holds a colon.
+_DNS_NAME = re.compile(r"(?=.{1,253}$)[^.\s]{1,63}(?:\.[^.\s]{1,63})*")
 # Addresses that carry an IPv4 address in their last 32 bits: the IPv4 address is the one reached.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
@@ -212,14 +216,17 @@ def _checked_url(url: str) -> SplitResult:
 
 
 def _host_name(parts: SplitResult) -> str:
-    """The host as DNS and TLS know it: IDNA A-labels for a name, the address for an IP literal."""
+    """The host as DNS and TLS know it: IDNA A-labels (UTS #46, as ``url_host`` reads names) for a name,
+    the address for an IP literal. A name DNS cannot hold fails the target: no lookup would find it."""
     host = (parts.hostname or "").rstrip(".")
-    if host.isascii():
-        return host
-    try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError:
-        raise Fail(_message(f"refused {_show(parts.geturl())}: the host is not a valid name")) from None
+    if not host.isascii():
+        try:
+            host = idna.encode(host, uts46=True, transitional=False).decode("ascii")
+        except (idna.IDNAError, UnicodeError):
+            host = ""
+    if ":" not in host and not _DNS_NAME.fullmatch(host):
+        raise Fail(_message(f"refused {_show(parts.geturl())}: the host is not a valid name"))
+    return host
 
 
 def _resolve(parts: SplitResult, allowed: tuple[_Network, ...] | None) -> list[str]:
