@@ -7,8 +7,12 @@ from __future__ import annotations
 import base64
 import email.utils
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +252,11 @@ def test_bad_options_fail_the_target_naming_the_option(server: FetchServer, opti
 @pytest.mark.parametrize("options", ["", "{}", '{"render": true}', None])
 def test_empty_and_other_options_are_the_defaults(server: FetchServer, options: str | None) -> None:
     assert fetch(BatchTarget(url=server.url("/text"), options=options), allow_private=True) == "héllo wörld"
+
+
+def test_urllib3_is_imported_only_with_the_fetcher() -> None:
+    check = "import sys, sift.dcache, sift.runner, sift.cli; print('urllib3' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    command = [sys.executable, "-c", check]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, "False"), result.stderr

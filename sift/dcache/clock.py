@@ -20,3 +20,9 @@ def set_test_clock(clock: Callable[[], int] | None) -> Callable[[], int] | None:
     global _test_clock
     previous, _test_clock = _test_clock, clock
     return previous
+
+
+def monotonic() -> float:
+    """Seconds on a clock that never goes back, for deadlines (a test clock does not replace it: a
+    deadline measures time passing, not the time)."""
+    return time.monotonic()

@@ -19,7 +19,6 @@ import json
 import math
 import re
 import socket
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import idna
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from ..dcache.clock import unix_now
+from ..dcache.clock import monotonic, unix_now
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.models import BatchTarget
 from ..dcache.validation import MAX_MESSAGE_BYTES, MAX_RESULT_BYTES
@@ -91,7 +90,7 @@ def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network]
     of networks (``["10.1.0.0/16"]``) those networks; neither ever allows another scheme."""
     allowed = _allowed_networks(allow_private)
     options = _options(target.options)
-    deadline = time.monotonic() + options.timeout
+    deadline = monotonic() + options.timeout
     url = target.url
     headers = options.headers
     for _ in range(options.max_redirects + 1):
@@ -284,7 +283,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def _remaining(deadline: float, url: str) -> float:
-    left = deadline - time.monotonic()
+    left = deadline - monotonic()
     if left <= 0:
         raise Retry(_message(f"timed out fetching {_show(url)}"))
     return left
