@@ -23,6 +23,5 @@ def set_test_clock(clock: Callable[[], int] | None) -> Callable[[], int] | None:
 
 
 def monotonic() -> float:
-    """Seconds on a clock that never goes back, for deadlines (a test clock does not replace it: a
-    deadline measures time passing, not the time)."""
+    """Seconds on a clock that never goes back, for the deadline of a wait (never stored)."""
     return time.monotonic()
