@@ -73,6 +73,8 @@ CASES = {
     "fairness/first_result/oldest_first",
     # a wait ended by another process's commit
     "wait/after_commit",
+    # a page of results from a small job and from a large one
+    "pages/batch_targets",
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")}
@@ -100,6 +102,7 @@ PG_CASES = {
     "pg/fairness/first_result/fair",
     "pg/fairness/first_result/oldest_first",
     "pg/wait/after_commit",
+    "pg/pages/batch_targets",
 }
 
 
@@ -189,8 +192,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # (file over pages in use, hold), claims from 4 processes no slower than from 1, 2 tail workloads x
     # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
     # against its small one, without and with per_host, and its floor's reported, the flood's small callers
-    # 10 x sooner with fair claiming, a wait's end after another process's commit.
-    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1
+    # 10 x sooner with fair claiming, a wait's end after another process's commit, a page of a large job
+    # against one of a small job.
+    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
@@ -198,9 +202,10 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
     # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
     # per target and in writes of 10 against plain psycopg, reported; the fair claim's two; the flood's
-    # small callers 10 x sooner with fair claiming; a wait's end after another process's commit.
+    # small callers 10 x sooner with fair claiming; a wait's end after another process's commit; a page of
+    # a large job against one of a small job.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1
     assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     sqlite_info = 4

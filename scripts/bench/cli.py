@@ -24,6 +24,7 @@ from .cases.hooks import bench_hooks
 from .cases.locks import bench_locks
 from .cases.memory import bench_memory, rss_child
 from .cases.ops import bench_ops
+from .cases.pages import bench_pages, pg_pages
 from .cases.peers import bench_peers, pg_peers
 from .cases.plugin import bench_testing
 from .cases.raw import bench_raw, pg_raw
@@ -50,6 +51,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "peers": bench_peers,
     "fairness": bench_fairness,
     "wait": bench_wait,
+    "pages": bench_pages,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -60,6 +62,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "peers": pg_peers,
     "fairness": pg_fairness,
     "wait": pg_wait,
+    "pages": pg_pages,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

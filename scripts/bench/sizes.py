@@ -70,6 +70,8 @@ class Sizes:
     flood_rounds: int  # fairness: runs of each side (fair, oldest first)
     tail_rounds: int  # SQLite tail: rounds of each side
     wait_rounds: int  # waits ended by another process's write, each timed from that write's commit
+    page_small: int  # targets of the small job whose pages are read
+    page_large: int  # targets of the large job
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -125,6 +127,8 @@ FULL = Sizes(
     flood_rounds=2,
     tail_rounds=8,
     wait_rounds=50,
+    page_small=1_000,
+    page_large=1_000_000,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -180,6 +184,8 @@ QUICK = Sizes(
     flood_rounds=1,
     tail_rounds=2,
     wait_rounds=5,
+    page_small=1_000,
+    page_large=20_000,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,
