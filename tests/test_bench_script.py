@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -72,12 +73,21 @@ CASES = {
     "fairness/first_result/fair",
     "fairness/first_result/oldest_first",
     # a wait ended by another process's commit
-    "wait/after_commit",
+    "wait/after_write",
     # a page of results from a small job and from a large one
     "pages/batch_targets",
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")}
+
+
+#: The instructions group's cases in a quick run, there when valgrind is installed.
+INSTRUCTION_CASES = {f"instructions/runner_step/{side}" for side in ("package", "package_sql", "sqlite3")}
+
+
+def with_valgrind() -> bool:
+    """Whether valgrind is installed, so the instructions group counts."""
+    return shutil.which("valgrind") is not None
 
 
 def with_huey() -> bool:
@@ -101,7 +111,7 @@ PG_CASES = {
     "pg/simulate/hosts/fetch_50ms",
     "pg/fairness/first_result/fair",
     "pg/fairness/first_result/oldest_first",
-    "pg/wait/after_commit",
+    "pg/wait/after_write",
     "pg/pages/batch_targets",
 }
 
@@ -143,7 +153,8 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
     proc, report = quick
     names = {case["name"] for case in report["cases"]}
     peers = PEERS_CASES if with_huey() else set()
-    assert names == CASES | peers | (PG_CASES if with_postgres() else set())
+    counted = INSTRUCTION_CASES if with_valgrind() else set()
+    assert names == CASES | peers | counted | (PG_CASES if with_postgres() else set())
     assert report["backends"] == (["sqlite", "postgresql"] if with_postgres() else ["sqlite"])
     for prefix in ("flat/", "pg/flat/") if with_postgres() else ("flat/",):
         flat = [c for c in report["cases"] if c["name"].startswith(prefix)]
@@ -197,6 +208,8 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
+    # with valgrind: the runner step's instructions against its statements', and against the seed's (reported)
+    counted_goals, counted_info = (2, 1) if with_valgrind() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,
     # 8 writer processes against 1, the lock waits reported, claims from 4 processes against 1 reported,
     # simulate --hosts 4 against --hosts 1, with fetches that take no time and with fetches of 50 ms, and
@@ -206,13 +219,13 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # a large job against one of a small job.
     ceiling = 1 if Path("/proc/stat").exists() else 0
     pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1
-    assert len(goals) == sqlite_goals + peers_goals + (pg_goals if with_postgres() else 0)
+    assert len(goals) == sqlite_goals + peers_goals + counted_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     sqlite_info = 4
     pg_info = 4 + ceiling
     assert [g["verdict"] for g in goals].count("INFO") == sqlite_info + (
         pg_info if with_postgres() else 0
-    ) + peers_info
+    ) + peers_info + counted_info
     for goal in goals:
         assert f"{goal['verdict']}  {goal['name']}" in proc.stdout
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])

@@ -21,6 +21,7 @@ from .cases.disk import bench_disk
 from .cases.fairness import bench_fairness, pg_fairness
 from .cases.flat import bench_flat, pg_flat
 from .cases.hooks import bench_hooks
+from .cases.instructions import bench_instructions
 from .cases.locks import bench_locks
 from .cases.memory import bench_memory, rss_child
 from .cases.ops import bench_ops
@@ -52,6 +53,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "fairness": bench_fairness,
     "wait": bench_wait,
     "pages": bench_pages,
+    "instructions": bench_instructions,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,

@@ -72,6 +72,8 @@ class Sizes:
     wait_rounds: int  # waits ended by another process's write, each timed from that write's commit
     page_small: int  # targets of the small job whose pages are read
     page_large: int  # targets of the large job
+    instruction_steps: int  # calls counted by callgrind in each side's long run
+    instruction_paths: bool  # count the claim, the write of ten, the no-op sweep and eviction too
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -129,6 +131,8 @@ FULL = Sizes(
     wait_rounds=50,
     page_small=1_000,
     page_large=1_000_000,
+    instruction_steps=200,
+    instruction_paths=True,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -186,6 +190,8 @@ QUICK = Sizes(
     wait_rounds=5,
     page_small=1_000,
     page_large=20_000,
+    instruction_steps=10,
+    instruction_paths=False,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,

@@ -216,6 +216,14 @@ class CarefulRunner:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         (self.total,) = conn.execute("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
 
+    @classmethod
+    def opened(cls, path: Path) -> CarefulRunner:
+        """The careful runner on a file it made earlier (its running total read again)."""
+        careful = cls.__new__(cls)
+        careful.path, careful.conn = path, raw_connect(path)
+        (careful.total,) = careful.conn.execute("SELECT COALESCE(SUM(nbytes), 0) FROM batch_job").fetchone()
+        return careful
+
     def close(self) -> None:
         self.conn.close()
 
