@@ -14,6 +14,9 @@ __all__ = [
     "TOTALS_TABLE",
     "HOST_COLUMN",
     "HOSTS_VERSION",
+    "HOST_POLICY_TABLE",
+    "PAUSED_CALLER_TABLE",
+    "PAUSED_JOB_TABLE",
     "RING_TABLE",
     "SCHEMA_VERSION",
     "VERSION_TABLE",
@@ -27,10 +30,24 @@ TOTALS_TABLE = "batch_totals"
 VERSION_TABLE = "sift_schema"
 #: The claims' ring cursor: one row, the caller served last and the turns it has used (schema version 4).
 RING_TABLE = "batch_claim_ring"
+#: Politeness (schema version 7): each host's policy and pacing state, ``*`` the default's.
+HOST_POLICY_TABLE = "batch_host_policy"
+#: The paused jobs and the paused callers (schema version 7): claims take none of their targets.
+PAUSED_JOB_TABLE = "batch_paused_job"
+PAUSED_CALLER_TABLE = "batch_paused_caller"
 
 #: The store's tables on PostgreSQL, in the order space reports list them; a SQLite store has all but
 #: the version table.
-STORE_TABLES = (JOB_TABLE, TARGET_TABLE, TOTALS_TABLE, VERSION_TABLE, RING_TABLE)
+STORE_TABLES = (
+    JOB_TABLE,
+    TARGET_TABLE,
+    TOTALS_TABLE,
+    VERSION_TABLE,
+    RING_TABLE,
+    HOST_POLICY_TABLE,
+    PAUSED_JOB_TABLE,
+    PAUSED_CALLER_TABLE,
+)
 
 #: A job's columns, in the order the tables (and the models' fields) take them.
 JOB_COLUMNS = (
@@ -55,7 +72,7 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".

@@ -39,6 +39,9 @@ VERSION_5_ONE_PENDING_INDEX = _DDL["version_5"]
 #: Version 6: no DDL; every stored target's host is computed again (see :data:`HOSTS_VERSION`).
 VERSION_6_SITE_HOSTS: tuple[str, ...] = ()
 
+#: Version 7: politeness, the host policies and the paused jobs and callers.
+VERSION_7_PACING = _DDL["version_7"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -46,11 +49,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: VERSION_4_RING,
     4: VERSION_5_ONE_PENDING_INDEX,
     5: VERSION_6_SITE_HOSTS,
+    6: VERSION_7_PACING,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
 #: Version 3's and 4's columns add nothing to tables made here; they upgrade tables an earlier program made.
-SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + VERSION_4_RING + _DDL["totals"]
+SCHEMA = (
+    _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + VERSION_4_RING + VERSION_7_PACING + _DDL["totals"]
+)
 
 _CREATED = re.compile(r"CREATE (?:OR REPLACE )?(TABLE|INDEX|TRIGGER|FUNCTION) (?:IF NOT EXISTS )?(\w+)")
 #: The schema's objects as (kind, name), as the DDL creates them (the tables' primary keys come with them).

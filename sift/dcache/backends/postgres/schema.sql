@@ -63,6 +63,17 @@ INSERT INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0) ON CONFLICT
 -- the index of them by idx that version 2 made is dropped: every submit, claim and result write moved it.
 DROP INDEX IF EXISTS batch_target_pending;
 
+-- name: version_7
+-- Version 7: politeness. A host's policy (NULL: the default's, the row of host '*'; milliseconds for the
+-- interval and times), when the host is next due (pacing) and backed off until, one row a host the
+-- operator named or a claim paced; and the paused jobs and callers, whose targets no claim takes. Tables
+-- of their own: the original service's tables and statements stay as they were.
+CREATE TABLE IF NOT EXISTS batch_host_policy (host TEXT PRIMARY KEY, max_running BIGINT, min_interval_ms BIGINT, next_due_ms BIGINT NOT NULL DEFAULT 0, backed_off_until_ms BIGINT NOT NULL DEFAULT 0);
+
+CREATE TABLE IF NOT EXISTS batch_paused_job (job_id TEXT PRIMARY KEY, paused_at BIGINT NOT NULL);
+
+CREATE TABLE IF NOT EXISTS batch_paused_caller (caller TEXT PRIMARY KEY, paused_at BIGINT NOT NULL);
+
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
 CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);

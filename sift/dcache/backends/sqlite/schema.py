@@ -33,8 +33,9 @@ _DDL = load_sql(__package__, "schema.sql")
 
 #: The original schema, verbatim. Files written by the Go service have exactly these tables.
 BASE_SCHEMA = _DDL["base"]
-#: What the hot paths need to stay flat in history, and the byte total's table and triggers.
-SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
+#: What the hot paths need to stay flat in history, version 7's politeness tables, and the byte total's
+#: table and triggers.
+SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["pacing"] + _DDL["totals"]
 
 #: Version 3's columns of batch_target, each added when missing (see :meth:`SqliteSchema.prepare_schema`).
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
