@@ -99,7 +99,7 @@ def _interval_ms(value: Any) -> int | None:
         validation.invalid(
             "min_interval", f"must be seconds from 0 to {MAX_MIN_INTERVAL} (or None), got {value!r}"
         )
-    return round(value * 1000)
+    return round(float(value) * 1000)
 
 
 def _seconds(ms: int | None) -> float | None:
@@ -187,7 +187,7 @@ def _now_ms(now: Any) -> int:
         return unix_now_ms()
     if type(now) not in (int, float) or not math.isfinite(now) or now < 0:
         validation.invalid("now", f"must be unix seconds (a finite number), got {now!r}")
-    return math.floor(now * 1000)
+    return math.floor(float(now) * 1000)
 
 
 # -- pause and resume -------------------------------------------------------------------------------------
