@@ -71,3 +71,72 @@ def test_bad_input_names_its_field_and_changes_nothing(store: Any, call: Any, ar
         call(*args)
     assert caught.value.field == field
     assert snapshot() == before
+
+
+# -- Claims skip paused work ------------------------------------------------------------------------------
+
+
+def add_job(caller: str, name: str, count: int, *, created_at: int = 1) -> str:
+    job_id = f"{caller}/{name}"
+    dcache.create_batch_job(
+        make_job(job_id, caller=caller, targets_total=count, created_at=created_at), make_targets(count)
+    )
+    return job_id
+
+
+def keys(targets: list[dcache.BatchTarget]) -> list[tuple[str, int]]:
+    return [(t.job_id, t.idx) for t in targets]
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_paused_job_is_never_claimed_and_resumes_where_it_was(store: Any, fair: bool) -> None:
+    add_job("alice", "old", 4, created_at=1)
+    add_job("alice", "new", 2, created_at=2)
+    assert keys(dcache.claim_batch_targets(1, fair=fair, runner="r", now=5)) == [("alice/old", 0)]
+    assert dcache.pause_batch_job("alice/old")
+    assert keys(dcache.claim_batch_targets(10, fair=fair, runner="r", now=6)) == [
+        ("alice/new", 0),
+        ("alice/new", 1),
+    ]
+    assert dcache.claim_batch_targets(10, fair=fair, runner="r", now=7) == []
+    # its running target finishes as it would
+    dcache.update_batch_target("alice/old", 0, "done", result="x", runner="r", now=8)
+    assert dcache.resume_batch_job("alice/old")
+    assert keys(dcache.claim_batch_targets(10, fair=fair, runner="r", now=9)) == [
+        ("alice/old", 1),
+        ("alice/old", 2),
+        ("alice/old", 3),
+    ]
+
+
+def test_a_paused_caller_is_skipped_and_the_ring_goes_on(store: Any) -> None:
+    for caller in ("alice", "bob", "carol"):
+        add_job(caller, "j", 3)
+    assert keys(dcache.claim_batch_targets(1, runner="r", now=5)) == [("alice/j", 0)]
+    assert dcache.pause_caller("bob")
+    assert keys(dcache.claim_batch_targets(4, runner="r", now=6)) == [
+        ("carol/j", 0),
+        ("alice/j", 1),
+        ("carol/j", 1),
+        ("alice/j", 2),
+    ]
+    add_job("bob", "later", 2, created_at=3)  # a job sent while paused waits too
+    assert keys(dcache.claim_batch_targets(10, runner="r", now=7)) == [("carol/j", 2)]
+    assert keys(dcache.claim_batch_targets(10, fair=False, runner="r", now=7)) == []
+    assert dcache.resume_caller("bob")
+    assert keys(dcache.claim_batch_targets(10, runner="r", now=8)) == [
+        ("bob/j", 0),
+        ("bob/j", 1),
+        ("bob/j", 2),
+        ("bob/later", 0),
+        ("bob/later", 1),
+    ]
+
+
+def test_a_paused_job_still_expires_with_its_lease(store: Any) -> None:
+    add_job("alice", "j", 2)
+    assert dcache.pause_batch_job("alice/j")
+    assert dcache.rescue_stale_jobs(60, "client gone", now=1_000 + 61) == 1
+    job = dcache.batch_job("alice/j")
+    assert job is not None and job.status == "failed"
+    assert dcache.paused_jobs() == []  # a finished job is not listed as paused
