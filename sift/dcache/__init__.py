@@ -67,6 +67,7 @@ from .modelwrites import ModelRules  # noqa: F401  (importing it holds the model
 from .politeness import (
     HostPolicy,
     back_off_host,
+    backed_off_hosts,
     host_policies,
     pause_batch_job,
     pause_caller,
@@ -146,6 +147,7 @@ __all__ = [
     "TargetStatus",
     "VacuumReport",
     "back_off_host",
+    "backed_off_hosts",
     "backup_store",
     "batch_job",
     "batch_job_by_idem",

@@ -33,6 +33,7 @@ __all__ = [
     "PAUSED_JOBS",
     "HostPolicy",
     "back_off_host",
+    "backed_off_hosts",
     "host_policies",
     "pause_batch_job",
     "pause_caller",
@@ -262,6 +263,15 @@ def resume_caller(caller: str) -> bool:
     caller = validation.key("caller", caller)
     with db.write():
         return _RESUME_CALLER.run(caller=caller) == 1
+
+
+_BACKED_OFF = Statement(lambda: P.select(P.host).where(P.backed_off_until_ms > Slot("now_ms")))
+
+
+def backed_off_hosts(*, now: float | None = None) -> list[str]:
+    """The hosts backed off at ``now`` (unix seconds), sorted (byte order). Reads only."""
+    rows = _BACKED_OFF.rows(now_ms=_now_ms(now))
+    return sorted((row[0] for row in rows), key=lambda host: host.encode())
 
 
 def paused_jobs() -> list[str]:
