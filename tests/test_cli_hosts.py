@@ -98,8 +98,10 @@ def test_pause_and_resume_a_job_and_a_caller(shared_store: str, capsys: pytest.C
     )
     assert run(capsys, "--db", db, "pause", "--caller", "bob") == (0, "caller bob paused\n", "")
     code, out, err = run(capsys, "--db", db, "stats", "--json")
+    assert (code, err) == (0, "")
     assert json.loads(out)["paused"] == {"jobs": ["j"], "callers": ["bob"], "backed_off_hosts": []}
     code, out, err = run(capsys, "--db", db, "stats")
+    assert (code, err) == (0, "")
     assert "Paused        1 jobs, 1 callers; 0 hosts backed off (sift hosts)" in out.splitlines()
     dcache.open_db(db)
     assert dcache.claim_batch_targets(10, runner="r") == []
@@ -118,6 +120,6 @@ def test_pause_and_resume_a_job_and_a_caller(shared_store: str, capsys: pytest.C
 
 def test_pause_needs_one_job_or_one_caller(shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "--db", shared_store, "pause")
-    assert code == 2 and "one of the arguments --job --caller is required" in err
+    assert (code, out) == (2, "") and "one of the arguments --job --caller is required" in err
     code, out, err = run(capsys, "--db", shared_store, "pause", "--job", "j", "--caller", "bob")
-    assert code == 2 and "not allowed with argument" in err
+    assert (code, out) == (2, "") and "not allowed with argument" in err
