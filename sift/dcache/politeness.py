@@ -151,6 +151,8 @@ def set_host_policy(host: str, *, max_running: int | None = None, min_interval: 
 def host_policies() -> list[HostPolicy]:
     """Every host's row (a policy set, a back-off, or a paced host's next due time), ``*`` first, then
     by host (byte order). Reads only."""
+    if not db.backend.politeness_stored:
+        return []
     rows = sorted(_POLICIES.rows(), key=lambda row: (row[0] != DEFAULT_HOST, row[0].encode()))
     return [_policy(row) for row in rows]
 
@@ -270,15 +272,22 @@ _BACKED_OFF = Statement(lambda: P.select(P.host).where(P.backed_off_until_ms > S
 
 def backed_off_hosts(*, now: float | None = None) -> list[str]:
     """The hosts backed off at ``now`` (unix seconds), sorted (byte order). Reads only."""
-    rows = _BACKED_OFF.rows(now_ms=_now_ms(now))
+    now_ms = _now_ms(now)
+    if not db.backend.politeness_stored:
+        return []
+    rows = _BACKED_OFF.rows(now_ms=now_ms)
     return sorted((row[0] for row in rows), key=lambda host: host.encode())
 
 
 def paused_jobs() -> list[str]:
     """The ids of the paused live jobs, sorted. Reads only."""
+    if not db.backend.politeness_stored:
+        return []
     return sorted(row[0] for row in _PAUSED_JOBS.rows())
 
 
 def paused_callers() -> list[str]:
     """The paused callers, sorted (byte order). Reads only."""
+    if not db.backend.politeness_stored:
+        return []
     return sorted((row[0] for row in _PAUSED_CALLERS.rows()), key=lambda name: name.encode())

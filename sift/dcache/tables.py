@@ -15,6 +15,7 @@ __all__ = [
     "HOST_COLUMN",
     "HOSTS_VERSION",
     "HOST_POLICY_TABLE",
+    "POLITENESS_VERSION",
     "PAUSED_CALLER_TABLE",
     "PAUSED_JOB_TABLE",
     "RING_TABLE",
@@ -80,6 +81,8 @@ HOST_COLUMN = "host"
 #: The schema version whose ``url_host`` the stored hosts follow: the upgrade from an earlier version
 #: computes every stored target's host again (version 4 added them; version 6 gave a site one name).
 HOSTS_VERSION = 6
+#: The schema version that made the politeness tables (host policies, paused jobs and callers).
+POLITENESS_VERSION = 7
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)
