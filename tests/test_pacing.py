@@ -361,7 +361,7 @@ def test_min_interval_holds_across_4_processes_claiming_at_once(shared_store: st
     assert dcache.check_store().ok
 
 
-# -- The upgrade: version 7 adds the politeness tables --------------------------------------------------------
+# -- The upgrade: version 7 adds the politeness tables ---------------------------------------------------
 
 
 def test_a_version_6_store_reads_read_only_and_gains_the_tables_when_opened(shared_store: str) -> None:
