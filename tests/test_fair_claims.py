@@ -390,6 +390,10 @@ class FairClaimMachine(RuleBasedStateMachine):
         self.jobs: dict[str, Any] = {}
         self.seq = 0
         self.ring: tuple[str | None, int] = (None, 0)
+        # what the model reads of politeness: nothing paused, no host backed off
+        self.paused_jobs: set[str] = set()
+        self.paused_callers: set[str] = set()
+        self.backed_off: dict[str, int] = {}
 
     def teardown(self) -> None:
         dcache.close_db()
@@ -422,7 +426,7 @@ class FairClaimMachine(RuleBasedStateMachine):
         from test_state_machine import CLAIM_WEIGHTS, ModelClaim
 
         weights = CLAIM_WEIGHTS[order]
-        expected = ModelClaim(self, limit, per_job, per_host, weights).run(order != "oldest first")  # type: ignore[arg-type]
+        expected = ModelClaim(self, limit, per_job, per_host, weights, 5).run(order != "oldest first")  # type: ignore[arg-type]
         for job_id, idx in expected:
             self.jobs[job_id].targets[idx].status = "running"
             self.jobs[job_id].status = "running"
