@@ -140,3 +140,88 @@ def test_a_paused_job_still_expires_with_its_lease(store: Any) -> None:
     job = dcache.batch_job("alice/j")
     assert job is not None and job.status == "failed"
     assert dcache.paused_jobs() == []  # a finished job is not listed as paused
+
+
+# -- Pause and back-off from one process while 4 others claim --------------------------------------------
+
+UNFINISHED = "SELECT COUNT(*) FROM batch_target WHERE status IN ('pending', 'running')"
+HELD_HOST = "held.example"
+
+
+def _claimer(target: str, name: str, barrier: Any) -> dict[str, Any]:
+    """Claim in a loop, recording each claim's wall-clock window (before, after) and what it got (caller,
+    host); write every result; until nothing is left."""
+    import time
+
+    dcache.open_db(target)
+    claims: list[tuple[float, float, list[tuple[str, str]]]] = []
+    barrier.wait()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        before = time.time()
+        got = dcache.claim_batch_targets(2, runner=name)
+        after = time.time()
+        claims.append((before, after, [(t.job_id.split("/")[0], dcache.url_host(t.url)) for t in got]))
+        for t in got:
+            time.sleep(0.02)  # a fetch
+            dcache.update_batch_target(t.job_id, t.idx, "done", result=name, runner=name)
+        if not got:
+            if dcache.db.execute_sql(UNFINISHED).fetchone()[0] == 0:
+                break
+            time.sleep(0.02)
+    dcache.close_db()
+    return {"claims": claims}
+
+
+def _operator(target: str, barrier: Any) -> dict[str, Any]:
+    """Pause bob, back off the held host for 1.5 s, then resume bob once the others have been served a while;
+    record when each call had returned (committed)."""
+    import time
+
+    dcache.open_db(target)
+    barrier.wait()
+    time.sleep(0.2)
+    assert dcache.pause_caller("bob")
+    paused = time.time()
+    until = dcache.back_off_host(HELD_HOST, time.time() + 1.5)
+    backed_off = time.time()
+    time.sleep(1.0)
+    resuming = time.time()
+    assert dcache.resume_caller("bob")
+    dcache.close_db()
+    return {"paused": paused, "resuming": resuming, "backed_off": backed_off, "until": until}
+
+
+def _worker(kind: str, *args: Any) -> dict[str, Any]:
+    return _claimer(*args) if kind == "claimer" else _operator(*args)
+
+
+@pytest.mark.slow
+def test_a_pause_and_a_back_off_hold_for_every_claimer_process(shared_store: str) -> None:
+    from helpers import run_processes
+
+    for caller in ("alice", "bob", "carol"):
+        urls = [f"https://{caller}-{i % 3}.example/{i}" for i in range(100)]
+        urls += [f"https://{HELD_HOST}/{caller}-{i}" for i in range(4)]
+        targets = [dcache.BatchTarget(idx=i, url=url, options="{}") for i, url in enumerate(urls)]
+        dcache.create_batch_job(make_job(f"{caller}/j", caller=caller, targets_total=len(urls)), targets)
+    args: list[tuple[Any, ...]] = [("claimer", shared_store, f"runner-{r}") for r in range(4)]
+    args.append(("operator", shared_store))
+    reports = run_processes(_worker, args)
+    assert not [r for r in reports if "errors" in r], reports
+    (times,) = [r for r in reports if "paused" in r]
+    claims = [c for r in reports if "claims" in r for c in r["claims"]]
+    paused_window = [
+        got for before, after, got in claims if times["paused"] < before and after < times["resuming"]
+    ]
+    held_window = [
+        got for before, after, got in claims if times["backed_off"] < before and after < times["until"]
+    ]
+    assert paused_window and held_window  # claims ran while each held
+    assert not [got for got in paused_window if any(caller == "bob" for caller, _ in got)]
+    assert not [got for got in held_window if any(host == HELD_HOST for _, host in got)]
+    served = {caller for got in paused_window for caller, _ in got}
+    assert served == {"alice", "carol"}  # the others kept being served
+    dcache.open_db(shared_store)
+    assert dcache.db.execute_sql(UNFINISHED).fetchone()[0] == 0  # and bob and the host went on afterwards
+    assert dcache.check_store().ok
