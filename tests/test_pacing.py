@@ -361,20 +361,24 @@ def test_min_interval_holds_across_4_processes_claiming_at_once(shared_store: st
     assert dcache.check_store().ok
 
 
-# -- The upgrade: version 7 adds the politeness tables ---------------------------------------------------
+# -- The upgrade: the politeness tables ---------------------------------------------------
 
 
-def test_a_version_6_store_reads_read_only_and_gains_the_tables_when_opened(shared_store: str) -> None:
+def test_an_older_store_reads_read_only_and_gains_the_tables_when_opened(shared_store: str) -> None:
     import sqlite3
     from contextlib import closing
+
+    from sift.dcache.tables import POLITENESS_VERSION, SCHEMA_VERSION
+
+    older = POLITENESS_VERSION - 1
 
     add_hosted_job("alice", "j", ["https://a.example/1"])
     for table in ("batch_host_policy", "batch_paused_job", "batch_paused_caller"):
         dcache.db.execute_sql(f"DROP TABLE {table}")
     if shared_store.endswith(".db"):
-        dcache.db.execute_sql("PRAGMA user_version = 6")
+        dcache.db.execute_sql(f"PRAGMA user_version = {older}")
     else:
-        dcache.db.execute_sql("UPDATE sift_schema SET version = 6")
+        dcache.db.execute_sql(f"UPDATE sift_schema SET version = {older}")
     dcache.close_db()
     dcache.open_db(shared_store, readonly=True)
     assert (dcache.host_policies(), dcache.paused_jobs(), dcache.paused_callers()) == ([], [], [])
@@ -384,6 +388,6 @@ def test_a_version_6_store_reads_read_only_and_gains_the_tables_when_opened(shar
     assert dcache.claim_batch_targets(5, runner="r") == []
     if shared_store.endswith(".db"):
         with closing(sqlite3.connect(shared_store)) as conn:
-            assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     else:
-        assert dcache.db.execute_sql("SELECT version FROM sift_schema").fetchone()[0] == 7
+        assert dcache.db.execute_sql("SELECT version FROM sift_schema").fetchone()[0] == SCHEMA_VERSION
