@@ -122,6 +122,10 @@ class SiftClock:
             raise TypeError(f"now: must be an int of unix seconds, got {type(value).__name__}")
         self._micros = value * 1_000_000
 
+    def time(self) -> float:
+        """The store's current unix time with its fraction of a second (what pacing reads)."""
+        return self._micros / 1_000_000
+
     def advance(self, by: float | datetime.timedelta) -> int:
         """Move the clock forward by ``by`` seconds (a number or a timedelta); return the new ``now``."""
         if isinstance(by, datetime.timedelta):
@@ -210,7 +214,7 @@ def sift_store(request: pytest.FixtureRequest) -> Iterator[dcache.StoreDatabase]
 def sift_clock() -> Iterator[SiftClock]:
     """The store's clock under the test's control (:class:`SiftClock`); reset after the test."""
     test_clock = SiftClock(clock.unix_now())
-    previous = clock.set_test_clock(lambda: test_clock.now)
+    previous = clock.set_test_clock(test_clock.time)
     try:
         yield test_clock
     finally:

@@ -97,7 +97,9 @@ def open_empty_postgres(schema: str) -> dcache.StoreDatabase:
     """The worker's schema, opened and emptied (TRUNCATE: a fresh schema per test costs three times as
     much)."""
     opened = dcache.open_db(postgres_target(schema))
-    opened.execute_sql("TRUNCATE batch_job, batch_target")
+    opened.execute_sql(
+        "TRUNCATE batch_job, batch_target, batch_host_policy, batch_paused_job, batch_paused_caller"
+    )
     opened.execute_sql("UPDATE batch_totals SET nbytes = 0 WHERE nbytes <> 0")
     opened.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
     return opened

@@ -348,6 +348,8 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
                 {"job_id": "job-20", "host": "example.com", "take": 5, "runner": "r", "now": 5},
             ),
             ("_CLAIM_TARGETS", {"job_id": "job-20", "take": 5, "runner": "r", "now": 5}),
+            ("_HOST_POLICY", {"host": "example.com"}),
+            ("_SET_NEXT_DUE", {"host": "example.com", "due": 5_000}),
             ("_RENEW", {"runner": "r", "now": 5}),
             ("_RELEASE", {"runner": "r"}),
             ("_STALE_JOBS", {"cutoff": 5}),
@@ -398,11 +400,16 @@ def test_a_claims_update_reads_each_picked_target_once_on_postgres(
 
 
 CLAIMER = {"runner": "r", "now": 5}
+#: Each live job the claim's walk reaches is probed in the pause tables, by their keys.
+UNPAUSED = {"batch_paused_job_pkey", "batch_paused_caller_pkey"}
 POSTGRES_INDEXES = {
-    "_NEXT_JOB": {"batch_job_claim", "batch_target_host"},
-    "_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
-    "_NEXT_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
-    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host"},
+    "_NEXT_JOB": {"batch_job_claim", "batch_target_host", *UNPAUSED},
+    "_CALLER_JOB": {"batch_job_ring", "batch_target_host", *UNPAUSED},
+    "_NEXT_CALLER_JOB": {"batch_job_ring", "batch_target_host", *UNPAUSED},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host", *UNPAUSED},
+    # the host rules: each host the walk reaches, and a paced host's next due time, by the policy's key
+    "_HOST_POLICY": {"batch_host_policy_pkey"},
+    "_SET_NEXT_DUE": {"batch_host_policy_pkey"},
     "_HOST_FROM": {"batch_target_host"},
     "_HOST_AFTER": {"batch_target_host"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host"},

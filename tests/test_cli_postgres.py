@@ -135,6 +135,9 @@ def test_stats_shows_the_tables_instead_of_files(populated: str, capsys: pytest.
         "batch_totals",
         "sift_schema",
         "batch_claim_ring",
+        "batch_host_policy",
+        "batch_paused_job",
+        "batch_paused_caller",
     }
     assert report["total_table_bytes"] == space.total_bytes > 0
     code, out, _ = run(capsys, "--db", populated, "stats")
@@ -231,6 +234,9 @@ def test_vacuum_vacuums_and_analyzes_the_tables(populated: str, capsys: pytest.C
         "batch_totals",
         "sift_schema",
         "batch_claim_ring",
+        "batch_host_policy",
+        "batch_paused_job",
+        "batch_paused_caller",
     }
     assert analyzed() >= count + 8  # a VACUUM and an ANALYZE of each of the four tables
     assert rows(populated) == before

@@ -323,14 +323,15 @@ def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-#: 1 caller: the ring's row, the first caller with its job, a turn's take, the walk round the ring (next:
+#: Every claim: the ring's row, and whether any host has a policy row (none here): 2.
+#: 1 caller: 2, the first caller with its job, a turn's take, the walk round the ring (next:
 #: none, first: known), the other 9 as rounds in one take, the jobs claimed from, the cursor:
-#: 1 + 1 + 1 + 2 + 1 + 1 + 1. 5 callers: 1 + 1 + 1, then for each other caller the next caller with its job
-#: and a take: 4 x 2, the walk round, one round of 5 takes, the jobs, the cursor: 3 + 8 + 2 + 5 + 1 + 1.
-#: 50 callers, a claim of 50: 1 + 50 x 2 (the first caller, then each next one, with its job, and a take),
+#: 2 + 1 + 1 + 2 + 1 + 1 + 1. 5 callers: 2 + 1 + 1, then for each other caller the next caller with its job
+#: and a take: 4 x 2, the walk round, one round of 5 takes, the jobs, the cursor: 4 + 8 + 2 + 5 + 1 + 1.
+#: 50 callers, a claim of 50: 2 + 50 x 2 (the first caller, then each next one, with its job, and a take),
 #: the jobs, the cursor; the claim is full, so the walk looks for no member after the last.
 @pytest.mark.slow
-@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 8), (5, 10, 20), (50, 50, 103)])
+@pytest.mark.parametrize(("callers_", "limit", "expected"), [(1, 10, 9), (5, 10, 21), (50, 50, 104)])
 def test_a_claims_statements_do_not_grow_with_pending_targets(
     store: Any, monkeypatch: pytest.MonkeyPatch, callers_: int, limit: int, expected: int
 ) -> None:
@@ -389,6 +390,10 @@ class FairClaimMachine(RuleBasedStateMachine):
         self.jobs: dict[str, Any] = {}
         self.seq = 0
         self.ring: tuple[str | None, int] = (None, 0)
+        # what the model reads of politeness: nothing paused, no host backed off
+        self.paused_jobs: set[str] = set()
+        self.paused_callers: set[str] = set()
+        self.backed_off: dict[str, int] = {}
 
     def teardown(self) -> None:
         dcache.close_db()
@@ -421,7 +426,7 @@ class FairClaimMachine(RuleBasedStateMachine):
         from test_state_machine import CLAIM_WEIGHTS, ModelClaim
 
         weights = CLAIM_WEIGHTS[order]
-        expected = ModelClaim(self, limit, per_job, per_host, weights).run(order != "oldest first")  # type: ignore[arg-type]
+        expected = ModelClaim(self, limit, per_job, per_host, weights, 5).run(order != "oldest first")  # type: ignore[arg-type]
         for job_id, idx in expected:
             self.jobs[job_id].targets[idx].status = "running"
             self.jobs[job_id].status = "running"

@@ -22,6 +22,9 @@ from sift.dcache.metrics import CALLER_LABELS, COUNTER_HELP, HOST_LABELS, StoreC
 GAUGES = (
     "sift_batch_nbytes",
     "sift_live_batch_jobs",
+    "sift_paused_batch_jobs",
+    "sift_paused_callers",
+    "sift_hosts_backed_off",
     "sift_store_file_bytes",
     "sift_store_reclaimable_bytes",
 )
@@ -81,6 +84,8 @@ def work() -> None:
     with pytest.raises(dcache.JobNotFound):
         dcache.touch_batch_job("nope", now=2_000)
     assert dcache.evict_batch_oldest(100) == 1  # job-0 and its 600 bytes
+    assert dcache.pause_batch_job("job-2") and dcache.pause_caller("bob")
+    dcache.back_off_host("slow.example", dcache.unix_now() + 3_600)
 
 
 def test_counters_and_gauges_after_real_calls(file_store: Path, registry: CollectorRegistry) -> None:
@@ -95,6 +100,8 @@ def test_counters_and_gauges_after_real_calls(file_store: Path, registry: Collec
     assert (stats["jobs_evicted"], stats["bytes_evicted"]) == (1, 600)
     assert found.pop("sift_batch_nbytes") == ("gauge", 50) == ("gauge", dcache.batch_nbytes())
     assert found.pop("sift_live_batch_jobs") == ("gauge", 3) == ("gauge", dcache.live_batch_jobs_total())
+    for gauge in ("sift_paused_batch_jobs", "sift_paused_callers", "sift_hosts_backed_off"):
+        assert found.pop(gauge) == ("gauge", 1), gauge
     space = dcache.store_space()
     assert found.pop("sift_store_file_bytes") == ("gauge", space.page_count * space.page_size)
     assert found.pop("sift_store_reclaimable_bytes") == ("gauge", space.reclaimable_bytes)
@@ -114,6 +121,8 @@ def test_counters_and_gauges_on_postgresql(pg_target: str, registry: CollectorRe
     assert (stats["jobs_evicted"], stats["bytes_evicted"], stats["jobs_created"]) == (1, 600, 4)
     assert found.pop("sift_batch_nbytes") == ("gauge", 50) == ("gauge", dcache.batch_nbytes())
     assert found.pop("sift_live_batch_jobs") == ("gauge", 3) == ("gauge", dcache.live_batch_jobs_total())
+    for gauge in ("sift_paused_batch_jobs", "sift_paused_callers", "sift_hosts_backed_off"):
+        assert found.pop(gauge) == ("gauge", 1), gauge
     table_bytes = found.pop("sift_store_table_bytes")
     assert table_bytes == ("gauge", dcache.relation_space().total_bytes) and table_bytes[1] > 0
     assert found == {}
@@ -163,8 +172,11 @@ def test_a_scrape_reads_no_pending_target_and_no_history(
         conn.set_trace_callback(None)
     assert TOTAL_NBYTES_SQL in statements
     reads = [sql for sql in statements if not sql.startswith("PRAGMA") and sql != TOTAL_NBYTES_SQL]
-    assert len(reads) == 3
-    live_count, outstanding, running = reads
+    assert len(reads) == 6
+    live_count, outstanding, running, *politeness = reads
+    for sql in politeness:  # the paused jobs (each job by its key), the paused callers, the backed-off hosts
+        plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        assert "batch_target" not in sql and "SCAN batch_job " not in plan + " ", plan
     for sql in (live_count, outstanding):
         assert "batch_target" not in sql
         plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))

@@ -237,7 +237,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
     stored_job(make_job("job-1", targets_total=2), make_targets(2), nbytes=5)  # bytes of pending targets
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
@@ -307,8 +307,8 @@ def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
     db.execute_sql(f"UPDATE sift_schema SET version = {SCHEMA_VERSION + 1}")
-    expected = rf"schema version {SCHEMA_VERSION + 1}; this sift knows version {SCHEMA_VERSION}$"
-    with pytest.raises(dcache.StoreUnavailable, match=expected):
+    newer = rf"schema version {SCHEMA_VERSION + 1}; this sift knows version {SCHEMA_VERSION}$"
+    with pytest.raises(dcache.StoreUnavailable, match=newer):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current

@@ -135,6 +135,7 @@ SLOT_VALUES: dict[str, Any] = {
     "turns": 1,
     "after_idx": 2,
     "limit": 5,
+    "due": 10_000_000,
 }
 
 #: Every statement of the manager, and how its plan must reach rows: exactly this set of index accesses,
@@ -145,6 +146,12 @@ SLOT_VALUES: dict[str, Any] = {
 JOB_BY_ID = f"{JOB_PK} (id=?)"
 TARGET_BY_KEY = f"{TARGET_PK} (job_id=? AND idx=?)"
 TARGETS_OF_JOB = f"{TARGET_PK} (job_id=?)"
+#: The pause tables, each probed by its key for every live job a claim considers.
+UNPAUSED = {
+    "sqlite_autoindex_batch_paused_job_1 (job_id=?)",
+    "sqlite_autoindex_batch_paused_caller_1 (caller=?)",
+}
+POLICY_BY_HOST = "sqlite_autoindex_batch_host_policy_1 (host=?)"
 #: Two partial indexes hold exactly the live jobs (batch_job_live by caller, batch_job_claim in claim
 #: order): a statement over every live job may scan either.
 LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
@@ -184,10 +191,21 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     # the next caller and its oldest job at once: batch_job_ring in its order (caller, then claim order; from
     # its first entry, for the first caller), each live job probed for a pending target
-    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_host (job_id=? AND host>?)"},
-    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host (job_id=? AND host>?)"},
-    "_CALLER_JOB": {"batch_job_ring (caller=? AND created_at>?)", "batch_target_host (job_id=? AND host>?)"},
-    "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_host (job_id=? AND host>?)"},
+    # (and each such job, and its caller, probed in the pause tables by key)
+    "_NEXT_CALLER_JOB": {"batch_job_ring (caller>?)", "batch_target_host (job_id=? AND host>?)", *UNPAUSED},
+    "_FIRST_CALLER_JOB": {"batch_job_ring", "batch_target_host (job_id=? AND host>?)", *UNPAUSED},
+    "_CALLER_JOB": {
+        "batch_job_ring (caller=? AND created_at>?)",
+        "batch_target_host (job_id=? AND host>?)",
+        *UNPAUSED,
+    },
+    "_NEXT_JOB": {"batch_job_claim (created_at>?)", "batch_target_host (job_id=? AND host>?)", *UNPAUSED},
+    # the host rules: whether any host has a row (the first entry of the table's key, LIMIT 1), then each
+    # host the walk reaches by its key, and a paced host's next due time written by its key
+    "_ANY_POLICY": {"sqlite_autoindex_batch_host_policy_1"},
+    "_HOST_POLICY": {POLICY_BY_HOST},
+    "_ADD_HOST": set(),
+    "_SET_NEXT_DUE": {POLICY_BY_HOST},
     "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
     "_HOST_AFTER": {"batch_target_host (job_id=? AND host>?)"},
     # the running targets' hosts: a scan of batch_target_running, bounded by what runners hold
@@ -243,7 +261,8 @@ PLAN_LINE = re.compile(
     r"SEARCH \w+ USING (?:COVERING )?(?:INDEX (?P<index>\w+ \(.+\))|(?P<pk>INTEGER PRIMARY KEY \(.+\)))"
     r"(?: LEFT-JOIN)?"
     r"|SCAN \w+ USING (?:COVERING )?INDEX "
-    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_ring|batch_job_evictable|batch_target_running)"
+    r"(?P<partial>batch_job_live|batch_job_claim|batch_job_ring|batch_job_evictable|batch_target_running"
+    r"|sqlite_autoindex_batch_host_policy_1)"  # _ANY_POLICY: its first entry only (LIMIT 1)
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
     # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
     r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
@@ -506,7 +525,8 @@ ONE_KB = "x" * 1024
 
 
 #: A claim's start: the ring's row, the first caller with pending work and that caller's oldest such job.
-CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_job"]
+#: The claim's start: the ring's row locked, whether any host has a policy row (none here), the first caller.
+CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_host_policy", "SELECT batch_job"]
 #: One turn of a claim: the job's targets taken.
 TAKE = ["UPDATE batch_target"]
 #: The ring's walk comes round: the next caller with pending work (none), the first caller (known, or none).
@@ -581,18 +601,29 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     "claim_batch_targets of 5 from the runner's job": (
         lambda: dcache.claim_batch_targets(5, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END],
-        10,
+        11,
     ),
     # the job runs out in the rounds' take: the caller leaves the ring, which is then empty
     "claim_batch_targets of all 20 pending targets, limit 25": (
         lambda: dcache.claim_batch_targets(25, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, "SELECT batch_job", *CLAIM_END],
-        11,
+        12,
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
-        [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END, BEGIN, "SELECT batch_claim_ring", *ROUND, COMMIT],
-        15,
+        [
+            *CLAIM_START,
+            *TAKE,
+            *ROUND,
+            *TAKE,
+            *CLAIM_END,
+            BEGIN,
+            "SELECT batch_claim_ring",
+            "SELECT batch_host_policy",
+            *ROUND,
+            COMMIT,
+        ],
+        17,
     ),
     "rescue_stale_jobs": (
         lambda: dcache.rescue_stale_jobs(60, "runner lost", now=10_000),

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sift import dcache
+from sift.dcache.politeness import MAX_BACK_OFF
 
 JOB_IDS = ["a", "b", "c", "é"]
 CALLERS = ["alice", "bob"]
@@ -180,8 +181,9 @@ class ModelClaim:
         per_job: int | None,
         per_host: int | None,
         weights: dict[str, int] | None,
+        now: int,
     ) -> None:
-        self.machine, self.jobs = machine, machine.jobs
+        self.machine, self.jobs, self.now_ms = machine, machine.jobs, now * 1000
         self.limit, self.per_job, self.per_host = limit, per_job or limit, per_host
         self.weights = weights or {}
         self.running = Counter(
@@ -200,8 +202,14 @@ class ModelClaim:
         }
 
     def job_order(self) -> list[str]:
+        """The live jobs neither paused nor of a paused caller, in claim order."""
+        paused, callers = self.machine.paused_jobs, self.machine.paused_callers
         return sorted(
-            (job_id for job_id, job in self.jobs.items() if job.status in LIVE),
+            (
+                job_id
+                for job_id, job in self.jobs.items()
+                if job.status in LIVE and job_id not in paused and job.caller not in callers
+            ),
             key=lambda job_id: (self.jobs[job_id].created_at, self.jobs[job_id].seq),
         )
 
@@ -212,6 +220,8 @@ class ModelClaim:
         pending = (idx for j, idx in self.pending if j == job_id)
         for idx in sorted(pending, key=lambda i: (dcache.url_host(self.jobs[job_id].targets[i].url), i)):
             host = dcache.url_host(self.jobs[job_id].targets[idx].url)
+            if self.machine.backed_off.get(host, 0) > self.now_ms:
+                continue
             if self.per_host is None or self.running[host] < self.per_host:
                 return idx
         return None
@@ -277,6 +287,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.jobs: dict[str, MJob] = {}
         self.seq = 0
         self.ring: tuple[str | None, int] = (None, 0)  # the claims' cursor: caller served last, turns used
+        # politeness: paused job ids (kept by id until resumed), paused callers, back-off ends (ms) by host
+        self.paused_jobs: set[str] = set()
+        self.paused_callers: set[str] = set()
+        self.backed_off: dict[str, int] = {}
 
     def path(self) -> str | Path:
         return ":memory:"
@@ -570,7 +584,7 @@ class StoreMachine(RuleBasedStateMachine):
         self, limit: int, per_job: int | None, per_host: int | None, order: str, now: int, runner: str
     ) -> None:
         weights = CLAIM_WEIGHTS[order]
-        expected = ModelClaim(self, limit, per_job, per_host, weights).run(order != "oldest first")
+        expected = ModelClaim(self, limit, per_job, per_host, weights, now).run(order != "oldest first")
         for job_id, idx in expected:
             job = self.jobs[job_id]
             target = job.targets[idx]
@@ -590,6 +604,47 @@ class StoreMachine(RuleBasedStateMachine):
         assert all(t.status == "running" and (t.runner, t.heartbeat) == (runner, now) for t in claimed)
         event(f"claim: {min(len(claimed), 3)}+ targets")
         event(f"claim: {order}, from {len({self.jobs[t.job_id].caller for t in claimed})} callers")
+
+    @rule(data=st.data(), now=times)
+    def pause_job(self, data: st.DataObject, now: int) -> None:
+        job_id = self.some_job_id(data)
+        if job_id not in self.jobs:
+            self.call({dcache.JobNotFound}, dcache.pause_batch_job, job_id, now=now)
+            return
+        expected = self.jobs[job_id].status in LIVE and job_id not in self.paused_jobs
+        assert dcache.pause_batch_job(job_id, now=now) == expected
+        if expected:
+            self.paused_jobs.add(job_id)
+        event(f"pause_batch_job: {expected}")
+
+    @rule(data=st.data())
+    def resume_job(self, data: st.DataObject) -> None:
+        job_id = self.some_job_id(data)
+        if job_id not in self.jobs:
+            self.call({dcache.JobNotFound}, dcache.resume_batch_job, job_id)
+            return
+        assert dcache.resume_batch_job(job_id) == (job_id in self.paused_jobs)
+        self.paused_jobs.discard(job_id)
+
+    @rule(caller=st.sampled_from(CALLERS), pause=st.booleans(), now=times)
+    def pause_or_resume_caller(self, caller: str, pause: bool, now: int) -> None:
+        if pause:
+            assert dcache.pause_caller(caller, now=now) == (caller not in self.paused_callers)
+            self.paused_callers.add(caller)
+        else:
+            assert dcache.resume_caller(caller) == (caller in self.paused_callers)
+            self.paused_callers.discard(caller)
+
+    @rule(
+        host=st.sampled_from(["h0.example", "H1.Example"]),
+        until=st.integers(min_value=0, max_value=100).map(lambda q: q / 4),
+        now=times,
+    )
+    def back_off(self, host: str, until: float, now: int) -> None:
+        name = dcache.url_host(f"//{host}")
+        end = min(math.ceil(until * 1000), now * 1000 + MAX_BACK_OFF * 1000)
+        self.backed_off[name] = max(self.backed_off.get(name, 0), end)
+        assert dcache.back_off_host(host, until, now=now) == self.backed_off[name] / 1000
 
     def held(self, runner: str | None = None) -> list[MTarget]:
         return [
@@ -756,6 +811,12 @@ class StoreMachine(RuleBasedStateMachine):
     # -- After every step ---------------------------------------------------------------------------------
 
     @invariant()
+    def pauses_match_the_model(self) -> None:
+        live = {job_id for job_id, job in self.jobs.items() if job.status in LIVE}
+        assert dcache.paused_jobs() == sorted(self.paused_jobs & live)
+        assert dcache.paused_callers() == sorted(self.paused_callers)
+
+    @invariant()
     def jobs_and_targets_match_the_model(self) -> None:
         assert self.stored_ids() == set(self.jobs)
         for job_id, model in self.jobs.items():
@@ -862,7 +923,9 @@ class PostgresStoreMachine(StoreMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        dcache.db.execute_sql("TRUNCATE batch_job, batch_target")
+        dcache.db.execute_sql(
+            "TRUNCATE batch_job, batch_target, batch_host_policy, batch_paused_job, batch_paused_caller"
+        )
         dcache.db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
         dcache.db.execute_sql("UPDATE batch_totals SET nbytes = 0 WHERE nbytes <> 0")
 

@@ -18,7 +18,7 @@ from .claims import (
     stale_claims,
 )
 from .client import Submitted, cancel_batch_job, submit
-from .clock import unix_now
+from .clock import unix_now, unix_now_ms
 from .counters import stats
 from .database import StoreDatabase, close_db, db, open_db
 from .errors import (
@@ -64,6 +64,19 @@ from .manager import (
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
 from .modelwrites import ModelRules  # noqa: F401  (importing it holds the models' writes to the rules)
+from .politeness import (
+    HostPolicy,
+    back_off_host,
+    backed_off_hosts,
+    host_policies,
+    pause_batch_job,
+    pause_caller,
+    paused_callers,
+    paused_jobs,
+    resume_batch_job,
+    resume_caller,
+    set_host_policy,
+)
 from .reports import (
     BackupReport,
     CallerLoad,
@@ -110,6 +123,7 @@ __all__ = [
     "ClaimLost",
     "DuplicateJob",
     "HostLoad",
+    "HostPolicy",
     "IdempotencyConflict",
     "InvalidBatchInput",
     "JobNotFound",
@@ -134,6 +148,8 @@ __all__ = [
     "TargetNotFound",
     "TargetStatus",
     "VacuumReport",
+    "back_off_host",
+    "backed_off_hosts",
     "backup_store",
     "batch_job",
     "batch_job_by_idem",
@@ -147,11 +163,16 @@ __all__ = [
     "db",
     "evict_batch_oldest",
     "finish_batch_job",
+    "host_policies",
     "evict_candidates",
     "live_batch_jobs",
     "live_batch_jobs_total",
     "mark_in_flight_failed",
     "open_db",
+    "pause_batch_job",
+    "pause_caller",
+    "paused_callers",
+    "paused_jobs",
     "put_batch_targets",
     "relation_space",
     "release_claims",
@@ -160,8 +181,11 @@ __all__ = [
     "requeue_stale_claims",
     "rescue_stale_jobs",
     "restore_store",
+    "resume_batch_job",
+    "resume_caller",
     "runner_name",
     "set_batch_job_status",
+    "set_host_policy",
     "stats",
     "store_load",
     "store_space",
@@ -172,6 +196,7 @@ __all__ = [
     "sweep_candidates",
     "touch_batch_job",
     "unix_now",
+    "unix_now_ms",
     "update_batch_target",
     "update_batch_targets",
     "url_host",

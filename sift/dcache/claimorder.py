@@ -1,5 +1,7 @@
-"""The claim's order: a ring of callers taking weighted turns, each caller's oldest job first, and a limit
-on the targets of one host running at once (see ``claim_batch_targets`` and docs/how-to/runners.md).
+"""The claim's order: a ring of callers taking weighted turns, each caller's oldest job first, and the
+hosts' rules: a limit on the targets of one host running at once, each host's policy (its own limit, its
+pacing, its back-off), and paused jobs and callers skipped (see ``claim_batch_targets`` and
+docs/how-to/runners.md).
 
 Everything here runs inside the claim's one transaction, after the ring's row is locked: on PostgreSQL
 claims take turns, so the ring is global and the per-host counts read at the start stay exact.
@@ -23,10 +25,11 @@ from .models import (
     TargetStatus,
     target_host,
 )
+from .politeness import DEFAULT_HOST, HOST_POLICY, PAUSED_CALLERS, PAUSED_JOBS
 from .statements import Slot, Statement, literal
 from .tables import RING_TABLE
 
-__all__ = ["ClaimOrder"]
+__all__ = ["ClaimOrder", "HostRules"]
 
 J = BatchJob
 T = BatchTarget
@@ -85,6 +88,18 @@ def _has_pending() -> peewee.Node:
     return peewee.Expression(probe, peewee.OP.IS_NOT, None)
 
 
+def _unpaused() -> peewee.Node:
+    """Neither the job nor its caller is paused: one probe of each pause table by its key, so a paused
+    caller costs a probe of each of its live jobs, never a read of their targets. Written ``COALESCE(…, 0)
+    <> 1``, not ``(…) IS NULL``: PostgreSQL guesses a subquery's IS NULL true for one row in 200, and then
+    sorted the live jobs rather than read them in claim order."""
+    job = PAUSED_JOBS.select(literal(1)).where(PAUSED_JOBS.job_id == J.id)
+    caller = PAUSED_CALLERS.select(literal(1)).where(PAUSED_CALLERS.caller == J.caller)
+    return (peewee.fn.COALESCE(job, literal(0)) != literal(1)) & (
+        peewee.fn.COALESCE(caller, literal(0)) != literal(1)
+    )
+
+
 def _after(created: str, order: str) -> peewee.Expression:
     """After the position (``created``, ``order``) in claim order (created_at, then insertion order)."""
     position: Any = peewee.Tuple(J.created_at, db.backend.insertion_order)
@@ -112,7 +127,7 @@ def _caller_job_after(after: bool) -> peewee.Node:
     batch_job_ring, each live job probed in batch_target_host; callers without pending work cost a probe
     of each live job, in one statement."""
     caller = db.backend.bytewise(J.caller)
-    where = _live() & _has_pending()
+    where = _live() & _unpaused() & _has_pending()
     if after:
         where &= caller > Slot("after")
     return db.backend.lock_rows(
@@ -134,6 +149,7 @@ _CALLER_JOB = Statement(
             _live()
             & (db.backend.bytewise(J.caller) == Slot("caller"))
             & _after("after_created", "after_order")
+            & _unpaused()
             & _has_pending()
         )
         .order_by(J.created_at, db.backend.insertion_order)
@@ -144,7 +160,7 @@ _CALLER_JOB = Statement(
 _NEXT_JOB = Statement(
     lambda: db.backend.lock_rows(
         J.select(J.id, J.created_at, db.backend.insertion_order, J.caller_class)
-        .where(_live() & _after("after_created", "after_order") & _has_pending())
+        .where(_live() & _after("after_created", "after_order") & _unpaused() & _has_pending())
         .order_by(J.created_at, db.backend.insertion_order)
         .limit(literal(1))
     )
@@ -171,6 +187,17 @@ _HOST_AFTER = Statement(lambda: _host_from(False))
 _RUNNING_HOSTS = Statement(
     lambda: T.select(target_host()).where(Inline(T.status == TargetStatus.RUNNING.value))
 )
+_P: Any = HOST_POLICY
+# Whether any host has a row (a policy, a back-off, a pacing time): with none, a claim walks no hosts.
+_ANY_POLICY = Statement(lambda: _P.select(_P.host).limit(literal(1)))
+# One host's row, by its key: the default's once a claim, each other host's as the walk reaches it.
+_HOST_POLICY = Statement(
+    lambda: _P.select(_P.max_running, _P.min_interval_ms, _P.next_due_ms, _P.backed_off_until_ms).where(
+        _P.host == Slot("host")
+    )
+)
+_ADD_HOST = Statement(lambda: _P.insert({_P.host: Slot("host")}).on_conflict_ignore())
+_SET_NEXT_DUE = Statement(lambda: _P.update({_P.next_due_ms: Slot("due")}).where(_P.host == Slot("host")))
 _PICK = T.alias("pending")
 
 
@@ -226,6 +253,83 @@ _CLAIM_JOBS = Statement(
 )
 
 
+class _HostRule:
+    """What one host allows this claim: at most ``cap`` running (None: no cap), ``interval`` ms between two
+    claims of it (0: unpaced), and whether it is held back (not due, or backed off)."""
+
+    __slots__ = ("cap", "held", "interval")
+
+    def __init__(self, cap: int | None, interval: int, held: bool) -> None:
+        self.cap, self.interval, self.held = cap, interval, held
+
+
+class HostRules:
+    """The host rules one claim follows: ``per_host``, and each host's policy, read by its key as the walk
+    reaches the host (never the whole table), the default's (``*``) once. A paced host gives one target a
+    claim, and is next due ``interval`` after it: claims take turns on the ring's row, so every runner sees
+    the due time the last claim wrote."""
+
+    def __init__(self, per_host: int | None, now_ms: int) -> None:
+        self.per_host = per_host
+        self.now_ms = now_ms
+        self.active = per_host is not None
+        self.default: tuple[int | None, int] = (None, 0)
+        self.rules: dict[str, _HostRule] = {}
+        self.paced: dict[str, int] = {}  # hosts this claim took from under pacing: their next due time
+        self.running: Counter[str] | None = None
+
+    def load(self) -> None:
+        """Inside the claim, after the ring's lock: whether any host has a row, and the default policy."""
+        if not _ANY_POLICY.rows():
+            return
+        self.active = True
+        row = _HOST_POLICY.rows(host=DEFAULT_HOST)
+        if row:
+            self.default = (row[0][0], row[0][1] or 0)
+
+    def _rule(self, host: str) -> _HostRule:
+        rule = self.rules.get(host)
+        if rule is None:
+            row = _HOST_POLICY.rows(host=host) if host != DEFAULT_HOST else []
+            limit, interval, due, until = row[0] if row else (None, None, 0, 0)
+            limit = self.default[0] if limit is None else limit
+            caps = [cap for cap in (self.per_host, limit) if cap is not None]
+            interval = self.default[1] if interval is None else interval
+            held = self.now_ms < max(due, until)
+            rule = self.rules[host] = _HostRule(min(caps) if caps else None, int(interval), held)
+        return rule
+
+    def room(self, host: str) -> int:
+        """How many more of ``host``'s targets this claim may take (0: skip the host)."""
+        rule = self._rule(host)
+        if rule.held or host in self.paced:
+            return 0
+        room = _NO_CAP
+        if rule.cap is not None:
+            if self.running is None:  # read once, where a cap first applies: bounded by what runners hold
+                self.running = Counter(row[0] for row in _RUNNING_HOSTS.rows())
+            room = rule.cap - self.running[host]
+        return min(room, 1) if rule.interval else room
+
+    def took(self, host: str, count: int) -> None:
+        """The claim took ``count`` of ``host``'s targets."""
+        if self.running is not None:
+            self.running[host] += count
+        rule = self._rule(host)
+        if count and rule.interval:
+            self.paced[host] = self.now_ms + rule.interval
+
+    def save(self) -> None:
+        """The paced hosts' next due times, written in the claim's transaction."""
+        for host, due in self.paced.items():
+            _ADD_HOST.run(host=host)
+            _SET_NEXT_DUE.run(host=host, due=due)
+
+
+#: No cap: more than any claim takes.
+_NO_CAP = 2**62
+
+
 class _Job:
     """A job this claim takes from: how many it took, and where its walk of hosts stands."""
 
@@ -265,13 +369,13 @@ class ClaimOrder:
         weights: Mapping[str, int] | None,
         runner: str,
         now: int,
+        now_ms: int,
     ) -> None:
         self.per_job = per_job
-        self.per_host = per_host
+        self.hosts = HostRules(per_host, now_ms)
         self.weights = weights or {}
         self.runner = runner
         self.now = now
-        self.running: Counter[str] = Counter()
         self.claimed: list[Any] = []
         self.members: dict[str, _Caller] = {}
         self.lap_closed = False
@@ -282,14 +386,14 @@ class ClaimOrder:
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
         ring = _LOCK_RING.rows()
-        if self.per_host is not None:
-            self.running.update(row[0] for row in _RUNNING_HOSTS.rows())
+        self.hosts.load()
         if not fair:
             self._oldest_first(limit)
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
         if self.taken_from:
             _CLAIM_JOBS.run(job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
+        self.hosts.save()
         return self.claimed
 
     # -- fair=False: oldest job first across callers ------------------------------------------------------
@@ -308,7 +412,8 @@ class ClaimOrder:
 
     def _ring(self, limit: int, cursor: str | None, used: int) -> None:
         """Turn by turn from the cursor; once every member is known and no host limit applies, whole rounds
-        at once (the same targets: each member's share of k rounds is k times its weight, or all it has)."""
+        at once (the same targets: each member's share of k rounds is k times its weight, or all it has):
+        not where host rules apply, which may skip a member's targets in one round and not the next."""
         last, last_used = cursor, used
         current: _Caller | None = None
         if cursor is not None and 0 < used < max(self.weights.values(), default=1):  # its turn may go on
@@ -319,7 +424,7 @@ class ClaimOrder:
             current, used = self._following(cursor), 0
         while current is not None and len(self.claimed) < limit:
             remaining = limit - len(self.claimed)
-            if used == 0 and self.lap_closed and self.per_host is None:
+            if used == 0 and self.lap_closed and not self.hosts.active:
                 turn = self._rounds(current, remaining)
                 if turn is not None:
                     last, last_used = turn
@@ -429,36 +534,43 @@ class ClaimOrder:
         return got
 
     def _take(self, job: _Job, want: int) -> int:
-        """Up to ``want`` of the job's pending targets, host by host (byte order), by idx within a host; with
-        a host limit, a host at its limit is skipped."""
+        """Up to ``want`` of the job's pending targets, host by host (byte order), by idx within a host; where
+        host rules apply, a host they hold back (at its limit, paced, backed off) is skipped."""
         rows: list[Any] = []
-        if self.per_host is None:
+        if not self.hosts.active:
             rows = _CLAIM_TARGETS.rows(job_id=job.id, take=want, runner=self.runner, now=self.now)
             rows.sort(key=_claim_key)
             if len(rows) < want:
                 job.done = True
         else:
-            while len(rows) < want:
-                probe = _HOST_FROM if job.host_inclusive else _HOST_AFTER
-                found = probe.rows(job_id=job.id, host=job.host)
-                if not found:
-                    job.done = True
-                    break
-                host = found[0][0]
-                job.host, job.host_inclusive = host, True
-                room = self.per_host - self.running[host]
-                if room > 0:
-                    ask = min(room, want - len(rows))
-                    got = _CLAIM_HOST_TARGETS.rows(
-                        job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
-                    )
-                    self.running[host] += len(got)
-                    rows += sorted(got, key=_claim_key)
-                    if len(got) == ask and self.running[host] < self.per_host:
-                        continue  # the want is met, or the host has more
-                job.host_inclusive = False  # full, or no more of it in this job: the next host
+            rows = self._take_by_host(job, want)
         if rows:
             self.taken_from[job.id] = None
             job.taken += len(rows)
             self.claimed += rows
         return len(rows)
+
+    def _take_by_host(self, job: _Job, want: int) -> list[Any]:
+        """The job's hosts walked in order, one probe of batch_target_host each (a skip scan: the targets of
+        a host held back are never read), taking what each host's rules leave room for."""
+        rows: list[Any] = []
+        while len(rows) < want:
+            probe = _HOST_FROM if job.host_inclusive else _HOST_AFTER
+            found = probe.rows(job_id=job.id, host=job.host)
+            if not found:
+                job.done = True
+                break
+            host = found[0][0]
+            job.host, job.host_inclusive = host, True
+            room = self.hosts.room(host)
+            if room > 0:
+                ask = min(room, want - len(rows))
+                got = _CLAIM_HOST_TARGETS.rows(
+                    job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
+                )
+                self.hosts.took(host, len(got))
+                rows += sorted(got, key=_claim_key)
+                if len(got) == ask and self.hosts.room(host) > 0:
+                    continue  # the want is met, or the host has more
+            job.host_inclusive = False  # held back, or no more of it in this job: the next host
+        return rows

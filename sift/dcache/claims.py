@@ -16,6 +16,7 @@ import peewee
 
 from . import validation
 from .claimorder import ClaimOrder
+from .clock import unix_now_ms
 from .counters import counters
 from .database import db, retried
 from .errors import JobNotFound
@@ -133,6 +134,9 @@ def claim_batch_targets(
     job first (created_at, then insertion order), within a job host by host (``url_host``, byte order), then
     idx; at most ``per_job`` from one job. ``fair=False``: oldest job first across all callers.
     ``per_host``: no host gets more than that many targets running at once; a host at its limit is skipped.
+    Each host's policy (``set_host_policy``) caps it too (the stricter cap wins), a paced host gives at most
+    one target a claim and is skipped until due, a backed-off host is skipped; paused jobs and the jobs of
+    paused callers are skipped (their running targets finish as they would).
     Each job claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
 
     Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its
@@ -144,15 +148,31 @@ def claim_batch_targets(
         validation.invalid("fair", f"must be True or False, got {fair!r}")
     checked = _weights(weights, fair)
     runner = _runner(runner)
-    now = validation.now(now)
+    now, now_ms = _claim_clock(now)
     db.backend.require_claims()
     with db.write():
-        order = ClaimOrder(per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now)
+        order = ClaimOrder(
+            per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now, now_ms=now_ms
+        )
         claimed = order.run(limit, fair)
     if claimed:
         counters.add("claims")
         counters.add("targets_claimed", len(claimed))
     return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+
+
+def _claim_clock(now: int | None) -> tuple[int, int]:
+    """The claim's time in whole seconds (heartbeats, leases) and in milliseconds (host pacing): a ``now``
+    given is its second's start; otherwise the clock's, read once."""
+    if now is None:
+        now_ms = unix_now_ms()
+        return now_ms // 1000, now_ms
+    now = validation.now(now)
+    return now, min(now * 1000, _LAST_MS)
+
+
+#: The latest pacing time: a paced host's next due time, after it, still fits a 64-bit integer.
+_LAST_MS = 2**62
 
 
 def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | None:

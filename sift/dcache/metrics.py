@@ -28,6 +28,8 @@ Each scrape reads:
   targets; the rest of each is summed under the label value ``(other)``, so a scrape has at most
   ``CALLER_LABELS + 1`` callers and ``HOST_LABELS + 1`` hosts whatever the store holds. This reads every live
   job's row and every running target (both through partial indexes), never the pending targets.
+- politeness: ``sift_paused_batch_jobs`` (live jobs paused), ``sift_paused_callers`` and
+  ``sift_hosts_backed_off`` (hosts whose back-off has not ended), read from their own small tables.
 
 ``register()`` may be called again (a second app in one process, several apps in one pytest run): on a
 registry that has the store's collector already it returns that one, so nothing is counted twice.
@@ -49,6 +51,7 @@ from .counters import counters, stats
 from .errors import InvalidBatchInput, StoreNotOpen
 from .load import store_load
 from .manager import batch_nbytes, live_batch_jobs_total
+from .politeness import backed_off_hosts, paused_callers, paused_jobs
 from .reports import LoadReport
 from .space import file_backed, relation_space, store_space
 
@@ -109,10 +112,18 @@ class StoreCollector(Collector):
             space = store_space() if on_file else None
             tables = None if on_file else relation_space()
             load = store_load(callers=CALLER_LABELS, hosts=HOST_LABELS)
+            paused, paused_by_caller, held = (
+                len(paused_jobs()),
+                len(paused_callers()),
+                len(backed_off_hosts()),
+            )
         except StoreNotOpen:
             return
         yield GaugeMetricFamily(f"{p}_batch_nbytes", "result bytes of all jobs (batch_nbytes())", nbytes)
         yield GaugeMetricFamily(f"{p}_live_batch_jobs", "jobs queued or running, all callers", live)
+        yield GaugeMetricFamily(f"{p}_paused_batch_jobs", "live jobs paused (pause_batch_job)", paused)
+        yield GaugeMetricFamily(f"{p}_paused_callers", "callers paused (pause_caller)", paused_by_caller)
+        yield GaugeMetricFamily(f"{p}_hosts_backed_off", "hosts backed off now (back_off_host)", held)
         yield from _load_gauges(p, load)
         if tables is not None:
             yield GaugeMetricFamily(

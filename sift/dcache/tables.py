@@ -14,6 +14,10 @@ __all__ = [
     "TOTALS_TABLE",
     "HOST_COLUMN",
     "HOSTS_VERSION",
+    "HOST_POLICY_TABLE",
+    "POLITENESS_VERSION",
+    "PAUSED_CALLER_TABLE",
+    "PAUSED_JOB_TABLE",
     "RING_TABLE",
     "SCHEMA_VERSION",
     "VERSION_TABLE",
@@ -27,10 +31,24 @@ TOTALS_TABLE = "batch_totals"
 VERSION_TABLE = "sift_schema"
 #: The claims' ring cursor: one row, the caller served last and the turns it has used (schema version 4).
 RING_TABLE = "batch_claim_ring"
+#: Politeness (schema version 8): each host's policy and pacing state, ``*`` the default's.
+HOST_POLICY_TABLE = "batch_host_policy"
+#: The paused jobs and the paused callers (schema version 8): claims take none of their targets.
+PAUSED_JOB_TABLE = "batch_paused_job"
+PAUSED_CALLER_TABLE = "batch_paused_caller"
 
 #: The store's tables on PostgreSQL, in the order space reports list them; a SQLite store has all but
 #: the version table.
-STORE_TABLES = (JOB_TABLE, TARGET_TABLE, TOTALS_TABLE, VERSION_TABLE, RING_TABLE)
+STORE_TABLES = (
+    JOB_TABLE,
+    TARGET_TABLE,
+    TOTALS_TABLE,
+    VERSION_TABLE,
+    RING_TABLE,
+    HOST_POLICY_TABLE,
+    PAUSED_JOB_TABLE,
+    PAUSED_CALLER_TABLE,
+)
 
 #: A job's columns, in the order the tables (and the models' fields) take them.
 JOB_COLUMNS = (
@@ -55,7 +73,7 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".
@@ -63,6 +81,8 @@ HOST_COLUMN = "host"
 #: The schema version whose ``url_host`` the stored hosts follow: the upgrade from an earlier version
 #: computes every stored target's host again (version 4 added them; version 6 gave a site one name).
 HOSTS_VERSION = 6
+#: The schema version that made the politeness tables (host policies, paused jobs and callers).
+POLITENESS_VERSION = 8
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

@@ -1,5 +1,5 @@
-"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes, the busiest callers and
-hosts; reads only.
+"""``sift stats``: jobs and targets by status, stored bytes, leases, file sizes, paused jobs and callers and
+hosts backed off, the busiest callers and hosts; reads only.
 
 What the store holds comes first; this process's ``stats()`` counters (zero in a fresh ``sift`` process,
 whatever the store holds) are shown only with ``--counters`` or when one is not zero. ``--json`` always
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         "oldest_lease": _lease_info(oldest, now),
         "newest_lease": _lease_info(newest, now),
         "load": dcache.store_load(callers=args.top, hosts=args.top).as_dict(),
+        "paused": _paused(now),
         "counters": dcache.stats(),
     }
     if args.json:
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             *(files if on_file else []),
             ("Result bytes", f"{size_text(report['nbytes'])}, batch_nbytes()"),
             ("Live jobs", format_count(report["live_jobs"])),
+            ("Paused", _paused_text(report["paused"])),
             *space_lines(report),
             ("Oldest lease", lease_text(report["oldest_lease"])),
             ("Newest lease", lease_text(report["newest_lease"])),
@@ -138,6 +140,20 @@ def run(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def _paused(now: int) -> dict[str, list[str]]:
+    """The paused live jobs and the paused callers, and the hosts backed off at ``now``."""
+    return {
+        "jobs": dcache.paused_jobs(),
+        "callers": dcache.paused_callers(),
+        "backed_off_hosts": dcache.backed_off_hosts(now=now),
+    }
+
+
+def _paused_text(paused: dict[str, list[str]]) -> str:
+    jobs, callers, hosts = (len(paused[key]) for key in ("jobs", "callers", "backed_off_hosts"))
+    return f"{jobs:,} jobs, {callers:,} callers; {hosts:,} hosts backed off (sift hosts)"
 
 
 def _load_lines(load: dict[str, Any]) -> list[str]:

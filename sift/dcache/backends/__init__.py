@@ -72,6 +72,9 @@ class Backend(Protocol):
     #: Whether the store's hosts are this sift's ``url_host`` (schema version 6): a read-only open of an older
     #: store keeps none or an earlier rule's, and its check then skips the hosts (a copy computes them).
     hosts_stored: bool
+    #: Whether the store has the politeness tables (schema version 8): a read-only open of an older store
+    #: has none, and reads no policy, back-off or pause.
+    politeness_stored: bool
     #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
     statement_key: str
     #: The SQL that reads the byte total (one row, one column).

@@ -27,6 +27,7 @@ class PostgresBase(HeldWrites, PooledPostgresqlDatabase):  # type: ignore[misc]
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
     hosts_stored: bool = True
+    politeness_stored: bool = True
     statement_key: str = "postgres"
     #: Whether opening a schema without the store's tables creates them (else StoreMissing).
     create: bool

@@ -8,7 +8,7 @@ import re
 from ...errors import StoreMissing, StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, POLITENESS_VERSION, SCHEMA_VERSION
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
@@ -42,6 +42,9 @@ VERSION_6_SITE_HOSTS: tuple[str, ...] = ()
 #: Version 7: a job's change of status or targets_done announced to wait_for_batch_job (NOTIFY).
 VERSION_7_ANNOUNCE = _DDL["version_7"]
 
+#: Version 8: politeness, the host policies and the paused jobs and callers.
+VERSION_8_PACING = _DDL["version_8"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -50,6 +53,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: VERSION_5_ONE_PENDING_INDEX,
     5: VERSION_6_SITE_HOSTS,
     6: VERSION_7_ANNOUNCE,
+    7: VERSION_8_PACING,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
@@ -60,6 +64,7 @@ SCHEMA = (
     + VERSION_3_CLAIMS
     + VERSION_4_RING
     + VERSION_7_ANNOUNCE
+    + VERSION_8_PACING
     + _DDL["totals"]
 )
 
@@ -95,6 +100,7 @@ class PostgresSchema(PostgresBase):
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
             self.hosts_stored = version is not None and version >= HOSTS_VERSION
+            self.politeness_stored = version is not None and version >= POLITENESS_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""

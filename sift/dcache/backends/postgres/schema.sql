@@ -76,6 +76,17 @@ CREATE OR REPLACE FUNCTION batch_job_announce() RETURNS trigger LANGUAGE plpgsql
 
 CREATE OR REPLACE TRIGGER batch_job_announce AFTER UPDATE OF status, targets_done ON batch_job FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.targets_done IS DISTINCT FROM NEW.targets_done) EXECUTE FUNCTION batch_job_announce();
 
+-- name: version_8
+-- Version 8: politeness. A host's policy (NULL: the default's, the row of host '*'; milliseconds for the
+-- interval and times), when the host is next due (pacing) and backed off until, one row a host the
+-- operator named or a claim paced; and the paused jobs and callers, whose targets no claim takes. Tables
+-- of their own: the original service's tables and statements stay as they were.
+CREATE TABLE IF NOT EXISTS batch_host_policy (host TEXT PRIMARY KEY, max_running BIGINT, min_interval_ms BIGINT, next_due_ms BIGINT NOT NULL DEFAULT 0, backed_off_until_ms BIGINT NOT NULL DEFAULT 0);
+
+CREATE TABLE IF NOT EXISTS batch_paused_job (job_id TEXT PRIMARY KEY, paused_at BIGINT NOT NULL);
+
+CREATE TABLE IF NOT EXISTS batch_paused_caller (caller TEXT PRIMARY KEY, paused_at BIGINT NOT NULL);
+
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
 CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);

@@ -30,6 +30,7 @@ class SqliteBase(HeldWrites, peewee.SqliteDatabase):
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
     hosts_stored: bool = True
+    politeness_stored: bool = True
     statement_key: str = "sqlite"
     #: The ``synchronous`` pragma of every connection the store opens (see ``open_db(durable=)``).
     synchronous_pragma: str

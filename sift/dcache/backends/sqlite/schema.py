@@ -33,8 +33,9 @@ _DDL = load_sql(__package__, "schema.sql")
 
 #: The original schema, verbatim. Files written by the Go service have exactly these tables.
 BASE_SCHEMA = _DDL["base"]
-#: What the hot paths need to stay flat in history, and the byte total's table and triggers.
-SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["totals"]
+#: What the hot paths need to stay flat in history, version 8's politeness tables, and the byte total's
+#: table and triggers.
+SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["pacing"] + _DDL["totals"]
 
 #: Version 3's columns of batch_target, each added when missing (see :meth:`SqliteSchema.prepare_schema`).
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
@@ -83,8 +84,11 @@ OWN_INDEXES = {
     if statement.startswith("CREATE INDEX") and (name := statement.split()[5])
 }
 #: What a read-only open requires: the indexes only claims and rescues read (writes, which a read-only
-#: store refuses anyway) may be missing, so a store an earlier sift made opens read-only as it is.
-READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"])
+#: store refuses anyway) and the politeness tables may be missing, so a store an earlier sift made opens
+#: read-only as it is.
+#: Version 8's politeness tables: a read-only open of an older file reads no policy, back-off or pause.
+POLITENESS_NAMES = _names(_DDL["pacing"])
+READ_SCHEMA_NAMES = SCHEMA_NAMES - _names(_DDL["claims"]) - POLITENESS_NAMES
 
 
 class SqliteSchema(SqliteBase):
@@ -106,6 +110,7 @@ class SqliteSchema(SqliteBase):
         redefined = [name for name, text in OWN_INDEXES.items() if present.get(name, text) != text]
         self.use_claim_columns(True)
         self.hosts_stored = True
+        self.politeness_stored = True
         if (
             present.keys() >= SCHEMA_NAMES
             and not redefined
@@ -162,6 +167,7 @@ class SqliteSchema(SqliteBase):
         self.use_claim_columns(not self.missing_claim_columns())
         current = self.execute_sql("PRAGMA user_version").fetchone()[0] >= HOSTS_VERSION
         self.hosts_stored = current and self.has_host_column()
+        self.politeness_stored = present >= POLITENESS_NAMES
 
     def check_columns(self) -> None:
         """Refuse a file whose batch tables were made by someone else with other columns."""

@@ -52,6 +52,17 @@ CREATE TABLE IF NOT EXISTS batch_claim_ring (id INTEGER PRIMARY KEY CHECK (id = 
 
 INSERT OR IGNORE INTO batch_claim_ring (id, caller, turns) VALUES (0, NULL, 0);
 
+-- name: pacing
+-- Version 8: politeness. A host's policy (NULL: the default's, the row of host '*'; milliseconds for the
+-- interval and times), when the host is next due (pacing) and backed off until, one row a host the
+-- operator named or a claim paced; and the paused jobs and callers, whose targets no claim takes. Tables
+-- of their own: the original service's tables and statements stay as they were.
+CREATE TABLE IF NOT EXISTS batch_host_policy (host TEXT PRIMARY KEY, max_running INTEGER, min_interval_ms INTEGER, next_due_ms INTEGER NOT NULL DEFAULT 0, backed_off_until_ms INTEGER NOT NULL DEFAULT 0);
+
+CREATE TABLE IF NOT EXISTS batch_paused_job (job_id TEXT PRIMARY KEY, paused_at INTEGER NOT NULL);
+
+CREATE TABLE IF NOT EXISTS batch_paused_caller (caller TEXT PRIMARY KEY, paused_at INTEGER NOT NULL);
+
 -- name: retired
 -- Indexes earlier versions made, dropped at open: every result write moved their entries, and nothing
 -- reads them any more. batch_job_live_lease: a live job's lease changes on each write. batch_target_pending
