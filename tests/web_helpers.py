@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,11 +41,3 @@ def token_file(directory: Path, token: str = "s3cret-token") -> str:
     path = directory / "token"
     path.write_text(token + "\n", encoding="utf-8")
     return str(path)
-
-
-def wait_until(check: object, timeout: float = 30.0) -> None:
-    """Poll ``check()`` until it is true; fail after ``timeout`` seconds (generous: a busy machine)."""
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)

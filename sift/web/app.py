@@ -218,7 +218,7 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
             flask.abort(404)
         except BatchError as exc:
             return flask.render_template("failed.html", action=name, error=str(exc)), 400
-        if bearer:
+        if bearer or flask.request.headers.get("X-Sift-Fetch") == "1":
             return flask.jsonify({"action": name, "subject": subject, "result": result})
         return flask.redirect(_local(form.get("next"), flask.url_for("overview")), 303)
 

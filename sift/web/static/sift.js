@@ -26,4 +26,22 @@
       .then(function () { busy = false; });
   }
   window.setInterval(refresh, 1000);
+
+  // An action's form is posted in the background and the live fragment shows its effect; without this
+  // script the same form posts and redirects back.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement) || !form.classList.contains("action")) { return; }
+    event.preventDefault();
+    var notice = document.getElementById("notice");
+    fetch(form.action, {
+      method: "POST", body: new URLSearchParams(new FormData(form)), credentials: "same-origin",
+      headers: { "X-Sift-Fetch": "1" }
+    }).then(function (response) {
+      if (notice) { notice.textContent = response.ok ? "" : "Refused (" + response.status + ")."; }
+      refresh();
+    }).catch(function () {
+      if (notice) { notice.textContent = "The server did not answer."; }
+    });
+  });
 }());
