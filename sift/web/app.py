@@ -130,7 +130,7 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
             "needs_login": not settings.read_only and not _logged_in(settings),
             "csrf_token": _csrf,
             "actions": ACTIONS,
-            "here": flask.request.full_path.rstrip("?"),
+            "here": flask.request.script_root + flask.request.full_path.rstrip("?"),
         }
 
     @app.after_request
