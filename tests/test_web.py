@@ -281,3 +281,34 @@ def test_a_page_of_jobs_reads_one_range_of_the_key(store: Any) -> None:
         submit(f"c{i}", n=1)
     page = queries.jobs_page(limit=50)
     assert len(page.jobs) == 50 and page.next_after == page.jobs[-1].id
+
+
+def test_the_paged_queries_read_one_range_of_a_primary_key(file_store: Any) -> None:
+    """On a store of 2,000 jobs (ANALYZEd, as a long-lived store is), the jobs page, filtered by status or
+    not, and a job's targets page walk a primary key in its order: no scan without an index, no sort of
+    what a filter found."""
+    with dcache.db.atomic():
+        dcache.db.executemany(
+            "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
+            "targets_done, created_at, lease, nbytes) VALUES (?, ?, 'fleet', ?, ?, '', 1, 1, 1, 1, 0)",
+            [(f"job-{i:05d}", f"c{i % 7}", f"k{i}", ("done", "failed")[i % 2]) for i in range(2_000)],
+        )
+        dcache.db.executemany(
+            "INSERT INTO batch_target (job_id, idx, url, options, status) VALUES (?, ?, 'https://x/', '{}', 'done')",
+            [(f"job-{i:05d}", j) for i in range(2_000) for j in range(3)],
+        )
+    dcache.db.execute_sql("ANALYZE")
+    pages = [
+        queries.jobs_query(status="", caller="", search="", after="", limit=51),
+        queries.jobs_query(status="", caller="", search="", after="job-01000", limit=51),
+        queries.jobs_query(status="failed", caller="", search="", after="job-00500", limit=51),
+        queries.targets_query("job-00003", after=0, limit=51),
+    ]
+    for query in pages:
+        sql, params = query.sql()
+        plan = " | ".join(row[-1] for row in dcache.db.execute_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+        assert re.search(
+            r"(SCAN|SEARCH) \w+ USING (COVERING )?INDEX sqlite_autoindex_batch_(job|target)_1\b", plan
+        ), plan
+        assert "TEMP B-TREE" not in plan, plan
+        assert "LIMIT" in sql.upper() and params[-1] == 51

@@ -28,9 +28,11 @@ __all__ = [
     "host_policy_state",
     "job_pause_state",
     "jobs_page",
+    "jobs_query",
     "overview",
     "runners",
     "target_page",
+    "targets_query",
 ]
 
 #: Rows on one page of jobs or of a job's targets.
@@ -164,7 +166,14 @@ def jobs_page(
 ) -> JobsPage:
     """Up to ``limit`` jobs with ``id > after`` in id order (the primary key's order: a page reads one range
     of it), filtered by status and caller; ``search`` matches a job's id or its idempotency key."""
-    query: Any = J.select().order_by(J.id).limit(limit + 1)
+    jobs = list(jobs_query(status=status, caller=caller, search=search, after=after, limit=limit + 1))
+    more = len(jobs) > limit
+    return JobsPage(jobs[:limit], jobs[limit - 1].id if more else None)
+
+
+def jobs_query(*, status: str, caller: str, search: str, after: str, limit: int) -> Any:
+    """The jobs page's query: in the primary key's order from ``after``, filtered, at most ``limit`` rows."""
+    query: Any = J.select().order_by(J.id).limit(limit)
     if status:
         query = query.where(J.status == status)
     if caller:
@@ -173,9 +182,7 @@ def jobs_page(
         query = query.where((J.id == search) | (J.idem_key == search))
     if after:
         query = query.where(J.id > after)
-    jobs = list(query)
-    more = len(jobs) > limit
-    return JobsPage(jobs[:limit], jobs[limit - 1].id if more else None)
+    return query
 
 
 def target_page(
@@ -183,17 +190,21 @@ def target_page(
 ) -> tuple[list[TargetRow], int | None]:
     """Up to ``limit`` of the job's targets with ``idx > after``, in idx order (one range of the primary
     key), each with its result's size measured by the database; and the cursor of the next page."""
+    rows = [TargetRow(*row) for row in targets_query(job_id, after=after, limit=limit + 1)]
+    more = len(rows) > limit
+    return rows[:limit], rows[limit - 1].idx if more else None
+
+
+def targets_query(job_id: str, *, after: int, limit: int) -> Any:
+    """The job page's targets: one range of the primary key, the result's size in place of the result."""
     size: Any = dcache.db.backend.byte_length(T.result)
-    query: Any = (
+    return (
         T.select(T.idx, T.url, T.status, T.attempts, T.runner, T.heartbeat, T.error, size.coerce(False))
         .where((T.job_id == job_id) & (T.idx > after))
         .order_by(T.idx)
-        .limit(limit + 1)
+        .limit(limit)
         .tuples()
     )
-    rows = [TargetRow(*row) for row in query]
-    more = len(rows) > limit
-    return rows[:limit], rows[limit - 1].idx if more else None
 
 
 def callers() -> tuple[list[CallerRow], CallerRow | None]:
