@@ -294,7 +294,8 @@ def test_the_paged_queries_read_one_range_of_a_primary_key(file_store: Any) -> N
             [(f"job-{i:05d}", f"c{i % 7}", f"k{i}", ("done", "failed")[i % 2]) for i in range(2_000)],
         )
         dcache.db.executemany(
-            "INSERT INTO batch_target (job_id, idx, url, options, status) VALUES (?, ?, 'https://x/', '{}', 'done')",
+            "INSERT INTO batch_target (job_id, idx, url, options, status) "
+            "VALUES (?, ?, 'https://x/', '{}', 'done')",
             [(f"job-{i:05d}", j) for i in range(2_000) for j in range(3)],
         )
     dcache.db.execute_sql("ANALYZE")
