@@ -195,3 +195,21 @@ def test_without_logging_in_the_buttons_are_absent_and_a_forged_post_is_refused(
     found = dcache.batch_job(job)
     assert found is not None and found.status == JobStatus.QUEUED
     assert re.fullmatch(r"[0-9a-f]{32}", job)
+
+
+def test_the_docs_screenshots_script_writes_its_pictures(tmp_path: Path) -> None:
+    if chromium_missing():
+        pytest.skip(str(chromium_missing()))
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "docs_screenshots.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [f"dashboard-{n}.png" for n in ("job", "jobs", "overview", "runners")]
+    for path in tmp_path.iterdir():
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) < 400_000, (path, len(data))
