@@ -313,3 +313,11 @@ def test_the_paged_queries_read_one_range_of_a_primary_key(file_store: Any) -> N
         ), plan
         assert "TEMP B-TREE" not in plan, plan
         assert "LIMIT" in sql.upper() and params[-1] == 51
+
+
+def test_only_the_live_pages_ask_for_refreshes(store: Any) -> None:
+    app = client(create_app(None, token="s3cret"))
+    assert 'data-live="/callers"' in text(app.get("/callers"))
+    assert 'data-live="/jobs?status=queued"' in text(app.get("/jobs?status=queued"))
+    for url in ("/login", "/jobs/nope"):
+        assert "data-live" not in text(app.get(url)), url

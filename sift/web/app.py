@@ -116,7 +116,7 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
             response = flask.make_response(flask.render_template(f"{name}_live.html", **values))
             response.headers["X-Sift-Live"] = "1"
             return response
-        return flask.render_template(f"{name}.html", **values)
+        return flask.render_template(f"{name}.html", live_page=True, **values)
 
     @app.template_filter("utc")
     def utc(unix: int) -> str:
