@@ -321,3 +321,23 @@ def test_only_the_live_pages_ask_for_refreshes(store: Any) -> None:
     assert 'data-live="/jobs?status=queued"' in text(app.get("/jobs?status=queued"))
     for url in ("/login", "/jobs/nope"):
         assert "data-live" not in text(app.get(url)), url
+
+
+def test_text_no_store_could_hold_is_a_400_naming_its_field(store: Any) -> None:
+    job = submit()
+    app = client(create_app(None))
+    for url, field in [
+        ("/jobs?caller=%00", "caller"),
+        ("/jobs?search=a%00b", "search"),
+        ("/jobs?status=%00", "status"),
+        ("/jobs?after=%00", "after"),
+        ("/jobs/a%00b", "job_id"),
+        ("/jobs/%ED%A0%80", "job_id"),  # a lone surrogate, as UTF-8 would spell one
+    ]:
+        response = app.get(url)
+        assert response.status_code in (400, 404), url
+        if response.status_code == 400:
+            assert f"{field}: " in text(response), url
+    assert app.get("/jobs?caller=%00").status_code == 400
+    assert app.get(f"/jobs/{job}?after=99999999999999999999999").status_code == 200
+    assert app.get(f"/jobs/{job}?after=%C2%B2").status_code == 200  # a digit, but not 0-9

@@ -12,7 +12,8 @@ import flask
 from werkzeug.wrappers import Response
 
 from sift import dcache
-from sift.dcache import BatchError, JobNotFound
+from sift.dcache import BatchError, InvalidBatchInput, JobNotFound
+from sift.dcache.validation import MAX_INT
 
 from . import queries
 from .actions import ACTIONS, ActionContext
@@ -161,7 +162,9 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
         if found is None:
             return flask.render_template("missing.html", what="job", name=job_id), 404
         after = flask.request.args.get("after", "")
-        targets, next_after = queries.target_page(job_id, after=int(after) if after.isdigit() else -1)
+        targets, next_after = queries.target_page(
+            job_id, after=min(int(after), MAX_INT) if after.isascii() and after.isdigit() else -1
+        )
         return page(
             "job", job=found, targets=targets, next_after=next_after, paused=queries.job_pause_state(found)
         )
@@ -221,6 +224,10 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
         if bearer or flask.request.headers.get("X-Sift-Fetch") == "1":
             return flask.jsonify({"action": name, "subject": subject, "result": result})
         return flask.redirect(_local(form.get("next"), flask.url_for("overview")), 303)
+
+    @app.errorhandler(InvalidBatchInput)
+    def invalid(exc: InvalidBatchInput) -> tuple[str, int]:
+        return flask.render_template("failed.html", action="request", error=str(exc)), 400
 
     @app.errorhandler(403)
     def forbidden(_: Any) -> tuple[str, int]:

@@ -13,7 +13,7 @@ from typing import Any
 import peewee
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus
+from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus, validation
 from sift.dcache.models import LIVE_JOB_STATUSES
 
 __all__ = [
@@ -165,7 +165,12 @@ def jobs_page(
     *, status: str = "", caller: str = "", search: str = "", after: str = "", limit: int = PAGE_SIZE
 ) -> JobsPage:
     """Up to ``limit`` jobs with ``id > after`` in id order (the primary key's order: a page reads one range
-    of it), filtered by status and caller; ``search`` matches a job's id or its idempotency key."""
+    of it), filtered by status and caller; ``search`` matches a job's id or its idempotency key. Text no
+    store could hold (a NUL, a lone surrogate) is ``InvalidBatchInput`` naming its field."""
+    status, caller, search, after = (
+        validation.text(name, value)
+        for name, value in (("status", status), ("caller", caller), ("search", search), ("after", after))
+    )
     jobs = list(jobs_query(status=status, caller=caller, search=search, after=after, limit=limit + 1))
     more = len(jobs) > limit
     return JobsPage(jobs[:limit], jobs[limit - 1].id if more else None)
