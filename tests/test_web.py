@@ -341,3 +341,10 @@ def test_text_no_store_could_hold_is_a_400_naming_its_field(store: Any) -> None:
     assert app.get("/jobs?caller=%00").status_code == 400
     assert app.get(f"/jobs/{job}?after=99999999999999999999999").status_code == 200
     assert app.get(f"/jobs/{job}?after=%C2%B2").status_code == 200  # a digit, but not 0-9
+
+
+def test_a_fragments_forms_lead_back_to_the_page_not_the_fragment(store: Any) -> None:
+    job = submit()
+    fragment = text(client(create_app(None)).get(f"/jobs/{job}?_live=1"))
+    assert f'name="next" value="/jobs/{job}"' in fragment
+    assert "_live" not in fragment

@@ -6,6 +6,7 @@ import dataclasses
 import hmac
 import secrets
 import time
+import urllib.parse
 from typing import Any
 
 import flask
@@ -111,6 +112,13 @@ def _local(target: str | None, default: str) -> str:
     return target
 
 
+def _here() -> str:
+    """This page's path under the app's mount point, with its query but not the live fragment's flag."""
+    request = flask.request
+    query = urllib.parse.urlencode([(k, v) for k, v in request.args.items(multi=True) if k != LIVE_PARAM])
+    return request.script_root + request.path + (f"?{query}" if query else "")
+
+
 def _routes(app: flask.Flask, settings: Settings) -> None:
     def page(name: str, **values: Any) -> Any:
         if flask.request.args.get(LIVE_PARAM) == "1":
@@ -131,7 +139,7 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
             "needs_login": not settings.read_only and not _logged_in(settings),
             "csrf_token": _csrf,
             "actions": ACTIONS,
-            "here": flask.request.script_root + flask.request.full_path.rstrip("?"),
+            "here": _here(),
         }
 
     @app.after_request
