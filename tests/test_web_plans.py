@@ -24,8 +24,8 @@ def history(postgres_schema: str) -> None:
         db.execute_sql(
             "INSERT INTO batch_job (id, caller, caller_class, idem_key, status, error, targets_total, "
             "targets_done, created_at, lease, nbytes) SELECT 'old-' || lpad(g::text, 6, '0'), "
-            "'caller-' || mod(g, 100), 'fleet', 'key-' || g, (ARRAY['done', 'failed'])[1 + mod(g, 2)], '', 10, "
-            "10, 1000 + g, 1000 + g, 0 FROM generate_series(0, 99999) g"
+            "'caller-' || mod(g, 100), 'fleet', 'key-' || g, (ARRAY['done', 'failed'])[1 + mod(g, 2)], "
+            "'', 10, 10, 1000 + g, 1000 + g, 0 FROM generate_series(0, 99999) g"
         )
         db.execute_sql(
             "INSERT INTO batch_target (job_id, idx, url, options, status) "
