@@ -13,8 +13,6 @@ from sift import dcache
 from sift.dcache import JobStatus, TargetStatus
 from sift.web import create_app, queries
 
-pytest.importorskip("flask")
-
 SCRIPT = "<script>alert(1)</script>"
 NOW = 1_000_000
 

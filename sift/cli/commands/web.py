@@ -93,9 +93,12 @@ def reads_only(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Serve the dashboard until SIGTERM or Ctrl-C; exit 0."""
-    from werkzeug.serving import make_server
+    try:
+        from werkzeug.serving import make_server
 
-    from sift.web import create_app
+        from sift.web import create_app
+    except ImportError as exc:
+        raise CommandError(f"sift web needs the web extra (pip install 'sift[web]'): {exc}") from None
 
     token = args.token
     if token is None and not args.read_only:
