@@ -69,7 +69,7 @@ def shoot(out: Path) -> list[Path]:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{server.server_port}"
-        pages = {"overview": "/", "jobs": "/jobs", "job": f"/jobs/{job}", "runners": "/runners"}
+        pages = {"overview": "/", "job": f"/jobs/{job}", "runners": "/runners"}
         written = []
         try:
             with sync_playwright() as playwright:
