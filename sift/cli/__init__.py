@@ -43,6 +43,7 @@ from .commands import (
     stats,
     sweep,
     vacuum,
+    web,
 )
 from .parsing import Parser, joined_negative_values, store_option
 from .store import CommandError, default_db_path, is_postgres, opened
@@ -69,6 +70,7 @@ COMMANDS: tuple[Command, ...] = (
     vacuum.COMMAND,
     simulate.COMMAND,
     shell.COMMAND,
+    web.COMMAND,
 )
 
 
