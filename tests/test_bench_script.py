@@ -76,6 +76,8 @@ CASES = {
     "wait/after_write",
     # a page of results from a small job and from a large one
     "pages/batch_targets",
+    # the dashboard's pages
+    *(f"web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")}
@@ -113,6 +115,7 @@ PG_CASES = {
     "pg/fairness/first_result/oldest_first",
     "pg/wait/after_write",
     "pg/pages/batch_targets",
+    *(f"pg/web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
 }
 
 
@@ -204,8 +207,8 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
     # against its small one, without and with per_host, and its floor's reported, the flood's small callers
     # 10 x sooner with fair claiming, a wait's end after another process's commit, a page of a large job
-    # against one of a small job.
-    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1
+    # against one of a small job, the dashboard's jobs page.
+    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
     # with valgrind: the runner step's instructions against its statements', and against the seed's (reported)
@@ -216,9 +219,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
     # per target and in writes of 10 against plain psycopg, reported; the fair claim's two; the flood's
     # small callers 10 x sooner with fair claiming; a wait's end after another process's commit; a page of
-    # a large job against one of a small job.
+    # a large job against one of a small job; the dashboard's jobs page.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1
     assert len(goals) == sqlite_goals + peers_goals + counted_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     sqlite_info = 4

@@ -32,6 +32,7 @@ from .cases.raw import bench_raw, pg_raw
 from .cases.simulate import pg_simulate
 from .cases.tail import bench_tail
 from .cases.wait import bench_wait, pg_wait
+from .cases.web import bench_web, pg_web
 from .cases.writers import pg_writers
 from .harness import Report, log, machine, print_report, write_json
 from .sizes import FULL, QUICK, Sizes
@@ -54,6 +55,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "wait": bench_wait,
     "pages": bench_pages,
     "instructions": bench_instructions,
+    "web": bench_web,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -65,6 +67,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "fairness": pg_fairness,
     "wait": pg_wait,
     "pages": pg_pages,
+    "web": pg_web,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

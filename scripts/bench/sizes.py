@@ -74,6 +74,7 @@ class Sizes:
     page_large: int  # targets of the large job
     instruction_steps: int  # calls counted by callgrind in each side's long run
     instruction_paths: bool  # count the claim, the write of ten, the no-op sweep and eviction too
+    web_jobs: int  # jobs in the store the dashboard's pages read
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -133,6 +134,7 @@ FULL = Sizes(
     page_large=1_000_000,
     instruction_steps=200,
     instruction_paths=True,
+    web_jobs=100_000,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -192,6 +194,7 @@ QUICK = Sizes(
     page_large=20_000,
     instruction_steps=10,
     instruction_paths=False,
+    web_jobs=2_000,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,
