@@ -237,7 +237,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     stored_job(make_job("job-1", targets_total=2), make_targets(2), nbytes=5)  # bytes of pending targets
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
@@ -248,7 +248,7 @@ def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
     with pytest.raises(dcache.StoreReadOnly):
         dcache.claim_batch_targets(1)
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 6)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     assert claim_indexes() == {"batch_job_claim", "batch_job_live_lease"}
     assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(5, now=9)] == [("job-1", 0), ("job-1", 1)]
     assert dcache.batch_nbytes() == 5
@@ -270,7 +270,7 @@ def test_opening_a_version_3_store_fills_in_the_hosts(pg: str) -> None:
     assert dcache.batch_job("job-1") is not None
     assert {v.kind for v in dcache.check_store().violations} == {"schema_version", "schema"}
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 6)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     hosts = db.execute_sql("SELECT host, COUNT(*) FROM batch_target GROUP BY host ORDER BY host").fetchall()
     assert hosts == [(f"h{i}.example", count // 3) for i in range(3)]
     assert dcache.check_store().ok
@@ -288,7 +288,7 @@ def test_opening_a_version_4_store_drops_its_index_of_pending_targets_by_idx(pg:
     assert {v.kind for v in dcache.check_store().violations} == {"schema_version"}
     assert db.execute_sql("SELECT 1 FROM pg_indexes WHERE indexname = 'batch_target_pending'").fetchall()
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 6)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     assert not db.execute_sql("SELECT 1 FROM pg_indexes WHERE indexname = 'batch_target_pending'").fetchall()
     assert dcache.check_store().ok
     claimed = dcache.claim_batch_targets(3, now=9)
@@ -300,14 +300,15 @@ def test_eight_processes_open_a_version_1_store_at_once(pg: str) -> None:
     make_version_1(pg)
     assert open_from_8_processes(pg) == ["ok"] * 8
     dcache.open_db(pg)
-    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, 6)]
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
     assert claim_indexes() == {"batch_job_claim", "batch_job_live_lease"}
     assert db.execute_sql("SELECT COUNT(*) FROM batch_job").fetchone()[0] == 8
 
 
 def test_a_newer_schema_version_is_refused(pg: str) -> None:
-    db.execute_sql("UPDATE sift_schema SET version = 7")
-    with pytest.raises(dcache.StoreUnavailable, match=r"schema version 7; this sift knows version 6$"):
+    db.execute_sql(f"UPDATE sift_schema SET version = {SCHEMA_VERSION + 1}")
+    newer = f"schema version {SCHEMA_VERSION + 1}; this sift knows version {SCHEMA_VERSION}$"
+    with pytest.raises(dcache.StoreUnavailable, match=newer):
         dcache.open_db(pg)
     dcache.close_db()
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:  # leave the worker's schema current

@@ -10,6 +10,7 @@ from .backup import backup_store
 from .claims import (
     claim_batch_targets,
     finish_batch_job,
+    finish_complete_jobs,
     release_claims,
     renew_claims,
     requeue_in_flight,
@@ -77,6 +78,7 @@ from .reports import (
     VacuumReport,
 )
 from .restore import restore_store
+from .retries import retry_batch_target, retry_failed_targets
 from .space import (
     relation_space,
     store_space,
@@ -93,6 +95,7 @@ from .validation import (
 )
 
 __all__ = [
+    "finish_complete_jobs",
     "MAX_ATTEMPTS",
     "MAX_KEY_BYTES",
     "MAX_MESSAGE_BYTES",
@@ -153,6 +156,8 @@ __all__ = [
     "put_batch_targets",
     "relation_space",
     "release_claims",
+    "retry_batch_target",
+    "retry_failed_targets",
     "renew_claims",
     "requeue_in_flight",
     "requeue_stale_claims",

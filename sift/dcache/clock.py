@@ -14,6 +14,14 @@ def unix_now() -> int:
     return int(time.time())
 
 
+def unix_time() -> float:
+    """Current time as unix seconds with their fraction (a test clock's whole seconds while one is set):
+    for a wait that must last at least a given time, which whole seconds would cut short."""
+    if _test_clock is not None:
+        return float(_test_clock())
+    return time.time()
+
+
 def set_test_clock(clock: Callable[[], int] | None) -> Callable[[], int] | None:
     """Make ``unix_now()`` return ``clock()``, or the system time again with None; return the previous
     test clock, to restore it."""

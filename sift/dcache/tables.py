@@ -13,6 +13,7 @@ __all__ = [
     "TARGET_TABLE",
     "TOTALS_TABLE",
     "HOST_COLUMN",
+    "NOT_BEFORE_COLUMN",
     "HOSTS_VERSION",
     "RING_TABLE",
     "SCHEMA_VERSION",
@@ -55,7 +56,7 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".
@@ -63,6 +64,11 @@ HOST_COLUMN = "host"
 #: The schema version whose ``url_host`` the stored hosts follow: the upgrade from an earlier version
 #: computes every stored target's host again (version 4 added them; version 6 gave a site one name).
 HOSTS_VERSION = 6
+
+#: When a pending target may be claimed again (unix seconds; NULL: now), set by a retry. Added by schema
+#: version 7 as a nullable column: a target another program inserts is claimable at once. Not a model field
+#: (like the host): claims read it, the models never carry it.
+NOT_BEFORE_COLUMN = "not_before"
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

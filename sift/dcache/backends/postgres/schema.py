@@ -39,6 +39,9 @@ VERSION_5_ONE_PENDING_INDEX = _DDL["version_5"]
 #: Version 6: no DDL; every stored target's host is computed again (see :data:`HOSTS_VERSION`).
 VERSION_6_SITE_HOSTS: tuple[str, ...] = ()
 
+#: Version 7: a retried target's not_before, and the index of pending targets without the waiting ones.
+VERSION_7_DELAYED = _DDL["version_7"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -46,11 +49,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: VERSION_4_RING,
     4: VERSION_5_ONE_PENDING_INDEX,
     5: VERSION_6_SITE_HOSTS,
+    6: VERSION_7_DELAYED,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
 #: Version 3's and 4's columns add nothing to tables made here; they upgrade tables an earlier program made.
-SCHEMA = _DDL["tables"] + VERSION_2_INDEXES + VERSION_3_CLAIMS + VERSION_4_RING + _DDL["totals"]
+#: Version 7's column is added to a new table too, and its index of pending targets replaces version 4's.
+SCHEMA = (
+    _DDL["tables"]
+    + VERSION_2_INDEXES
+    + VERSION_3_CLAIMS
+    + VERSION_4_RING
+    + VERSION_7_DELAYED
+    + _DDL["totals"]
+)
 
 _CREATED = re.compile(r"CREATE (?:OR REPLACE )?(TABLE|INDEX|TRIGGER|FUNCTION) (?:IF NOT EXISTS )?(\w+)")
 #: The schema's objects as (kind, name), as the DDL creates them (the tables' primary keys come with them).
