@@ -166,8 +166,9 @@ class Runner:
             log.info("sift runner %s: stopped, %d claims released; %s", self.name, released, self.progress())
 
     def stop(self, grace: float | None = None) -> None:
-        """Stop claiming; in-flight fetches get ``grace`` seconds (default: ``run``'s) to finish and be written,
-        then ``run`` releases the rest and returns. Returns at once; safe from any thread or a signal."""
+        """Stop claiming; in-flight fetches get ``grace`` seconds (default: ``run``'s) to finish and be
+        written, then ``run`` releases the rest and returns. Returns at once; safe from any thread or a
+        signal handler."""
         if grace is not None:
             self._grace = _seconds("grace", grace, allow_zero=True)
         self._stop.set()
@@ -242,10 +243,8 @@ class Runner:
         """What ``fetch`` says of ``target``, as the writer writes it."""
         job_id, idx = str(target.job_id), int(target.idx)
         try:
-            if self.allow_private:
-                result = self.fetch(target, allow_private=True)
-            else:
-                result = self.fetch(target)
+            # a fetch given allow_private must accept it; others are called as users write them
+            result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
         except Fail as fail:
             return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)
         except Retry as retry:
