@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 from cli_helpers import run, sift_script
+from docs_pages import block
 from runner_site import serving
 
 from sift import dcache
@@ -76,6 +78,25 @@ def test_sift_run_allow_private_reaches_the_fetch(shared_store: str) -> None:
         wait_for(lambda: final(job_id), "the job to finish")
         stop(proc)
         assert [t.status for t in dcache.batch_targets(job_id) or []] == ["done"]
+
+
+@pytest.mark.slow
+def test_the_guides_one_line_runs(shared_store: str) -> None:
+    line = block("sift-run").replace("sift.db", shared_store).replace("myapp:fetch", "runner_site:fetch")
+    argv = shlex.split(line)
+    assert argv[0] == "sift"
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0"], idem_key="").job_id
+        proc = subprocess.Popen(
+            [str(sift_script()), *argv[1:]],
+            cwd=TESTS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: final(job_id), "the job to finish")
+        stop(proc)
+        assert [t.result for t in dcache.batch_targets(job_id) or []] == [f"page /ok/0 by {proc.pid}"]
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docs_pages import block
 from helpers import make_job
 from runner_site import fetch, fetch_private, serving
 
@@ -302,3 +303,29 @@ def test_a_sigkilled_runners_targets_are_finished_by_another_after_stale_after(s
         job = dcache.batch_job(job_id)
         assert job is not None and (job.status, job.targets_done) == ("done", 6)
         assert dcache.check_store().ok
+
+
+@pytest.mark.slow
+def test_the_docs_runner_runs_until_sigterm(tmp_path: Path) -> None:
+    """The README's and the guide's five lines, as a script of their own: they finish a job, then exit 0 on
+    SIGTERM."""
+    (tmp_path / "app.py").write_text(block("runner"))
+    dcache.open_db(tmp_path / "sift.db")
+    try:
+        with serving() as site:
+            job_id = submit([f"{site.base}/ok/0", f"{site.base}/slow/1"])
+            proc = subprocess.Popen(
+                [sys.executable, "app.py"],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            wait_for(lambda: job_final(job_id), "the job to finish")
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=WAIT)
+            assert proc.returncode == 0, err
+            assert [t.result for t in dcache.batch_targets(job_id) or []] == ["page /ok/0", "slow /slow/1"]
+            assert held_claims() == 0
+    finally:
+        dcache.close_db()
