@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import shlex
 import signal
+import struct
 import subprocess
+import termios
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -125,3 +131,38 @@ def test_sift_run_refuses_bad_options(
     code, _, err = run(capsys, "--db", path, "run", *options)
     assert code == 1
     assert message in err
+
+
+@pytest.mark.slow
+def test_sift_run_on_a_terminal_shows_a_live_line(file_store: Path) -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    env = dict(os.environ, COLUMNS="120", LINES="24")
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0", f"{site.base}/busy/1"], idem_key="").job_id
+        argv = [str(sift_script()), "--db", str(file_store), "run", "--fetch", "runner_site:fetch"]
+        try:
+            proc = subprocess.Popen(argv, cwd=TESTS, stdout=subprocess.PIPE, stderr=slave, env=env, text=True)
+        finally:
+            os.close(slave)
+        chunks: list[bytes] = []
+
+        def read() -> None:
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+                if not data:
+                    return
+                chunks.append(data)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: final(job_id), "the job to finish")
+        wait_for(lambda: b"retried=1" in b"".join(chunks), "the live line to show the retry")
+        stop(proc)
+        reader.join(WAIT)
+        os.close(master)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "sift run" in shown and "target/s" in shown and "running=" in shown and "failed=0" in shown

@@ -51,6 +51,9 @@ class Outcome:
     not_before: int | None = None
 
 
+#: How long the writer waits before writing again a round the store refused (seconds).
+RETRY_WAIT = 1.0
+
 _STOP = object()
 
 
@@ -75,28 +78,37 @@ class Writer:
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
+    def _next(self, wait: float | None) -> Any:
+        """The next item, or None after ``wait`` seconds without one (None: wait for one)."""
+        try:
+            return self.queue.get(timeout=wait)
+        except queue.Empty:
+            return None
+
     def _loop(self) -> None:
         stopping = False
+        carried: list[Outcome] = []  # a round that failed, written again first (a rewrite changes nothing)
         while not stopping:
-            batch: list[Outcome] = []
-            item = self.queue.get()
+            batch, carried = carried, []
+            item = self._next(WRITE_WAIT if batch else None)
             deadline = time.monotonic() + WRITE_WAIT
-            while True:
+            while item is not None:
                 if item is _STOP:
                     stopping = True
-                else:
-                    batch.append(item)
-                if stopping or len(batch) >= WRITE_BATCH:
                     break
-                try:
-                    item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
+                batch.append(item)
+                if len(batch) >= WRITE_BATCH:
                     break
+                item = self._next(max(0.0, deadline - time.monotonic()))
             if batch:
                 try:
                     self.write(batch)
-                except Exception:  # a store that went away: the claims go stale and come back
+                except Exception:
                     log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
+                    if not stopping:  # the store may come back: the claims are still this runner's
+                        carried = batch
+                        time.sleep(RETRY_WAIT)
+                    # stopping: the runner releases what was not written
 
     def write(self, batch: list[Outcome]) -> None:
         """One round: each job's writes in one call, then the retries, then the jobs finished."""
