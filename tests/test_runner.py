@@ -5,8 +5,10 @@ another runner once its claims go stale."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -327,5 +329,40 @@ def test_the_docs_runner_runs_until_sigterm(tmp_path: Path) -> None:
             assert proc.returncode == 0, err
             assert [t.result for t in dcache.batch_targets(job_id) or []] == ["page /ok/0", "slow /slow/1"]
             assert held_claims() == 0
+    finally:
+        dcache.close_db()
+
+
+def test_the_writer_writes_again_a_round_the_store_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process holds the file's write lock past the busy timeout: the round fails, and is written
+    once the lock is gone, each target once, its job finished."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        job_id = submit(["https://a.example/0", "https://a.example/1"])
+        assert len(dcache.claim_batch_targets(2, runner="w")) == 2
+        tally: dict[str, int] = {}
+        writer = Writer("w", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        writer.start()
+        with caplog.at_level(logging.ERROR, logger="sift.runner"):
+            writer.put(Outcome(job_id, 0, "done", result="zero"))
+            writer.put(Outcome(job_id, 1, "failed", error="gone"))
+            wait_for(lambda: "outcomes failed" in caplog.text, "the refused round")
+        holder.execute("ROLLBACK")
+        holder.close()
+        wait_for(lambda: job_final(job_id), "the round written again")
+        assert writer.close(WAIT)
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.result, t.error) for t in targets] == [
+            ("done", "zero", None),
+            ("failed", None, "gone"),
+        ]
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("partial", 2)
+        assert tally == {"done": 1, "failed": 1}
     finally:
         dcache.close_db()
