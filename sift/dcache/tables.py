@@ -14,6 +14,7 @@ __all__ = [
     "TOTALS_TABLE",
     "HOST_COLUMN",
     "NOT_BEFORE_COLUMN",
+    "NOT_BEFORE_VERSION",
     "HOSTS_VERSION",
     "RING_TABLE",
     "SCHEMA_VERSION",
@@ -69,6 +70,8 @@ HOSTS_VERSION = 6
 #: version 7 as a nullable column: a target another program inserts is claimable at once. Not a model field
 #: (like the host): claims read it, the models never carry it.
 NOT_BEFORE_COLUMN = "not_before"
+#: The schema version that added it.
+NOT_BEFORE_VERSION = 7
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

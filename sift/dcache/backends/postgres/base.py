@@ -27,6 +27,8 @@ class PostgresBase(HeldWrites, PooledPostgresqlDatabase):  # type: ignore[misc]
     #: under which statements are compiled for it (see :class:`sift.dcache.statements.Statement`).
     claims_stored: bool = True
     hosts_stored: bool = True
+    #: Whether batch_target has version 7's not_before (a read-only open of an older version has not).
+    delays_stored: bool = True
     statement_key: str = "postgres"
     #: Whether opening a schema without the store's tables creates them (else StoreMissing).
     create: bool

@@ -8,7 +8,7 @@ import re
 from ...errors import StoreMissing, StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, NOT_BEFORE_VERSION, SCHEMA_VERSION
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
@@ -96,6 +96,7 @@ class PostgresSchema(PostgresBase):
             self.claims_stored = version == SCHEMA_VERSION or self._has_claim_columns()
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
             self.hosts_stored = version is not None and version >= HOSTS_VERSION
+            self.delays_stored = version is not None and version >= NOT_BEFORE_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""
