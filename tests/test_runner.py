@@ -366,3 +366,21 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         assert tally == {"done": 1, "failed": 1}
     finally:
         dcache.close_db()
+
+
+def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(store: Any) -> None:
+    job_id = submit(["https://a.example/0"])
+    previous = signal.getsignal(signal.SIGTERM)
+    runner = Runner(lambda target: "fetched", concurrency=1, renew_every=0.5)
+
+    def terminate() -> None:  # once the job is done, and only once run() handles SIGTERM
+        wait_for(lambda: job_final(job_id) and signal.getsignal(signal.SIGTERM) is not previous, "run()")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate, daemon=True)
+    sender.start()
+    runner.run(grace=5)  # on pytest's main thread: returns once the SIGTERM stopped it
+    sender.join(WAIT)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert [t.result for t in dcache.batch_targets(job_id) or []] == ["fetched"]
+    assert held_claims() == 0

@@ -212,6 +212,9 @@ def test_retry_failed_targets_refuses_a_cancelled_job_and_an_unknown_one(store: 
     with pytest.raises(dcache.InvalidBatchInput) as bad:
         dcache.retry_failed_targets("a", now=-1)
     assert bad.value.field == "now"
+    with pytest.raises(dcache.InvalidBatchInput) as empty:
+        dcache.retry_failed_targets("")
+    assert empty.value.field == "job_id"
     assert snapshot() == before
 
 
