@@ -100,6 +100,9 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
         lambda: dcache.restore_store(path), dcache.InvalidBatchInput, "is the open store itself"
     ),
     "finish_batch_job": lambda _: dcache.finish_batch_job("job-2", now=2_000),  # running, every target done
+    "finish_complete_jobs": lambda _: dcache.finish_complete_jobs(now=2_000),  # job-2, if still running
+    "retry_batch_target": lambda _: _retried_one(),
+    "retry_failed_targets": lambda _: _reopened_one(),
     "rescue_stale_jobs": lambda _: dcache.rescue_stale_jobs(0, "host lost", now=2_000),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
     "stats": lambda _: dcache.stats(),
@@ -120,7 +123,44 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "url_host": lambda _: dcache.url_host("https://example.com/"),
     "vacuum_relations": lambda _: _refused(dcache.vacuum_relations, dcache.StoreUnavailable, "vacuum_rel"),
     "vacuum_store": lambda _: dcache.vacuum_store(),
+    "wait_for_batch_job": lambda _: dcache.wait_for_batch_job("job-1", timeout=0),
+    # a host no fixture's URL names: the claims after it are not paced
+    "set_host_policy": lambda _: dcache.set_host_policy("paced.example", max_running=2, min_interval=0.5),
+    "host_policies": lambda _: dcache.host_policies(),
+    "back_off_host": lambda _: dcache.back_off_host("paced.example", 3_000, now=2_000),
+    "backed_off_hosts": lambda _: dcache.backed_off_hosts(now=2_000),
+    # each pause is undone by the resume after it, which pauses first: both write, whatever came before
+    "pause_batch_job": lambda _: dcache.pause_batch_job("job-2", now=2_000),
+    "resume_batch_job": lambda _: (
+        dcache.pause_batch_job("job-2", now=2_000),
+        dcache.resume_batch_job("job-2"),
+    ),
+    "pause_caller": lambda _: dcache.pause_caller("alice", now=2_000),
+    "resume_caller": lambda _: (dcache.pause_caller("alice", now=2_000), dcache.resume_caller("alice")),
+    "paused_jobs": lambda _: dcache.paused_jobs(),
+    "paused_callers": lambda _: dcache.paused_callers(),
+    "unix_now_ms": lambda _: dcache.unix_now_ms(),
 }
+
+
+def _retried_one() -> object:
+    """A target claimed by "retrier" (of a new job when none is pending), then put back to wait."""
+    claimed = dcache.claim_batch_targets(1, runner="retrier", now=2_000)
+    if not claimed:
+        dcache.create_batch_job(make_job(_new_id(), targets_total=1), make_targets(1))
+        claimed = dcache.claim_batch_targets(1, runner="retrier", now=2_000)
+    target = claimed[0]
+    return dcache.retry_batch_target(
+        target.job_id, target.idx, runner="retrier", error="later", not_before=3_000
+    )
+
+
+def _reopened_one() -> object:
+    """A new job of one target, failed, then reopened by retry_failed_targets."""
+    job_id = _new_id()
+    dcache.create_batch_job(make_job(job_id, targets_total=1), make_targets(1))
+    dcache.update_batch_target(job_id, 0, "failed", error="gone", now=2_000)
+    return dcache.retry_failed_targets(job_id, now=2_000)
 
 
 def _claimed_then(call: Callable[[], object], runner: str) -> object:

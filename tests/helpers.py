@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sift import dcache, testing
-from sift.dcache import BatchJob, BatchTarget, claimorder, claims, client, db, load, manager
+from sift.dcache import BatchJob, BatchTarget, claimorder, claims, client, db, load, manager, retries
 from sift.dcache.statements import Statement
 
 
@@ -134,7 +134,7 @@ def create_partial(job: BatchJob, targets: list[BatchTarget]) -> None:
 
 #: The modules whose compiled statements are the store's rules (and its reads of who waits, ``load``;
 #: the client's calls, ``client``).
-RULE_MODULES = (manager, claims, claimorder, load, client)
+RULE_MODULES = (manager, claims, claimorder, load, client, retries)
 
 
 def rule_statements() -> dict[str, Statement]:

@@ -152,6 +152,20 @@ def test_bad_dest_is_refused_and_nothing_is_written(pg: str, tmp_path: Path, des
     assert snapshot() == before and list(tmp_path.iterdir()) == []
 
 
+def test_a_waiting_target_still_waits_in_the_backup(pg: str, tmp_path: Path) -> None:
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
+    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    dest = tmp_path / "copy.db"
+    dcache.backup_store(dest)
+    dcache.open_db(dest)
+    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
+    assert waiting.fetchall() == [(1, "pending", "503", 500)]
+    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
+    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
+    assert dcache.check_store().ok
+
+
 def test_inside_a_transaction_backup_is_refused(pg: str, tmp_path: Path) -> None:
     fill()
     with dcache.db.atomic(), pytest.raises(dcache.StoreUnavailable, match="inside a transaction"):

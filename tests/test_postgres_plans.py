@@ -38,6 +38,10 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     # store_load (a metrics scrape): the live jobs by caller, and the running targets with their jobs
     "_OUTSTANDING": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
     "_RUNNING": ({}, {"batch_target_running", "batch_job_pkey"}),
+    # every claim first moves the delayed targets come due back: only the waiting ones are read
+    "_PROMOTE_DUE": ({"now": 5}, {"batch_target_delayed"}),
+    # a runner's keeper: the live jobs whose targets are all final
+    "_COMPLETE_JOBS": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
 }
 
 
@@ -89,8 +93,8 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: Left out of the generic-plan test: _EXPIRED runs once per chunk of 256 expired jobs, never on the runner's
 #: path, and is planned on every run all the same (its generic plan guesses a third of the jobs expired; its
 #: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
-#: by primary key, is pinned above), as are the cancel's two.
-NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS"}
+#: by primary key, is pinned above), as are the cancel's two, and the claim's move of due targets.
+NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS", "_PROMOTE_DUE"}
 #: The claim's searches (the ring's next caller with its oldest job, a caller's next job, a job's next host;
 #: fair=False's next job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
 CLAIM_READS: dict[str, dict[str, Any]] = {

@@ -131,6 +131,8 @@ SLOT_VALUES: dict[str, Any] = {
     "failed": 1,
     "host": "example.com",
     "after": "caller-1",
+    "not_before": 12_000,
+    "count": 1,
     "job_ids": '["old-00001", "runner"]',  # SQLite's list: a JSON array (backend.listed)
     "turns": 1,
     "after_idx": 2,
@@ -245,6 +247,17 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_JOB_EXISTS": {JOB_BY_ID},
     "_INSERT_JOB": set(),
     "_INSERT_TARGET": set(),
+    # delayed targets: a claim moves the due ones back from batch_target_delayed, which holds only the
+    # waiting ones; finish_complete_jobs reads the live jobs only
+    "_PROMOTE_DUE": {"batch_target_delayed (not_before>? AND not_before<?)"},
+    "_COMPLETE_JOBS": LIVE_SCAN,
+    "_LOCK_RETRIED_JOB": {JOB_BY_ID},
+    "_LEASE_RETRIED": {JOB_BY_ID},
+    "_TARGET_STATE": {TARGET_BY_KEY},
+    "_RETRY": {TARGET_BY_KEY},
+    "_FAILED_TOTALS": {TARGETS_OF_JOB},
+    "_REOPEN_TARGETS": {TARGETS_OF_JOB},
+    "_REOPEN_JOB": {JOB_BY_ID},
 }
 
 #: The only statements that may sort in a temporary B-tree, and what they sort.
@@ -524,9 +537,16 @@ BEGIN, COMMIT = "BEGIN IMMEDIATE", "COMMIT"
 ONE_KB = "x" * 1024
 
 
-#: A claim's start: the ring's row, the first caller with pending work and that caller's oldest such job.
-#: The claim's start: the ring's row locked, whether any host has a policy row (none here), the first caller.
-CLAIM_START = [BEGIN, "SELECT batch_claim_ring", "SELECT batch_host_policy", "SELECT batch_job"]
+#: A claim's start: the ring's row, the delayed targets come due moved back (one statement, reading only
+#: batch_target_delayed), whether any host has a policy row (none here), the first caller with pending work
+#: and that caller's oldest such job.
+CLAIM_START = [
+    BEGIN,
+    "SELECT batch_claim_ring",
+    "UPDATE batch_target",
+    "SELECT batch_host_policy",
+    "SELECT batch_job",
+]
 #: One turn of a claim: the job's targets taken.
 TAKE = ["UPDATE batch_target"]
 #: The ring's walk comes round: the next caller with pending work (none), the first caller (known, or none).
@@ -601,13 +621,13 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
     "claim_batch_targets of 5 from the runner's job": (
         lambda: dcache.claim_batch_targets(5, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, *CLAIM_END],
-        11,
+        12,
     ),
     # the job runs out in the rounds' take: the caller leaves the ring, which is then empty
     "claim_batch_targets of all 20 pending targets, limit 25": (
         lambda: dcache.claim_batch_targets(25, now=10_000),
         [*CLAIM_START, *TAKE, *ROUND, *TAKE, "SELECT batch_job", *CLAIM_END],
-        12,
+        13,
     ),
     "claim_batch_targets with nothing pending": (
         lambda: (dcache.claim_batch_targets(20, now=10_000), dcache.claim_batch_targets(5, now=10_001)),
@@ -619,11 +639,12 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
             *CLAIM_END,
             BEGIN,
             "SELECT batch_claim_ring",
+            "UPDATE batch_target",
             "SELECT batch_host_policy",
             *ROUND,
             COMMIT,
         ],
-        17,
+        19,
     ),
     "rescue_stale_jobs": (
         lambda: dcache.rescue_stale_jobs(60, "runner lost", now=10_000),

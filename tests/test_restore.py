@@ -180,6 +180,22 @@ def test_claims_are_restored_as_stored_on_either_destination(dest: str, tmp_path
     assert dcache.renew_claims("r2", now=80) == 1  # the restored claim is still r2's
 
 
+def test_a_waiting_target_still_waits_once_restored(dest: str, tmp_path: Path) -> None:
+    path = tmp_path / "source.db"
+    dcache.open_db(path)
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
+    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    dcache.close_db()
+    dcache.open_db(dest)
+    dcache.restore_store(path)
+    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
+    assert waiting.fetchall() == [(1, "pending", "503", 500)]
+    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
+    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
+    assert dcache.check_store().ok
+
+
 def test_a_source_the_original_service_wrote_restores_unclaimed(dest: str, tmp_path: Path) -> None:
     source = original_file(tmp_path / "original.db")
     dcache.open_db(dest)

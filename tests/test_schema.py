@@ -77,13 +77,14 @@ def test_package_schema_matches_ddl_column_for_column(tmp_path: Path) -> None:
     dcache.close_db()
     made = describe(tmp_path / "package.db")
     # Every column of both tables: name, type, NOT NULL, SQL-side default, primary key position; the
-    # targets' claim columns and host follow the DDL's, each with a SQL-side default.
+    # targets' claim columns, host and not_before follow the DDL's, each with a SQL-side default (or NULL).
     assert made["columns:batch_job"] == reference["columns:batch_job"]
     assert made["columns:batch_target"] == reference["columns:batch_target"] + [
         (8, "runner", "TEXT", 0, None, 0),
         (9, "heartbeat", "INTEGER", 0, None, 0),
         (10, "attempts", "INTEGER", 1, "0", 0),
         (11, "host", "TEXT", 1, "''", 0),
+        (12, "not_before", "INTEGER", 0, None, 0),
     ]
     # Every index of the DDL (the two named ones and both primary keys) with the same name and columns.
     assert {k for k in reference if k.startswith("index:")} == {
@@ -142,6 +143,7 @@ INDEXES = [
     "batch_job_ring",
     "batch_target_host",
     "batch_target_running",
+    "batch_target_delayed",
 ]
 
 

@@ -119,7 +119,14 @@ def test_the_first_writable_open_upgrades_it_and_the_claims_work(tmp_path: Path,
     path = MAKERS[maker](tmp_path / "old.db")
     dcache.open_db(path)
     try:
-        assert columns(path)[-4:] == ["runner", "heartbeat", "attempts", "host"]
+        # version 7's column comes where the maker's schema left room for it (an earlier sift made it already)
+        assert [name for name in columns(path) if name != "not_before"][-4:] == [
+            "runner",
+            "heartbeat",
+            "attempts",
+            "host",
+        ]
+        assert "not_before" in columns(path)
         assert user_version(path) == SCHEMA_VERSION
         # every stored target's host filled in from its URL
         hosts = db.execute_sql("SELECT url, host FROM batch_target").fetchall()

@@ -10,6 +10,7 @@ from .backup import backup_store
 from .claims import (
     claim_batch_targets,
     finish_batch_job,
+    finish_complete_jobs,
     release_claims,
     renew_claims,
     requeue_in_flight,
@@ -90,6 +91,7 @@ from .reports import (
     VacuumReport,
 )
 from .restore import restore_store
+from .retries import retry_batch_target, retry_failed_targets
 from .space import (
     relation_space,
     store_space,
@@ -107,6 +109,7 @@ from .validation import (
 from .waiting import MAX_WAIT_SECONDS, wait_for_batch_job
 
 __all__ = [
+    "finish_complete_jobs",
     "MAX_ATTEMPTS",
     "MAX_KEY_BYTES",
     "MAX_MESSAGE_BYTES",
@@ -176,6 +179,8 @@ __all__ = [
     "put_batch_targets",
     "relation_space",
     "release_claims",
+    "retry_batch_target",
+    "retry_failed_targets",
     "renew_claims",
     "requeue_in_flight",
     "requeue_stale_claims",

@@ -24,6 +24,7 @@ from .models import (
     JobStatus,
     TargetStatus,
     target_host,
+    target_not_before,
 )
 from .politeness import DEFAULT_HOST, HOST_POLICY, PAUSED_CALLERS, PAUSED_JOBS
 from .statements import Slot, Statement, literal
@@ -46,8 +47,9 @@ def _claim_key(row: Any) -> tuple[str, int]:
 
 
 def _pending(target: Any) -> peewee.Node:
-    """``target`` is pending: the partial index batch_target_host holds these."""
-    return Inline(target.status == TargetStatus.PENDING.value)
+    """``target`` is pending and not waiting for its ``not_before``: the partial index batch_target_host
+    holds these (a retried target joins them when it comes due, see ``_PROMOTE_DUE``)."""
+    return Inline((target.status == TargetStatus.PENDING.value) & target_not_before(target).is_null())
 
 
 def _live() -> Any:
@@ -106,6 +108,14 @@ def _after(created: str, order: str) -> peewee.Expression:
     return peewee.Expression(position, peewee.OP.GT, peewee.Tuple(Slot(created), Slot(order)))
 
 
+# The waiting targets that have come due become claimable (back in batch_target_host), read through
+# batch_target_delayed: a claim costs what it hands out plus the due ones it moves, each once, however many
+# still wait.
+_PROMOTE_DUE = Statement(
+    lambda: T.update({target_not_before(): peewee.SQL("NULL")}).where(
+        Inline(target_not_before().is_null(False)) & (target_not_before() <= Slot("now"))
+    )
+)
 # The ring's cursor, locked first by every claim: claims take turns (PostgreSQL; SQLite's writes do anyway).
 _LOCK_RING = Statement(
     lambda: db.backend.lock_rows(
@@ -386,6 +396,7 @@ class ClaimOrder:
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
         ring = _LOCK_RING.rows()
+        _PROMOTE_DUE.run(now=self.now)
         self.hosts.load()
         if not fair:
             self._oldest_first(limit)

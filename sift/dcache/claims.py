@@ -27,6 +27,7 @@ from .validation import Duration
 __all__ = [
     "claim_batch_targets",
     "finish_batch_job",
+    "finish_complete_jobs",
     "release_claims",
     "renew_claims",
     "requeue_in_flight",
@@ -304,3 +305,29 @@ def finish_batch_job(job_id: str, *, now: int | None = None) -> JobStatus | None
             return None
         status = _JOB_STATUS.scalar(job_id=job_id)
     return JobStatus(status)
+
+
+# Live jobs whose every target is final, read through a partial index of the live jobs alone (unordered:
+# ORDER BY id would walk every job's key; the rule sorts them, the order its locks are taken in).
+_COMPLETE_JOBS = Statement(
+    lambda: J.select(J.id).where(
+        Inline(J.status.in_(LIVE_JOB_STATUSES)) & (J.targets_done >= J.targets_total)
+    )
+)
+
+
+@retried
+def finish_complete_jobs(*, now: int | None = None) -> int:
+    """Every live job whose targets are all final is finished as ``finish_batch_job`` finishes one, in one
+    transaction, also one whose last writer stopped before finishing it. Returns how many. A runner's
+    keeper calls it; it reads the live jobs only, and writes nothing when none is complete."""
+    now = validation.now(now)
+    complete = sorted(row[0] for row in _COMPLETE_JOBS.rows())
+    if not complete:  # the usual case: one read, no transaction
+        return 0
+    finished = 0
+    with db.write():
+        for job_id in complete:  # each locked before its targets are counted, in id order
+            if _LOCK_JOB.rows(job_id=job_id):
+                finished += _FINISH_JOB.run(job_id=job_id, now=now)
+    return finished

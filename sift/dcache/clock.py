@@ -22,6 +22,14 @@ def unix_now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def unix_time() -> float:
+    """Current time as unix seconds with their fraction (a test clock's time while one is set): for a wait
+    that must last at least a given time, which whole seconds would cut short."""
+    if _test_clock is not None:
+        return _test_micros(_test_clock) / 1_000_000
+    return time.time()
+
+
 def _test_micros(clock: Callable[[], float]) -> int:
     """A test clock's time in whole microseconds: an int exactly, a float's fraction rounded as the clock
     stored it."""

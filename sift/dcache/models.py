@@ -229,3 +229,18 @@ def target_host(target: Any = None) -> peewee.Column:
     every insert of a target. Not a model field: model reads and writes never carry it, so a model write
     cannot make it disagree with the URL."""
     return _HostColumn(BatchTarget._meta.table if target is None else target, "host")
+
+
+def target_not_before(target: Any = None) -> peewee.Column:
+    """The ``not_before`` column of ``target`` (BatchTarget, or an alias of it): when a retried pending
+    target may be claimed again (unix seconds; NULL: now). Not a model field, like the host: only the
+    rules that delay and claim targets read or write it."""
+    return _NotBeforeColumn(BatchTarget._meta.table if target is None else target, "not_before")
+
+
+class _NotBeforeColumn(peewee.Column):
+    """``batch_target.not_before``: placed after the model's fields (and the host) where Peewee sorts an
+    UPDATE's columns."""
+
+    def get_sort_key(self, ctx: Any) -> tuple[int, int]:
+        return (3, 1)

@@ -32,7 +32,7 @@ from .errors import (
 )
 from .hosts import url_host
 from .reports import RestoreReport
-from .tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, TARGET_COLUMNS
+from .tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, NOT_BEFORE_COLUMN, TARGET_COLUMNS
 
 __all__ = ["BYTES_PER_STEP", "ROWS_PER_STEP", "restore_store"]
 
@@ -51,9 +51,9 @@ def restore_store(
 ) -> RestoreReport:
     """Copy every job and target of the SQLite store file at ``source`` into the open store (either
     backend), which must hold no job and no target: jobs in their insertion order (newest-wins ties keep
-    their winner), ``options`` as stored, each target's claim (``runner``, ``heartbeat``, ``attempts``) as
-    stored, or unclaimed (no runner, no heartbeat, no attempt) from a file an older sift or the original
-    service wrote, all in one transaction. ``progress(done, total)`` counts rows.
+    their winner), ``options`` as stored, each target's claim (``runner``, ``heartbeat``, ``attempts``) and
+    ``not_before`` as stored, or unclaimed (no runner, no heartbeat, no attempt) from a file an older sift
+    or the original service wrote, all in one transaction. ``progress(done, total)`` counts rows.
 
     Raises ``InvalidBatchInput`` (field ``source``) for a file that is not a readable store, or the open
     store itself, or a schema that could run code or make data on read (generated or hidden columns, a
@@ -171,10 +171,11 @@ def _copy(
 
 
 def _claim_columns(src: sqlite3.Connection) -> tuple[str, ...]:
-    """The claim columns the source's targets have, in the store's order: none in a file that an older sift
-    or the original service wrote (its targets then take the defaults: unclaimed)."""
+    """The claim columns (and a retried target's ``not_before``) the source's targets have, in the store's
+    order: none in a file that an older sift or the original service wrote (its targets then take the
+    defaults: unclaimed, claimable at once)."""
     present = {row[1] for row in src.execute("PRAGMA table_info(batch_target)")}
-    return tuple(name for name in CLAIM_COLUMNS if name in present)
+    return tuple(name for name in (*CLAIM_COLUMNS, NOT_BEFORE_COLUMN) if name in present)
 
 
 def _refuse_violations(path: str) -> None:
@@ -297,6 +298,7 @@ _CLAIM_RULES: dict[str, Callable[[str, Any], object]] = {
     "runner": _optional_key,
     "heartbeat": _optional_count,
     "attempts": _attempts,
+    NOT_BEFORE_COLUMN: _optional_count,
 }
 
 

@@ -13,6 +13,8 @@ __all__ = [
     "TARGET_TABLE",
     "TOTALS_TABLE",
     "HOST_COLUMN",
+    "NOT_BEFORE_COLUMN",
+    "NOT_BEFORE_VERSION",
     "HOSTS_VERSION",
     "HOST_POLICY_TABLE",
     "POLITENESS_VERSION",
@@ -73,7 +75,7 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".
@@ -83,6 +85,13 @@ HOST_COLUMN = "host"
 HOSTS_VERSION = 6
 #: The schema version that made the politeness tables (host policies, paused jobs and callers).
 POLITENESS_VERSION = 8
+
+#: When a pending target may be claimed again (unix seconds; NULL: now), set by a retry. Added by schema
+#: version 9 as a nullable column: a target another program inserts is claimable at once. Not a model field
+#: (like the host): claims read it, the models never carry it.
+NOT_BEFORE_COLUMN = "not_before"
+#: The schema version that added it.
+NOT_BEFORE_VERSION = 9
 
 #: The columns as a SELECT or INSERT lists them.
 JOB_COLUMN_LIST = ", ".join(JOB_COLUMNS)

@@ -2,5 +2,6 @@
 what it says (see docs/how-to/runners.md)."""
 
 from .outcomes import Backoff, Fail, Retry
+from .runner import Progress, Runner
 
-__all__ = ["Backoff", "Fail", "Retry"]
+__all__ = ["Backoff", "Fail", "Progress", "Retry", "Runner"]

@@ -28,6 +28,8 @@ class PostgresBase(HeldWrites, PooledPostgresqlDatabase):  # type: ignore[misc]
     claims_stored: bool = True
     hosts_stored: bool = True
     politeness_stored: bool = True
+    #: Whether batch_target has version 9's not_before (a read-only open of an older version has not).
+    delays_stored: bool = True
     statement_key: str = "postgres"
     #: Whether opening a schema without the store's tables creates them (else StoreMissing).
     create: bool

@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, STORE_TABLES, TARGET_COLUMNS
+from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, NOT_BEFORE_COLUMN, STORE_TABLES, TARGET_COLUMNS
 from ..sqlite.schema import NEW_FILE_SCHEMA, RECOMPUTE_TOTAL_SQL
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
@@ -227,12 +227,14 @@ class PostgresMaintenance(PostgresBase):
             claims = CLAIM_COLUMNS if self.claims_stored else ()
             # a store older than version 6 keeps no hosts, or an earlier rule's: the copy computes them
             host = HOST_COLUMN if self.hosts_stored else "''"
+            # a retried target's wait as stored; a store older than version 9 has none: claimable at once
+            delayed = (NOT_BEFORE_COLUMN,) if self.delays_stored else ()
             for table, columns, selected, order in (
                 ("batch_job", JOB_COLUMNS, JOB_COLUMNS, "seq"),  # insertion order: the copy's _rowid_ too
                 (
                     "batch_target",
-                    (*TARGET_COLUMNS, *claims, HOST_COLUMN),
-                    (*TARGET_COLUMNS, *claims, host),
+                    (*TARGET_COLUMNS, *claims, HOST_COLUMN, *delayed),
+                    (*TARGET_COLUMNS, *claims, host, *delayed),
                     "job_id, idx",
                 ),
             ):

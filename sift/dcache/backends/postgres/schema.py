@@ -8,7 +8,7 @@ import re
 from ...errors import StoreMissing, StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, POLITENESS_VERSION, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOSTS_VERSION, NOT_BEFORE_VERSION, POLITENESS_VERSION, SCHEMA_VERSION
 from .base import PostgresBase
 
 __all__ = ["MIGRATIONS", "SCHEMA", "SCHEMA_OBJECTS", "SCHEMA_VERSION", "TOTAL_SLOTS", "PostgresSchema"]
@@ -45,6 +45,9 @@ VERSION_7_ANNOUNCE = _DDL["version_7"]
 #: Version 8: politeness, the host policies and the paused jobs and callers.
 VERSION_8_PACING = _DDL["version_8"]
 
+#: Version 9: a retried target's not_before, and the index of pending targets without the waiting ones.
+VERSION_9_DELAYED = _DDL["version_9"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -54,10 +57,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     5: VERSION_6_SITE_HOSTS,
     6: VERSION_7_ANNOUNCE,
     7: VERSION_8_PACING,
+    8: VERSION_9_DELAYED,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
 #: Version 3's and 4's columns add nothing to tables made here; they upgrade tables an earlier program made.
+#: Version 9's column is added to a new table too, and its index of pending targets replaces version 4's.
 SCHEMA = (
     _DDL["tables"]
     + VERSION_2_INDEXES
@@ -65,6 +70,7 @@ SCHEMA = (
     + VERSION_4_RING
     + VERSION_7_ANNOUNCE
     + VERSION_8_PACING
+    + VERSION_9_DELAYED
     + _DDL["totals"]
 )
 
@@ -101,6 +107,7 @@ class PostgresSchema(PostgresBase):
             self.statement_key = "postgres" if self.claims_stored else "postgres without claims"
             self.hosts_stored = version is not None and version >= HOSTS_VERSION
             self.politeness_stored = version is not None and version >= POLITENESS_VERSION
+            self.delays_stored = version is not None and version >= NOT_BEFORE_VERSION
             if version != SCHEMA_VERSION and not (self.readonly and version in MIGRATIONS):
                 upgrade = (
                     "; open it once without readonly=True to upgrade it" if version in MIGRATIONS else ""

@@ -87,6 +87,19 @@ CREATE TABLE IF NOT EXISTS batch_paused_job (job_id TEXT PRIMARY KEY, paused_at 
 
 CREATE TABLE IF NOT EXISTS batch_paused_caller (caller TEXT PRIMARY KEY, paused_at BIGINT NOT NULL);
 
+-- name: version_9
+-- Version 9: when a retried pending target may be claimed again (unix seconds; NULL, what every other
+-- program inserts, is now). A waiting target stays out of batch_target_host until then, so waiting targets
+-- cost a claim nothing; each claim first moves the targets that have come due back (not_before = NULL),
+-- read through batch_target_delayed.
+ALTER TABLE batch_target ADD COLUMN IF NOT EXISTS not_before BIGINT;
+
+DROP INDEX IF EXISTS batch_target_host;
+
+CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host COLLATE "C", idx) WHERE status = 'pending' AND not_before IS NULL;
+
+CREATE INDEX IF NOT EXISTS batch_target_delayed ON batch_target(not_before) WHERE not_before IS NOT NULL;
+
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
 CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);

@@ -10,7 +10,7 @@ from pathlib import Path
 from ...errors import StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
-from ...tables import CLAIM_COLUMNS, HOST_COLUMN, HOSTS_VERSION, SCHEMA_VERSION
+from ...tables import CLAIM_COLUMNS, HOST_COLUMN, HOSTS_VERSION, NOT_BEFORE_COLUMN, SCHEMA_VERSION
 from .base import SqliteBase
 
 __all__ = [
@@ -41,12 +41,15 @@ SPEED_SCHEMA = _DDL["speed"] + _DDL["claims"] + _DDL["pacing"] + _DDL["totals"]
 CLAIM_COLUMN_DDL = dict(zip(CLAIM_COLUMNS, _DDL["claim_columns"], strict=True))
 #: Version 4's column of batch_target, added when missing and then filled in for the stored targets.
 (HOST_COLUMN_DDL,) = _DDL["host_column"]
+#: Version 9's column of batch_target, added when missing (every stored target claimable at once).
+(NOT_BEFORE_COLUMN_DDL,) = _DDL["not_before_column"]
 #: A new file's whole schema, each column before the indexes on it, and its version: what a copy written
 #: from scratch runs (without the version, its first open would upgrade it, reading every target).
 NEW_FILE_SCHEMA = (
     *BASE_SCHEMA,
     *CLAIM_COLUMN_DDL.values(),
     HOST_COLUMN_DDL,
+    NOT_BEFORE_COLUMN_DDL,
     *SPEED_SCHEMA,
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -126,6 +129,8 @@ class SqliteSchema(SqliteBase):
                 self.execute_sql(CLAIM_COLUMN_DDL[name])
             if not self.has_host_column():
                 self.execute_sql(HOST_COLUMN_DDL)
+            if not self.has_column(NOT_BEFORE_COLUMN):
+                self.execute_sql(NOT_BEFORE_COLUMN_DDL)
             if self.execute_sql("PRAGMA user_version").fetchone()[0] < HOSTS_VERSION:
                 backfill_hosts(self.fetch_all, self.executemany, "?")
             for name in redefined:
@@ -147,7 +152,11 @@ class SqliteSchema(SqliteBase):
 
     def has_host_column(self) -> bool:
         """Whether batch_target has version 4's host column."""
-        return any(row[1] == HOST_COLUMN for row in self.execute_sql("PRAGMA table_info(batch_target)"))
+        return self.has_column(HOST_COLUMN)
+
+    def has_column(self, name: str) -> bool:
+        """Whether batch_target has the column ``name``."""
+        return any(row[1] == name for row in self.execute_sql("PRAGMA table_info(batch_target)"))
 
     def use_claim_columns(self, stored: bool) -> None:
         """Whether the store's statements read the claims' columns: a read-only open of an older file has

@@ -42,7 +42,12 @@ CREATE INDEX IF NOT EXISTS batch_job_claim ON batch_job(created_at) WHERE status
 -- and result write moves. The ring's cursor is one row: the caller served last and the turns it has used.
 CREATE INDEX IF NOT EXISTS batch_job_ring ON batch_job(caller, created_at) WHERE status IN ('queued', 'running');
 
-CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) WHERE status = 'pending' AND not_before IS NULL;
+
+-- Version 9: a retried target waits, pending, until its not_before; it stays out of batch_target_host until
+-- then, so waiting targets cost a claim nothing. Each claim first moves the targets that have come due back
+-- (not_before = NULL), read through this index of the waiting ones by time.
+CREATE INDEX IF NOT EXISTS batch_target_delayed ON batch_target(not_before) WHERE not_before IS NOT NULL;
 
 -- The running targets, by the runner that holds them: renew_claims, release_claims and
 -- requeue_stale_claims read only these, never history.
@@ -85,6 +90,11 @@ ALTER TABLE batch_target ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
 -- Version 4: the target's host (url_host(url)), which per-host claim limits count; open_db fills it in for
 -- the targets already stored. A program that does not know it inserts '' (one host for all its targets).
 ALTER TABLE batch_target ADD COLUMN host TEXT NOT NULL DEFAULT '';
+
+-- name: not_before_column
+-- Version 9: when a retried pending target may be claimed again (unix seconds); NULL, what every other
+-- program inserts, is now. Added by open_db when missing.
+ALTER TABLE batch_target ADD COLUMN not_before INTEGER;
 
 -- name: totals
 -- Triggers keep the byte total whoever writes the file, and open_db recomputes it, so a file written by a

@@ -1,0 +1,118 @@
+"""Retries: a runner puts a target it holds back to pending to be tried again later (``not_before``), and an
+operator reopens a job's failed targets. Each function is one transaction.
+
+A waiting target is pending, not final: it counts as pending work everywhere; only claims skip it, and a
+claim moves the targets that have come due back among the claimable ones first (see claimorder.py).
+"""
+
+from __future__ import annotations
+
+import peewee
+
+from . import validation
+from .counters import counters
+from .database import db, retried
+from .errors import ClaimLost, JobNotFound, TargetNotFound
+from .models import BatchJob, BatchTarget, JobStatus, TargetStatus, target_not_before
+from .statements import Slot, Statement
+
+__all__ = ["retry_batch_target", "retry_failed_targets"]
+
+J = BatchJob
+T = BatchTarget
+Inline = peewee.ValueLiterals
+
+_LOCK_RETRIED_JOB = Statement(lambda: db.backend.lock_rows(J.select(J.status).where(J.id == Slot("job_id"))))
+_TARGET = (T.job_id == Slot("job_id")) & (T.idx == Slot("idx"))
+_TARGET_STATE = Statement(lambda: T.select(T.status, T.runner).where(_TARGET))
+# Only while ``runner`` holds it: a requeued claim's late retry changes nothing.
+_RETRY = Statement(
+    lambda: T.update(
+        {
+            T.status: Inline(peewee.Value(TargetStatus.PENDING.value)),
+            T.error: Slot("error"),
+            T.runner: None,
+            T.heartbeat: None,
+            target_not_before(): Slot("not_before"),
+        }
+    ).where(_TARGET & Inline(T.status == TargetStatus.RUNNING.value) & (T.runner == Slot("runner")))
+)
+_LEASE_RETRIED = Statement(lambda: J.update({J.lease: Slot("now")}).where(J.id == Slot("job_id")))
+_FAILED = Inline(T.status == TargetStatus.FAILED.value)
+_FAILED_TOTALS = Statement(
+    lambda: T.select(
+        peewee.fn.COUNT(peewee.SQL("*")),
+        peewee.fn.COALESCE(peewee.fn.SUM(db.backend.byte_length(T.result)), 0),
+    ).where((T.job_id == Slot("job_id")) & _FAILED)
+)
+_REOPEN_TARGETS = Statement(
+    lambda: T.update(
+        {
+            T.status: Inline(peewee.Value(TargetStatus.PENDING.value)),
+            T.result: None,
+            T.error: None,
+            T.hint: None,
+            T.runner: None,
+            T.heartbeat: None,
+            target_not_before(): None,
+        }
+    ).where((T.job_id == Slot("job_id")) & _FAILED)
+)
+_REOPEN_JOB = Statement(
+    lambda: J.update(
+        {
+            J.targets_done: J.targets_done - Slot("count"),
+            J.nbytes: J.nbytes - Slot("size"),
+            J.status: Inline(peewee.Value(JobStatus.RUNNING.value)),
+            J.error: Inline(peewee.Value("")),
+            J.lease: Slot("now"),
+        }
+    ).where(J.id == Slot("job_id"))
+)
+
+
+@retried
+def retry_batch_target(
+    job_id: str, idx: int, *, runner: str, error: str, not_before: int | None, now: int | None = None
+) -> None:
+    """The target ``runner`` holds goes back to pending with ``error``, unclaimed, not to be claimed before
+    ``not_before`` (unix seconds; None: at once); its attempts and its job's count stay (it was not final),
+    the job's lease becomes ``now``. ``ClaimLost``, writing nothing, unless ``runner`` holds it."""
+    job_id = validation.job_id(job_id)
+    idx = validation.count("idx", idx)
+    runner = validation.key("runner", runner)
+    error = validation.message("error", error)
+    not_before = None if not_before is None else validation.count("not_before", not_before)
+    now = validation.now(now)
+    with db.write():
+        if not _LOCK_RETRIED_JOB.rows(job_id=job_id):  # the job before its target, as every target write
+            raise JobNotFound(job_id)
+        if not _RETRY.run(job_id=job_id, idx=idx, error=error, runner=runner, not_before=not_before):
+            state = _TARGET_STATE.rows(job_id=job_id, idx=idx)
+            if not state:
+                raise TargetNotFound(job_id, idx)
+            counters.add("late_writes_refused")
+            raise ClaimLost(job_id, idx, runner, state[0][1])
+        _LEASE_RETRIED.run(job_id=job_id, now=now)
+
+
+@retried
+def retry_failed_targets(job_id: str, *, now: int | None = None) -> int:
+    """An operator's second try: the job's failed targets become pending again (attempts kept; result,
+    error and hint cleared), each leaving ``targets_done`` once, and the job becomes running (from any
+    status but cancelled, which is refused: its caller stopped it). Returns how many targets reopened."""
+    job_id = validation.job_id(job_id)
+    now = validation.now(now)
+    with db.write():
+        status = _LOCK_RETRIED_JOB.rows(job_id=job_id)
+        if not status:
+            raise JobNotFound(job_id)
+        if status[0][0] == JobStatus.CANCELLED.value:
+            validation.invalid(
+                "job_id", f"job {job_id!r} is cancelled: its caller stopped it, so it stays so"
+            )
+        count, size = _FAILED_TOTALS.rows(job_id=job_id)[0]
+        if count:
+            _REOPEN_JOB.run(job_id=job_id, count=int(count), size=int(size), now=now)
+            _REOPEN_TARGETS.run(job_id=job_id)
+    return int(count)

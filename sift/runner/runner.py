@@ -1,0 +1,334 @@
+"""``Runner``: claims targets from the store this process opened, calls ``fetch`` for each, and writes what it
+says, with retries, a keeper of its claims and a graceful stop (see docs/how-to/runners.md)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..dcache import (
+    BatchError,
+    BatchTarget,
+    InvalidBatchInput,
+    back_off_host,
+    claim_batch_targets,
+    evict_batch_oldest,
+    finish_complete_jobs,
+    release_claims,
+    renew_claims,
+    requeue_stale_claims,
+    runner_name,
+    sweep_batch,
+    url_host,
+    validation,
+)
+from ..dcache.claims import _weights
+from ..dcache.clock import unix_time
+from .outcomes import Backoff, Fail, Retry
+from .writer import Outcome, Writer
+
+__all__ = ["IDLE_WAIT", "Progress", "Runner"]
+
+log = logging.getLogger("sift.runner")
+
+#: How long workers wait after a claim found nothing before the next claim (seconds).
+IDLE_WAIT = 0.2
+#: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
+DEFAULT_GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a runner has done since it started: targets claimed, written done, written failed, put back to be
+    retried, and lost (another runner held them when the write came); ``running``: fetches in flight now."""
+
+    claimed: int
+    done: int
+    failed: int
+    retried: int
+    lost: int
+    running: int
+
+
+Fetch = Callable[..., str]
+
+
+class Runner:
+    """Claims targets under ``name`` (default ``runner_name()``), up to ``concurrency`` fetches at once, and
+    writes what ``fetch(target)`` says: its text is the result; ``Fail`` fails the target now; ``Retry`` (or
+    any other exception, with its text as the error) puts it back to pending until ``after`` seconds have
+    passed (None: ``backoff.delay(attempts)``), and at ``max_attempts`` fails it with that error.
+
+    ``per_job``, ``per_host``, ``weights`` and ``fair`` are ``claim_batch_targets``'s. A keeper renews the
+    claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
+    finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
+    ``sweep_ttl`` old when given. ``allow_private=True`` is passed on: ``fetch(target, allow_private=True)``.
+    """
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        *,
+        name: str | None = None,
+        concurrency: int = 8,
+        per_job: int | None = None,
+        per_host: int | None = None,
+        weights: Mapping[str, int] | None = None,
+        fair: bool = True,
+        stale_after: float = 60,
+        renew_every: float = 10,
+        max_attempts: int = 3,
+        backoff: Backoff = Backoff(),  # noqa: B008 (frozen: one shared default is safe)
+        budget: int | None = None,
+        sweep_ttl: float | None = None,
+        allow_private: bool = False,
+    ) -> None:
+        if not callable(fetch):
+            raise InvalidBatchInput("fetch", f"must be callable, got {type(fetch).__name__}")
+        self.fetch = fetch
+        self.name = runner_name() if name is None else validation.key("name", name)
+        self.concurrency = validation.positive("concurrency", concurrency)
+        self.per_job = None if per_job is None else validation.positive("per_job", per_job)
+        self.per_host = None if per_host is None else validation.positive("per_host", per_host)
+        if type(fair) is not bool:
+            raise InvalidBatchInput("fair", f"must be True or False, got {fair!r}")
+        self.fair = fair
+        self.weights = _weights(weights, fair)
+        self.stale_after = _seconds("stale_after", stale_after)
+        self.renew_every = _seconds("renew_every", renew_every)
+        if not self.renew_every < self.stale_after:
+            raise InvalidBatchInput(
+                "renew_every", f"must be shorter than stale_after ({stale_after}), got {renew_every}"
+            )
+        self.max_attempts = validation.positive("max_attempts", max_attempts)
+        if not isinstance(backoff, Backoff):
+            raise InvalidBatchInput("backoff", f"must be a Backoff, got {type(backoff).__name__}")
+        self.backoff = backoff
+        self.budget = None if budget is None else validation.count("budget", budget)
+        self.sweep_ttl = None if sweep_ttl is None else _seconds("sweep_ttl", sweep_ttl)
+        if type(allow_private) is not bool:
+            raise InvalidBatchInput("allow_private", f"must be True or False, got {allow_private!r}")
+        self.allow_private = allow_private
+        self._lock = threading.Lock()
+        self._claim_lock = threading.Lock()
+        self._ready: deque[BatchTarget] = deque()
+        self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost"), 0)
+        self._busy = 0
+        self._quiet_until = 0.0
+        self._stop = threading.Event()  # stop claiming
+        self._finished = threading.Event()  # the keeper's end: it renews the claims through the grace
+        self._grace = DEFAULT_GRACE
+        self._started = False
+
+    # -- the public calls -----------------------------------------------------------------------------------
+
+    def run(self, *, grace: float = DEFAULT_GRACE) -> None:
+        """Run until stopped (``stop``, or SIGTERM when called on the main thread, which then gives in-flight
+        fetches ``grace`` seconds); then write what they said, release the claims not done, and return."""
+        self._grace = _seconds("grace", grace, allow_zero=True)
+        with self._lock:
+            if self._started:
+                raise RuntimeError("a Runner runs once")
+            self._started = True
+        restore = self._handle_sigterm()
+        writer = Writer(self.name, self._tally)
+        self._writer = writer
+        workers = [
+            threading.Thread(target=self._work, name=f"sift-worker {self.name} {i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
+        log.info("sift runner %s: started, %d workers", self.name, self.concurrency)
+        try:
+            writer.start()
+            keeper.start()
+            for worker in workers:
+                worker.start()
+            while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
+                pass
+            deadline = time.monotonic() + self._grace
+            for worker in workers:
+                worker.join(max(0.0, deadline - time.monotonic()))
+            if any(worker.is_alive() for worker in workers):
+                log.warning("sift runner %s: fetches still running after the grace; released", self.name)
+            writer.close(max(5.0, deadline - time.monotonic()))
+        finally:
+            self._stop.set()
+            self._finished.set()
+            keeper.join(self.renew_every + 5)
+            released = release_claims(self.name)
+            if restore is not None:
+                signal.signal(signal.SIGTERM, restore)
+            log.info("sift runner %s: stopped, %d claims released; %s", self.name, released, self.progress())
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop claiming; in-flight fetches get ``grace`` seconds (default: ``run``'s) to finish and be
+        written, then ``run`` releases the rest and returns. Returns at once; safe from any thread or a
+        signal handler."""
+        if grace is not None:
+            self._grace = _seconds("grace", grace, allow_zero=True)
+        self._stop.set()
+
+    def progress(self) -> Progress:
+        """The counts so far (see :class:`Progress`)."""
+        with self._lock:
+            return Progress(running=self._busy, **self._counts)
+
+    # -- the threads ----------------------------------------------------------------------------------------
+
+    def _handle_sigterm(self) -> Any:
+        """On the main thread, SIGTERM stops the runner; returns the handler to put back (None: none set)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGTERM, lambda signum, frame: self.stop())
+
+    def _tally(self, name: str, n: int) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                target = self._take()
+            except Exception:
+                log.exception("sift runner %s: claiming failed", self.name)
+                self._stop.wait(IDLE_WAIT)
+                continue
+            if target is None:
+                self._stop.wait(IDLE_WAIT / 4)
+                continue
+            try:
+                self._writer.put(self._outcome(target))
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def _take(self) -> BatchTarget | None:
+        """The next claimed target, counted busy: from what the last claim took, or a new claim of up to the
+        free workers' count (one claimer at a time); None when nothing was claimable a moment ago."""
+        with self._lock:
+            if self._ready:
+                self._busy += 1
+                return self._ready.popleft()
+        with self._claim_lock:
+            with self._lock:
+                if self._ready:
+                    self._busy += 1
+                    return self._ready.popleft()
+                if time.monotonic() < self._quiet_until or self._stop.is_set():
+                    return None
+                want = max(1, self.concurrency - self._busy)
+            claimed = claim_batch_targets(
+                want,
+                per_job=self.per_job,
+                per_host=self.per_host,
+                weights=self.weights,
+                fair=self.fair,
+                runner=self.name,
+            )
+            with self._lock:
+                self._counts["claimed"] += len(claimed)
+                if not claimed:
+                    self._quiet_until = time.monotonic() + IDLE_WAIT
+                    return None
+                self._ready.extend(claimed[1:])
+                self._busy += 1
+                return claimed[0]
+
+    def _outcome(self, target: BatchTarget) -> Outcome:
+        """What ``fetch`` says of ``target``, as the writer writes it."""
+        job_id, idx = str(target.job_id), int(target.idx)
+        try:
+            # a fetch given allow_private must accept it; others are called as users write them
+            result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
+        except Fail as fail:
+            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)
+        except Retry as retry:
+            if retry.host_wide:
+                return self._host_asked_to_wait(target, retry)
+            return self._retry(target, retry.error, retry.after)
+        except Exception as exc:
+            return self._retry(target, _text(exc), None)
+        if not isinstance(result, str):
+            return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
+        size = len(result.encode("utf-8", "surrogatepass"))
+        if size > validation.MAX_RESULT_BYTES:
+            error = f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
+            return Outcome(job_id, idx, "failed", error=error)
+        return Outcome(job_id, idx, "done", result=result)
+
+    def _host_asked_to_wait(self, target: BatchTarget, retry: Retry) -> Outcome:
+        """The site asked every request to wait (``Retry(host_wide=True)``, a 429 or 503 with
+        ``Retry-After``): no runner claims its targets before then (``back_off_host``, at most
+        ``MAX_BACK_OFF`` ahead), and this target is retried as any other."""
+        wait = self.backoff.delay(int(target.attempts)) if retry.after is None else retry.after
+        host = url_host(str(target.url))
+        if host and wait > 0:
+            try:
+                back_off_host(host, unix_time() + wait)
+            except BatchError:  # the target's own retry still waits; the other targets are only early
+                log.exception("sift runner %s: could not back off %s", self.name, host)
+        return self._retry(target, retry.error, wait)
+
+    def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
+        """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
+        with ``error`` at its last attempt."""
+        job_id, idx, attempts = str(target.job_id), int(target.idx), int(target.attempts)
+        error = _clip(error)
+        if attempts >= self.max_attempts:
+            return Outcome(job_id, idx, "failed", error=error)
+        wait = self.backoff.delay(attempts) if after is None else after
+        # rounded up: the target is claimed no earlier than ``wait`` seconds from now
+        not_before = math.ceil(unix_time() + wait) if wait > 0 else None
+        return Outcome(job_id, idx, "pending", error=error, not_before=not_before)
+
+    def _keep(self) -> None:
+        """The keeper: at once, then every ``renew_every`` seconds until the runner has stopped."""
+        while True:
+            try:
+                self._keep_once()
+            except Exception:
+                log.exception("sift runner %s: the keeper's round failed", self.name)
+            if self._finished.wait(self.renew_every):
+                return
+
+    def _keep_once(self) -> None:
+        renew_claims(self.name)
+        requeue_stale_claims(self.stale_after, max_attempts=self.max_attempts)
+        finish_complete_jobs()
+        if self.budget is not None:
+            evict_batch_oldest(self.budget)
+        if self.sweep_ttl is not None:
+            sweep_batch(self.sweep_ttl)
+
+
+def _seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+    ):
+        raise InvalidBatchInput(field, f"must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _text(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _clip(error: str) -> str:
+    """``error`` within the store's bound on messages (an exception's text may be longer)."""
+    data = error.encode("utf-8", "surrogatepass")
+    if len(data) <= validation.MAX_MESSAGE_BYTES:
+        return error
+    return data[: validation.MAX_MESSAGE_BYTES - 3].decode("utf-8", "ignore") + "..."

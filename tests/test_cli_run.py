@@ -1,0 +1,168 @@
+"""``sift run``: a runner process from the command line, on every backend, fetching from a real site on
+127.0.0.1; SIGTERM stops it with exit 0 and no claim held; bad options exit 1 naming them."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import shlex
+import signal
+import struct
+import subprocess
+import termios
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import run, sift_script
+from docs_pages import block
+from runner_site import serving
+
+from sift import dcache
+from sift.dcache import db
+
+TESTS = Path(__file__).parent
+WAIT = 60.0
+
+
+def wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def final(job_id: str) -> bool:
+    job = dcache.batch_job(job_id)
+    return job is not None and job.status in ("done", "partial", "failed")
+
+
+def start(store: str, *options: str) -> subprocess.Popen[str]:
+    argv = [str(sift_script()), "--db", store, "run", "--concurrency", "4", "--renew-every", "1", *options]
+    # from the tests' directory: --fetch imports runner_site from the current directory
+    return subprocess.Popen(argv, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    return err
+
+
+@pytest.mark.slow
+def test_sift_run_fetches_a_job_and_stops_on_sigterm(shared_store: str) -> None:
+    with serving() as site:
+        job_id = dcache.submit(
+            "alice", [f"{site.base}{p}" for p in ("/ok/0", "/missing/1", "/busy/2")], idem_key=""
+        )
+        proc = start(shared_store, "--fetch", "runner_site:fetch")
+        wait_for(lambda: final(job_id.job_id), "the job to finish")
+        err = stop(proc)
+        targets = dcache.batch_targets(job_id.job_id) or []
+        assert [(t.status, t.attempts) for t in targets] == [("done", 1), ("failed", 1), ("done", 2)]
+        busy = site.times["/busy/2"]
+        assert busy[1] - busy[0] >= 1.0
+        job = dcache.batch_job(job_id.job_id)
+        assert job is not None and (job.status, job.targets_done) == ("partial", 3)
+        count = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
+        assert count == 0
+        assert "stopped; 2 done, 1 failed, 1 retried" in err
+        assert dcache.check_store().ok
+
+
+@pytest.mark.slow
+def test_sift_run_allow_private_reaches_the_fetch(shared_store: str) -> None:
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0"], idem_key="").job_id
+        proc = start(shared_store, "--fetch", "runner_site:fetch_private", "--allow-private")
+        wait_for(lambda: final(job_id), "the job to finish")
+        stop(proc)
+        assert [t.status for t in dcache.batch_targets(job_id) or []] == ["done"]
+
+
+@pytest.mark.slow
+def test_the_guides_one_line_runs(shared_store: str) -> None:
+    line = block("sift-run").replace("sift.db", shared_store).replace("myapp:fetch", "runner_site:fetch")
+    argv = shlex.split(line)
+    assert argv[0] == "sift"
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0"], idem_key="").job_id
+        proc = subprocess.Popen(
+            [str(sift_script()), *argv[1:]],
+            cwd=TESTS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: final(job_id), "the job to finish")
+        stop(proc)
+        assert [t.result for t in dcache.batch_targets(job_id) or []] == [f"page /ok/0 by {proc.pid}"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--fetch", "nosuchmodule_xyz:fetch"], "--fetch: cannot import 'nosuchmodule_xyz'"),
+        (["--fetch", "runner_site"], "--fetch: expected MODULE:FUNCTION"),
+        (["--fetch", "runner_site:nothing"], "--fetch: 'runner_site' has no function 'nothing'"),
+        (["--fetch", "runner_site:fetch", "--weight", "fleet"], "--weight: expected CLASS=TURNS"),
+        (["--fetch", "runner_site:fetch", "--concurrency", "0"], "concurrency"),
+        (["--fetch", "runner_site:fetch", "--stale-after", "5", "--renew-every", "5"], "renew_every"),
+        (["--fetch", "runner_site:fetch", "--grace", "soon"], "--grace"),
+    ],
+)
+def test_sift_run_refuses_bad_options(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    message: str,
+) -> None:
+    path = tmp_path / "store.db"
+    dcache.open_db(path)
+    dcache.close_db()
+    monkeypatch.chdir(TESTS)
+    code, _, err = run(capsys, "--db", path, "run", *options)
+    assert code == 1
+    assert message in err
+
+
+@pytest.mark.slow
+def test_sift_run_on_a_terminal_shows_a_live_line(file_store: Path) -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    env = dict(os.environ, COLUMNS="120", LINES="24")
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0", f"{site.base}/busy/1"], idem_key="").job_id
+        argv = [str(sift_script()), "--db", str(file_store), "run", "--fetch", "runner_site:fetch"]
+        try:
+            proc = subprocess.Popen(argv, cwd=TESTS, stdout=subprocess.PIPE, stderr=slave, env=env, text=True)
+        finally:
+            os.close(slave)
+        chunks: list[bytes] = []
+
+        def read() -> None:
+            while True:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+                if not data:
+                    return
+                chunks.append(data)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: final(job_id), "the job to finish")
+        wait_for(lambda: b"retried=1" in b"".join(chunks), "the live line to show the retry")
+        stop(proc)
+        reader.join(WAIT)
+        os.close(master)
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "sift run" in shown and "target/s" in shown and "running=" in shown and "failed=0" in shown

@@ -1,0 +1,386 @@
+"""sift.runner.Runner against a real site on 127.0.0.1, on every backend: results, failures and retries
+written once each with the right attempts, group commit that drops only a lost claim, a graceful stop
+(SIGTERM to runner processes) that leaves no claim held, and a SIGKILLed runner's targets finished by
+another runner once its claims go stale."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docs_pages import block
+from helpers import make_job
+from runner_site import fetch, fetch_private, serving
+
+from sift import dcache
+from sift.dcache import db
+from sift.runner import Backoff, Retry, Runner
+from sift.runner.writer import Outcome, Writer
+
+SITE_SCRIPT = Path(__file__).with_name("runner_site.py")
+WAIT = 60.0  # generous: the machine is shared
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def running(runner: Runner) -> Iterator[Runner]:
+    """``runner.run()`` on a thread of its own; stopped (and joined) at the end."""
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.stop(grace=30)
+        thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+def submit(urls: list[str], caller: str = "alice") -> str:
+    return dcache.submit(caller, urls, idem_key="").job_id
+
+
+def job_final(job_id: str) -> bool:
+    job = dcache.batch_job(job_id)
+    return job is not None and job.status in ("done", "partial", "failed")
+
+
+def running_targets() -> int:
+    return int(db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0])
+
+
+def held_claims() -> int:
+    return int(
+        db.execute_sql(
+            "SELECT COUNT(*) FROM batch_target WHERE runner IS NOT NULL AND status IN ('pending', 'running')"
+        ).fetchone()[0]
+    )
+
+
+def test_a_job_of_every_answer_ends_with_the_right_statuses(store: Any) -> None:
+    with serving() as site:
+        paths = ["/ok/0", "/missing/1", "/busy/2", "/slow/3", "/ok/4", "/slow/5"]
+        job_id = submit([site.base + path for path in paths])
+        runner = Runner(fetch, name="r1", concurrency=4, renew_every=0.5, stale_after=30)
+        with running(runner):
+            wait_for(lambda: job_final(job_id), "the job to finish")
+        targets = dcache.batch_targets(job_id) or []
+        got = [(t.status, t.attempts, t.error, t.hint) for t in targets]
+        assert got == [
+            ("done", 1, None, None),
+            ("failed", 1, "HTTP 404", "the page is gone"),
+            ("done", 2, None, None),
+            ("done", 1, None, None),
+            ("done", 1, None, None),
+            ("done", 1, None, None),
+        ]
+        pid = os.getpid()
+        assert [t.result for t in targets] == [
+            f"page /ok/0 by {pid}",
+            None,
+            f"page /busy/2 by {pid}",
+            f"slow /slow/3 by {pid}",
+            f"page /ok/4 by {pid}",
+            f"slow /slow/5 by {pid}",
+        ]
+        busy = site.times["/busy/2"]
+        assert len(busy) == 2 and busy[1] - busy[0] >= 1.0  # Retry-After: 1, as the site recorded it
+        assert all(len(site.times[path]) == 1 for path in paths if path != "/busy/2")
+        job = dcache.batch_job(job_id)
+        assert job is not None
+        assert (job.status, job.targets_done, job.targets_total) == ("partial", 6, 6)
+        progress = runner.progress()
+        assert (progress.done, progress.failed, progress.retried, progress.lost, progress.running) == (
+            5,
+            1,
+            1,
+            0,
+            0,
+        )
+        assert held_claims() == 0
+        assert dcache.check_store().ok
+
+
+def test_retries_back_off_and_the_last_attempt_fails_with_its_error(store: Any) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def flaky(target: dcache.BatchTarget) -> str:
+        calls.append((int(target.idx), int(target.attempts)))
+        if target.idx == 0:
+            raise ConnectionResetError("the peer reset it")
+        if target.idx == 1 and target.attempts < 3:
+            raise Retry("try later")  # the backoff's wait
+        return "fine"
+
+    job_id = submit(["https://a.example/0", "https://a.example/1"])
+    runner = Runner(
+        flaky, concurrency=2, max_attempts=3, backoff=Backoff(first=0.01, jitter=0), renew_every=0.5
+    )
+    with running(runner):
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.attempts, t.error, t.result) for t in targets] == [
+        ("failed", 3, "ConnectionResetError: the peer reset it", None),
+        ("done", 3, None, "fine"),
+    ]
+    assert sorted(calls) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    job = dcache.batch_job(job_id)
+    assert job is not None and (job.status, job.targets_done) == ("partial", 2)
+    assert dcache.check_store().ok
+
+
+def test_a_host_wide_retry_waits_its_after(store: Any) -> None:
+    seen: list[float] = []
+
+    def asked_to_wait(target: dcache.BatchTarget) -> str:
+        seen.append(time.time())
+        if target.attempts == 1:
+            raise Retry("429", after=1, host_wide=True)
+        return "ok"
+
+    job_id = submit(["https://a.example/0"])
+    with running(Runner(asked_to_wait, concurrency=1, renew_every=0.5)):
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    assert len(seen) == 2 and seen[1] - seen[0] >= 1.0
+
+
+def test_allow_private_is_passed_to_fetch(store: Any) -> None:
+    with serving() as site:
+        job_id = submit([site.base + "/ok/0"])
+        with running(Runner(fetch_private, concurrency=1, allow_private=True, renew_every=0.5)):
+            wait_for(lambda: job_final(job_id), "the job to finish")
+        targets = dcache.batch_targets(job_id) or []
+        assert [t.status for t in targets] == ["done"]
+        other = submit([site.base + "/ok/1"])
+        with running(Runner(fetch_private, concurrency=1, renew_every=0.5)):
+            wait_for(lambda: job_final(other), "the job to finish")
+        assert [t.error for t in dcache.batch_targets(other) or []] == ["private addresses are not allowed"]
+
+
+def test_what_fetch_returns_besides_text_fails_the_target(store: Any) -> None:
+    job_id = submit(["https://a.example/0", "https://a.example/1"])
+
+    def odd(target: dcache.BatchTarget) -> Any:
+        return b"bytes" if target.idx == 0 else "x" * (dcache.MAX_RESULT_BYTES + 1)
+
+    with running(Runner(odd, concurrency=2, renew_every=0.5)):
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    errors = [t.error or "" for t in dcache.batch_targets(job_id) or []]
+    assert errors[0] == "fetch returned bytes, not text"
+    assert errors[1].startswith(f"the result is {dcache.MAX_RESULT_BYTES + 1} bytes")
+
+
+def test_the_writer_drops_only_a_lost_claim_from_a_group(store: Any) -> None:
+    dcache.create_batch_job(
+        make_job("a", targets_total=3),
+        [dcache.BatchTarget(idx=i, url=f"https://x/{i}", options="{}") for i in range(3)],
+    )
+    dcache.claim_batch_targets(3, runner="r1", now=1_000)
+    dcache.requeue_stale_claims(10, now=2_000)  # r1's claims went stale
+    assert [t.idx for t in dcache.claim_batch_targets(1, runner="r2", now=2_001)] == [0]
+    assert [t.idx for t in dcache.claim_batch_targets(2, runner="r1", now=2_002)] == [1, 2]
+    tally: dict[str, int] = {}
+    writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+    writer.write([Outcome("a", i, "done", result=f"result {i}") for i in range(3)])
+    targets = dcache.batch_targets("a") or []
+    assert [(t.status, t.runner, t.result) for t in targets] == [
+        ("running", "r2", None),  # r2's: r1's late write dropped
+        ("done", "r1", "result 1"),
+        ("done", "r1", "result 2"),
+    ]
+    assert tally == {"lost": 1, "done": 2}
+    job = dcache.batch_job("a")
+    assert job is not None and job.targets_done == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "arguments"),
+    [
+        ("fetch", {"fetch": "not callable"}),
+        ("concurrency", {"concurrency": 0}),
+        ("name", {"name": ""}),
+        ("per_host", {"per_host": 0}),
+        ("weights", {"weights": {"fleet": 0}}),
+        ("stale_after", {"stale_after": -1}),
+        ("renew_every", {"renew_every": 60, "stale_after": 60}),
+        ("max_attempts", {"max_attempts": 0}),
+        ("backoff", {"backoff": 5}),
+        ("budget", {"budget": -1}),
+        ("sweep_ttl", {"sweep_ttl": float("nan")}),
+        ("allow_private", {"allow_private": "yes"}),
+        ("fair", {"fair": 1}),
+    ],
+)
+def test_a_runner_refuses_bad_options_naming_them(field: str, arguments: dict[str, Any]) -> None:
+    call: dict[str, Any] = {"fetch": fetch, **arguments}
+    with pytest.raises(dcache.InvalidBatchInput) as refused:
+        Runner(call.pop("fetch"), **call)
+    assert refused.value.field == field
+
+
+# -- Runner processes ------------------------------------------------------------------------------------
+
+
+def start_runner(
+    store: str, name: str, *, stale_after: float = 30, grace: float = 30
+) -> subprocess.Popen[str]:
+    paths = [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
+    return subprocess.Popen(
+        [sys.executable, str(SITE_SCRIPT), store, name, "4", str(stale_after), "0.5", str(grace)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_runner_processes_stopped_by_sigterm_exit_0_holding_no_claim(shared_store: str) -> None:
+    with serving() as site:
+        job_id = submit([f"{site.base}/slow/{i}" for i in range(80)])
+        procs = [start_runner(shared_store, f"p{i}") for i in range(2)]
+        wait_for(lambda: site.asked("/slow/") >= 8, "both runners to be fetching")
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            _, err = proc.communicate(timeout=WAIT)
+            assert proc.returncode == 0, err
+        assert running_targets() == 0 and held_claims() == 0
+        job = dcache.batch_job(job_id)
+        assert job is not None and job.status == "running" and 0 < job.targets_done < 80
+        # every fetch that ran was written (the grace let the in-flight ones finish): none asked twice yet
+        written = {t.url for t in dcache.batch_targets(job_id) or [] if t.status == "done"}
+        assert written == {site.base + path for path in site.times}
+        with running(Runner(fetch, name="after", concurrency=8, renew_every=0.5)):
+            wait_for(lambda: job_final(job_id), "the job to finish")
+        targets = dcache.batch_targets(job_id) or []
+        assert [t.status for t in targets] == ["done"] * 80
+        assert all(len(times) == 1 for times in site.times.values()) and len(site.times) == 80
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("done", 80)
+        assert dcache.check_store().ok
+
+
+@pytest.mark.slow
+def test_a_sigkilled_runners_targets_are_finished_by_another_after_stale_after(shared_store: str) -> None:
+    with serving() as site:
+        job_id = submit([f"{site.base}/hang/{i}" for i in range(6)])
+        killed = start_runner(shared_store, "killed", stale_after=2)
+        wait_for(lambda: site.asked("/hang/") >= 4, "the runner to hold four fetches")
+        killed.kill()
+        killed.communicate(timeout=WAIT)
+        assert killed.returncode == -signal.SIGKILL
+        held = {t.idx for t in dcache.batch_targets(job_id) or [] if t.runner == "killed"}
+        assert len(held) >= 4
+        site.release.set()
+        survivor = Runner(fetch, name="survivor", concurrency=4, stale_after=2, renew_every=0.5)
+        with running(survivor):
+            wait_for(lambda: job_final(job_id), "the survivor to finish the job")
+        targets = dcache.batch_targets(job_id) or []
+        pid = os.getpid()
+        assert [(t.status, t.runner, t.result) for t in targets] == [
+            ("done", "survivor", f"hung /hang/{t.idx} by {pid}") for t in targets
+        ]
+        assert [t.attempts for t in targets] == [2 if t.idx in held else 1 for t in targets]
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("done", 6)
+        assert dcache.check_store().ok
+
+
+@pytest.mark.slow
+def test_the_docs_runner_runs_until_sigterm(tmp_path: Path) -> None:
+    """The README's and the guide's five lines, as a script of their own: they finish a job, then exit 0 on
+    SIGTERM."""
+    (tmp_path / "app.py").write_text(block("runner"))
+    dcache.open_db(tmp_path / "sift.db")
+    try:
+        with serving() as site:
+            job_id = submit([f"{site.base}/ok/0", f"{site.base}/slow/1"])
+            proc = subprocess.Popen(
+                [sys.executable, "app.py"],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            wait_for(lambda: job_final(job_id), "the job to finish")
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=WAIT)
+            assert proc.returncode == 0, err
+            assert [t.result for t in dcache.batch_targets(job_id) or []] == ["page /ok/0", "slow /slow/1"]
+            assert held_claims() == 0
+    finally:
+        dcache.close_db()
+
+
+def test_the_writer_writes_again_a_round_the_store_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process holds the file's write lock past the busy timeout: the round fails, and is written
+    once the lock is gone, each target once, its job finished."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        job_id = submit(["https://a.example/0", "https://a.example/1"])
+        assert len(dcache.claim_batch_targets(2, runner="w")) == 2
+        tally: dict[str, int] = {}
+        writer = Writer("w", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        writer.start()
+        with caplog.at_level(logging.ERROR, logger="sift.runner"):
+            writer.put(Outcome(job_id, 0, "done", result="zero"))
+            writer.put(Outcome(job_id, 1, "failed", error="gone"))
+            wait_for(lambda: "outcomes failed" in caplog.text, "the refused round")
+        holder.execute("ROLLBACK")
+        holder.close()
+        wait_for(lambda: job_final(job_id), "the round written again")
+        assert writer.close(WAIT)
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.result, t.error) for t in targets] == [
+            ("done", "zero", None),
+            ("failed", None, "gone"),
+        ]
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("partial", 2)
+        assert tally == {"done": 1, "failed": 1}
+    finally:
+        dcache.close_db()
+
+
+def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(store: Any) -> None:
+    job_id = submit(["https://a.example/0"])
+    previous = signal.getsignal(signal.SIGTERM)
+    runner = Runner(lambda target: "fetched", concurrency=1, renew_every=0.5)
+
+    def terminate() -> None:  # once the job is done, and only once run() handles SIGTERM
+        wait_for(lambda: job_final(job_id) and signal.getsignal(signal.SIGTERM) is not previous, "run()")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate, daemon=True)
+    sender.start()
+    runner.run(grace=5)  # on pytest's main thread: returns once the SIGTERM stopped it
+    sender.join(WAIT)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert [t.result for t in dcache.batch_targets(job_id) or []] == ["fetched"]
+    assert held_claims() == 0
