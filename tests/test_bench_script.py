@@ -80,7 +80,12 @@ CASES = {
     *(f"web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
-PEERS_CASES = {f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")}
+PEERS_CASES = {
+    *(f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")),
+    # a batch through the shipped Runner against huey's, and its results' time to be readable elsewhere
+    *(f"peers/runner/{s}/{side}" for s in ("normal", "full") for side in ("huey", "runner")),
+    "peers/runner/visible_after_fetch",
+}
 
 
 #: The instructions group's cases in a quick run, there when valgrind is installed.
@@ -210,7 +215,8 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # against one of a small job, the dashboard's jobs page.
     sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
-    peers_goals, peers_info = (4, 2) if with_huey() else (0, 0)
+    # and a batch through a Runner against huey at both settings, and the runner's results' visibility
+    peers_goals, peers_info = (7, 2) if with_huey() else (0, 0)
     # with valgrind: the runner step's instructions against its statements', and against the seed's (reported)
     counted_goals, counted_info = (2, 1) if with_valgrind() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,

@@ -75,6 +75,8 @@ class Sizes:
     instruction_steps: int  # calls counted by callgrind in each side's long run
     instruction_paths: bool  # count the claim, the write of ten, the no-op sweep and eviction too
     web_jobs: int  # jobs in the store the dashboard's pages read
+    runner_targets: int  # targets of the batch a Runner stores against huey
+    runner_rounds: int  # rounds of that comparison at each setting
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -135,6 +137,8 @@ FULL = Sizes(
     instruction_steps=200,
     instruction_paths=True,
     web_jobs=100_000,
+    runner_targets=1_000,
+    runner_rounds=5,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -195,6 +199,8 @@ QUICK = Sizes(
     instruction_steps=10,
     instruction_paths=False,
     web_jobs=2_000,
+    runner_targets=100,
+    runner_rounds=1,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,

@@ -127,6 +127,9 @@ def bench_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
                 GOALS.get((name, side)),
                 "x",
             )
+    from .runner import bench_runner_peers  # the runner's batch against huey's: huey is installed here
+
+    bench_runner_peers(tmp, sizes, report)
 
 
 #: The original schema on PostgreSQL, as the plain psycopg side runs it: its two tables and two indexes.
