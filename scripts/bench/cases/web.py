@@ -49,7 +49,7 @@ def run_web(target: str, sizes: Sizes, report: Report, store: StoreUnderTest) ->
     finally:
         dcache.close_db()
     cases = {
-        path: report.case(f"{store.prefix}web{path}", sizes.web_jobs, got) for path, got in samples.items()
+        name: report.case(f"{store.prefix}web/{name}", sizes.web_jobs, got) for name, got in samples.items()
     }
     report.goal(
         f"{store.goal_prefix}the dashboard's jobs page on {sizes.web_jobs:,} jobs: server time",
