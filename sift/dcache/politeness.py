@@ -40,6 +40,7 @@ __all__ = [
     "paused_callers",
     "paused_jobs",
     "policy_host",
+    "release_host",
     "resume_batch_job",
     "resume_caller",
     "set_host_policy",
@@ -183,6 +184,23 @@ def back_off_host(host: str, until: float, *, now: float | None = None) -> float
         _BACK_OFF.run(host=host, until=until_ms)
         end = int(_BACKED_OFF_UNTIL.scalar(host=host))
     return end / 1000
+
+
+_RELEASE = Statement(
+    lambda: P.update({P.backed_off_until_ms: 0}).where(
+        (P.host == Slot("host")) & (P.backed_off_until_ms > Slot("now_ms"))
+    )
+)
+
+
+@retried
+def release_host(host: str, *, now: float | None = None) -> bool:
+    """Claims take ``host``'s targets again at once: its back-off ends. True if one was in force at ``now``
+    (unix seconds)."""
+    host = policy_host(host, default=False)
+    now_ms = _now_ms(now)
+    with db.write():
+        return _RELEASE.run(host=host, now_ms=now_ms) == 1
 
 
 def _now_ms(now: Any) -> int:

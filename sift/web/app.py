@@ -180,12 +180,12 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
     @app.get("/callers")
     def callers() -> Any:
         rows, rest = queries.callers()
-        return page("callers", rows=rows, rest=rest, paused=queries.caller_pause_state)
+        return page("callers", rows=rows, rest=rest)
 
     @app.get("/hosts")
     def hosts() -> Any:
         rows, rest = queries.hosts()
-        return page("hosts", rows=rows, rest=rest, policy=queries.host_policy_state)
+        return page("hosts", rows=rows, rest=rest, default=queries.default_policy())
 
     @app.get("/runners")
     def runners() -> Any:
@@ -224,7 +224,7 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
             flask.abort(404)
         subject = form.get("subject", "")
         try:
-            result = action.call(ActionContext(subject, settings.stale_after))
+            result = action.call(ActionContext(subject, settings.stale_after, form.get("value", "")))
         except JobNotFound:
             flask.abort(404)
         except BatchError as exc:

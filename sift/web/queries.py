@@ -13,7 +13,7 @@ from typing import Any
 import peewee
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, JobStatus, TargetStatus, validation
+from sift.dcache import BatchJob, BatchTarget, HostPolicy, JobStatus, TargetStatus, politeness, validation
 from sift.dcache.models import LIVE_JOB_STATUSES
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "RunnerRow",
     "TargetRow",
     "caller_pause_state",
+    "default_policy",
     "host_policy_state",
     "job_pause_state",
     "jobs_page",
@@ -100,15 +101,22 @@ class TargetRow:
 
 @dataclasses.dataclass(frozen=True)
 class CallerRow:
+    """A caller's pending and running targets in live jobs, and when it was paused (None: it is not)."""
+
     caller: str
     pending: int
     running: int
+    paused_at: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class HostRow:
+    """A host's running targets, and its row of policy (None: it has none, and the default applies)."""
+
     host: str
     running: int
+    policy: HostPolicy | None = None
+    backed_off: bool = False
 
 
 def _by_status() -> list[tuple[str, int, int]]:
@@ -213,38 +221,122 @@ def targets_query(job_id: str, *, after: int, limit: int) -> Any:
 
 
 def callers() -> tuple[list[CallerRow], CallerRow | None]:
-    """Callers with the most pending and running targets first (``store_load``), the rest in one row."""
+    """Callers with the most pending and running targets first (``store_load``), each with its pause, then
+    the paused callers with neither (up to ``LIST_CAP``); the rest of the busy ones in one row."""
     load = dcache.store_load(callers=LIST_CAP, hosts=1)
-    rows = [CallerRow(c.caller, c.pending, c.running) for c in load.callers]
+    names = [c.caller for c in load.callers]
+    paused = caller_pause_state(names)
+    rows = [CallerRow(c.caller, c.pending, c.running, paused.get(c.caller)) for c in load.callers]
+    shown = set(names)
+    rows += [
+        CallerRow(name, 0, 0, at) for name, at in _paused_callers(LIST_CAP + len(names)) if name not in shown
+    ]
     rest = load.other_callers
     return rows, CallerRow(rest.caller, rest.pending, rest.running) if load.more_callers else None
 
 
-def hosts() -> tuple[list[HostRow], HostRow | None]:
-    """Hosts with the most running targets first (``store_load``), the rest in one row."""
+def hosts(*, now: float | None = None) -> tuple[list[HostRow], HostRow | None]:
+    """Hosts with the most running targets first (``store_load``), each with its row of policy, then the
+    hosts with a setting of their own or a back-off in force at ``now`` (up to ``LIST_CAP``, by name); the
+    rest of the busy ones in one row."""
+    now = dcache.unix_now_ms() / 1000 if now is None else now
     load = dcache.store_load(callers=1, hosts=LIST_CAP)
-    rows = [HostRow(h.host, h.running) for h in load.hosts]
+    names = [h.host for h in load.hosts]
+    policies = host_policy_state(names)
+    rows = [_host_row(h.host, h.running, policies.get(h.host), now) for h in load.hosts]
+    shown = set(names)
+    rows += [
+        _host_row(p.host, 0, p, now) for p in _held_hosts(now, LIST_CAP + len(names)) if p.host not in shown
+    ]
     rest = load.other_hosts
     return rows, HostRow(rest.host, rest.running) if load.more_hosts else None
+
+
+def _host_row(host: str, running: int, policy: HostPolicy | None, now: float) -> HostRow:
+    until = policy.backed_off_until if policy else None
+    return HostRow(host, running, policy, until is not None and until > now)
+
+
+def default_policy() -> HostPolicy | None:
+    """The default policy (host ``*``), if one was set: one row read by its key."""
+    return host_policy_state([politeness.DEFAULT_HOST]).get(politeness.DEFAULT_HOST)
 
 
 def is_live(job: BatchJob) -> bool:
     return job.status in LIVE_JOB_STATUSES
 
 
-# -- Places for what the store cannot say yet: each page shows a column only when its function answers. --
+# -- Pause and policy: the rows a page shows, read by their keys; tables before politeness read as empty. --
+
+PJ = politeness.PAUSED_JOBS
+PC = politeness.PAUSED_CALLERS
+HP = politeness.HOST_POLICY
 
 
-def job_pause_state(job: BatchJob) -> str | None:
-    """Whether ``job`` is paused, once the store can pause jobs; None shows no pause column."""
-    return None
+def job_pause_state(job: BatchJob) -> int | None:
+    """When ``job`` was paused (unix seconds), or None: it is not, or it is finished (nothing to pause)."""
+    if not dcache.db.backend.politeness_stored or not is_live(job):
+        return None
+    query: Any = PJ.select(PJ.paused_at).where(PJ.job_id == job.id).tuples()
+    found = list(query)
+    return int(found[0][0]) if found else None
 
 
-def caller_pause_state(caller: str) -> str | None:
-    """Whether ``caller`` is paused (and its weight), once the store can pause callers; None shows none."""
-    return None
+def caller_pause_state(callers: list[str]) -> dict[str, int]:
+    """When each of ``callers`` that is paused was paused (unix seconds): one read of their keys."""
+    if not dcache.db.backend.politeness_stored or not callers:
+        return {}
+    query: Any = PC.select(PC.caller, PC.paused_at).where(PC.caller.in_(callers)).tuples()
+    return {caller: int(at) for caller, at in query}
 
 
-def host_policy_state(host: str) -> str | None:
-    """``host``'s policy, next due time and back-off, once the store keeps them; None shows no column."""
-    return None
+def _paused_callers(limit: int) -> list[tuple[str, int]]:
+    if not dcache.db.backend.politeness_stored:
+        return []
+    query: Any = PC.select(PC.caller, PC.paused_at).order_by(PC.caller).limit(limit).tuples()
+    return [(caller, int(at)) for caller, at in query]
+
+
+_POLICY_COLUMNS = (HP.host, HP.max_running, HP.min_interval_ms, HP.next_due_ms, HP.backed_off_until_ms)
+
+
+def _policy(row: Any) -> HostPolicy:
+    host, limit, interval, due, until = row
+    return HostPolicy(
+        host=host,
+        max_running=None if limit is None else int(limit),
+        min_interval=None if interval is None else interval / 1000,
+        next_due=due / 1000 if due else None,
+        backed_off_until=until / 1000 if until else None,
+    )
+
+
+def host_policy_state(hosts: list[str]) -> dict[str, HostPolicy]:
+    """The row of policy of each of ``hosts`` that has one: one read of their keys."""
+    if not dcache.db.backend.politeness_stored or not hosts:
+        return {}
+    query: Any = HP.select(*_POLICY_COLUMNS).where(HP.host.in_(hosts)).tuples()
+    return {row[0]: _policy(row) for row in query}
+
+
+def _held_hosts(now: float, limit: int) -> list[HostPolicy]:
+    """Hosts with a setting of their own or a back-off in force, by name, at most ``limit``: the policy
+    table in its key's order, stopped by the LIMIT (paced hosts without a setting keep only a due time)."""
+    if not dcache.db.backend.politeness_stored:
+        return []
+    now_ms = round(now * 1000)
+    query: Any = (
+        HP.select(*_POLICY_COLUMNS)
+        .where(
+            (HP.host != politeness.DEFAULT_HOST)
+            & (
+                HP.max_running.is_null(False)
+                | HP.min_interval_ms.is_null(False)
+                | (HP.backed_off_until_ms > now_ms)
+            )
+        )
+        .order_by(HP.host)
+        .limit(limit)
+        .tuples()
+    )
+    return [_policy(row) for row in query]

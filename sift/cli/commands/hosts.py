@@ -1,6 +1,7 @@
 """``sift hosts``: the busiest hosts (running targets) with their policy, next due time and back-off, then
 every other host with a policy; reads only. ``--set HOST`` sets that host's policy (``*``: the default)
-with ``set_host_policy``: the options given, and a setting left out cleared."""
+with ``set_host_policy``: the options given, and a setting left out cleared. ``--release HOST`` ends its
+back-off (``release_host``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set", metavar="HOST", help="set this host's policy ('*': the default for the rest)"
     )
+    parser.add_argument("--release", metavar="HOST", help="end this host's back-off now")
     parser.add_argument(
         "--max-running",
         metavar="N",
@@ -47,14 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def reads_only(args: argparse.Namespace) -> bool:
-    """Only ``--set`` writes."""
-    return args.set is None
+    """Only ``--set`` and ``--release`` write."""
+    return args.set is None and args.release is None
 
 
 def run(args: argparse.Namespace) -> int:
     """Set a policy (``--set``), or list the hosts."""
     if args.set is None and (args.max_running is not None or args.min_interval is not None):
         raise dcache.InvalidBatchInput("--set", "--max-running and --min-interval need --set HOST")
+    if args.release is not None:
+        return _release(args)
     if args.set is not None:
         policy = dcache.set_host_policy(
             args.set, max_running=args.max_running, min_interval=args.min_interval
@@ -89,6 +93,20 @@ def run(args: argparse.Namespace) -> int:
         for row in rows
     ]
     print("\n".join(table(shown, columns)))
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    """End the host's back-off; say whether one was in force (exit 0 either way)."""
+    if args.set is not None:
+        raise dcache.InvalidBatchInput("--release", "--release and --set are one host's each; give one")
+    changed = dcache.release_host(args.release)
+    if args.json:
+        emit_json({"host": args.release, "action": "release", "changed": changed})
+    elif changed:
+        print(f"{args.release}: back-off released")
+    else:
+        print(f"{args.release} was not backed off; left unchanged")
     return 0
 
 
@@ -142,7 +160,8 @@ COMMAND = Command(
     name="hosts",
     help="The busiest hosts (running targets) with their policy, next due time and back-off, then the "
     "other hosts with a policy; --set HOST [--max-running N] [--min-interval SECONDS] sets one "
-    "(set_host_policy; '*' the default, an option left out cleared).",
+    "(set_host_policy; '*' the default, an option left out cleared); --release HOST ends its back-off "
+    "(release_host).",
     run=run,
     add_arguments=add_arguments,
     readonly=reads_only,

@@ -17,6 +17,9 @@
         return response.text();
       })
       .then(function (text) {
+        var typing = document.activeElement;
+        // Never replace a field while the operator types into it (a back-off's seconds, say).
+        if (typing && typing.tagName === "INPUT" && live.contains(typing)) { return; }
         if (text !== null && text !== shown) {
           shown = text;
           live.innerHTML = text;  // the server's escaped HTML, as the page itself shows it
@@ -34,8 +37,10 @@
     if (!(form instanceof HTMLFormElement) || !form.classList.contains("action")) { return; }
     event.preventDefault();
     var notice = document.getElementById("notice");
+    var body = new URLSearchParams(new FormData(form));
+    if (document.activeElement && live.contains(document.activeElement)) { document.activeElement.blur(); }
     fetch(form.action, {
-      method: "POST", body: new URLSearchParams(new FormData(form)), credentials: "same-origin",
+      method: "POST", body: body, credentials: "same-origin",
       headers: { "X-Sift-Fetch": "1" }
     }).then(function (response) {
       if (notice) { notice.textContent = response.ok ? "" : "Refused (" + response.status + ")."; }
