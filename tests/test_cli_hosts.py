@@ -70,6 +70,9 @@ def test_hosts_set_stores_a_policy_under_the_site_name(
         (["hosts", "--set", "https://a.example/x", "--max-running", "1"], "sift: host: must be a host name"),
         (["hosts", "--set", "a.example", "--min-interval", "-1"], "sift: min_interval: must be seconds"),
         (["hosts", "--max-running", "1"], "sift: --set: --max-running and --min-interval need --set HOST"),
+        (["hosts", "--release", "a.example", "--set", "b.example"], "sift: --release: --release and --set"),
+        (["hosts", "--release", "*"], "sift: host: "),
+        (["hosts", "--release", "https://a.example/"], "sift: host: must be a host name"),
         (["pause", "--job", "nope"], "sift: job_id: no job 'nope'"),
         (["resume", "--caller", ""], "sift: caller: must not be empty"),
     ],
@@ -85,6 +88,28 @@ def test_bad_input_exits_1_naming_the_field_and_changes_nothing(
     assert (code, out) == (1, "") and err.startswith(message), err
     dcache.open_db(shared_store)
     assert snapshot() == before
+
+
+def test_hosts_release_ends_a_back_off(shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    hosted_job("j", "alice", ["https://a.example/1"])
+    dcache.back_off_host("a.example", dcache.unix_now() + 600)
+    db = shared_store
+    assert run(capsys, "--db", db, "hosts", "--release", "A.Example") == (
+        0,
+        "A.Example: back-off released\n",
+        "",
+    )
+    assert run(capsys, "--db", db, "hosts", "--release", "a.example") == (
+        0,
+        "a.example was not backed off; left unchanged\n",
+        "",
+    )
+    code, out, err = run(capsys, "--db", db, "hosts", "--release", "a.example", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"host": "a.example", "action": "release", "changed": False}
+    dcache.open_db(db)
+    assert dcache.backed_off_hosts() == []
+    assert [t.url for t in dcache.claim_batch_targets(10, runner="r")] == ["https://a.example/1"]
 
 
 def test_pause_and_resume_a_job_and_a_caller(shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
-"""Host policies and back-off: what ``set_host_policy``, ``host_policies`` and ``back_off_host`` store, one
-transaction each; how claims follow them is below."""
+"""Host policies and back-off: what ``set_host_policy``, ``host_policies``, ``back_off_host`` and
+``release_host`` store, one transaction each; how claims follow them is below."""
 
 from __future__ import annotations
 
@@ -60,6 +60,23 @@ def test_a_back_off_never_shortens_and_is_capped(store: Any) -> None:
     assert dcache.host_policies()[0].backed_off_until == 1_000 + MAX_BACK_OFF
 
 
+def test_release_ends_a_back_off_in_force_and_keeps_the_policy(store: Any) -> None:
+    dcache.set_host_policy("a.com", max_running=2, min_interval=1)
+    dcache.back_off_host("a.com", 1_030, now=1_000)
+    dcache.back_off_host("b.com", 1_010, now=1_000)
+    assert dcache.backed_off_hosts(now=1_005) == ["a.com", "b.com"]
+    assert dcache.release_host("A.COM.", now=1_005) is True  # the site's name, as claims count it
+    assert dcache.backed_off_hosts(now=1_005) == ["b.com"]
+    assert dcache.host_policies()[0] == HostPolicy("a.com", 2, 1.0, None, None)
+    assert dcache.release_host("a.com", now=1_005) is False  # none in force any more
+    before = snapshot()
+    assert dcache.release_host("b.com", now=1_020) is False  # it had ended: nothing to release
+    assert dcache.release_host("never.com", now=1_005) is False  # no row, and none made
+    assert snapshot() == before
+    dcache.back_off_host("a.com", 1_050, now=1_005)  # a new back-off after a release holds again
+    assert dcache.backed_off_hosts(now=1_011) == ["a.com"]
+
+
 @pytest.mark.parametrize(
     ("call", "field"),
     [
@@ -77,6 +94,11 @@ def test_a_back_off_never_shortens_and_is_capped(store: Any) -> None:
         (lambda: dcache.back_off_host("a.com", float("inf"), now=1_000), "until"),
         (lambda: dcache.back_off_host("a.com", "2000", now=1_000), "until"),  # type: ignore[arg-type]
         (lambda: dcache.back_off_host("a.com", 2_000, now=-1), "now"),
+        (lambda: dcache.release_host("*"), "host"),
+        (lambda: dcache.release_host("https://a.com/x"), "host"),
+        (lambda: dcache.release_host(""), "host"),
+        (lambda: dcache.release_host(None), "host"),  # type: ignore[arg-type]
+        (lambda: dcache.release_host("a.com", now=float("nan")), "now"),
     ],
 )
 def test_bad_input_names_its_field_and_changes_nothing(store: Any, call: Any, field: str) -> None:
@@ -226,6 +248,14 @@ def test_a_backed_off_host_waits_while_the_others_keep_their_fair_order(
         ("alice/j", "a.com"),
         ("bob/j", "a.com"),
     ] * 3
+
+
+def test_a_released_host_is_claimed_at_once(store: Any, sift_clock: SiftClock) -> None:
+    add_hosted_job("alice", "j", ["https://a.com/0", "https://b.com/0"])
+    dcache.back_off_host("a.com", sift_clock.time() + 600)
+    assert hosts_of(dcache.claim_batch_targets(10, runner="r")) == ["b.com"]
+    assert dcache.release_host("a.com") is True
+    assert hosts_of(dcache.claim_batch_targets(10, runner="r")) == ["a.com"]
 
 
 def test_a_back_off_holds_a_host_in_every_job_and_for_every_runner(store: Any, sift_clock: SiftClock) -> None:
