@@ -24,8 +24,11 @@ __all__ = [
     "Overview",
     "RunnerRow",
     "TargetRow",
+    "caller_pause_query",
     "caller_pause_state",
     "default_policy",
+    "held_hosts_query",
+    "host_policy_query",
     "host_policy_state",
     "job_pause_state",
     "jobs_page",
@@ -286,8 +289,12 @@ def caller_pause_state(callers: list[str]) -> dict[str, int]:
     """When each of ``callers`` that is paused was paused (unix seconds): one read of their keys."""
     if not dcache.db.backend.politeness_stored or not callers:
         return {}
-    query: Any = PC.select(PC.caller, PC.paused_at).where(PC.caller.in_(callers)).tuples()
-    return {caller: int(at) for caller, at in query}
+    return {caller: int(at) for caller, at in caller_pause_query(callers)}
+
+
+def caller_pause_query(callers: list[str]) -> Any:
+    """The paused callers among ``callers``: a lookup of each by the table's key."""
+    return PC.select(PC.caller, PC.paused_at).where(PC.caller.in_(callers)).tuples()
 
 
 def _paused_callers(limit: int) -> list[tuple[str, int]]:
@@ -315,8 +322,12 @@ def host_policy_state(hosts: list[str]) -> dict[str, HostPolicy]:
     """The row of policy of each of ``hosts`` that has one: one read of their keys."""
     if not dcache.db.backend.politeness_stored or not hosts:
         return {}
-    query: Any = HP.select(*_POLICY_COLUMNS).where(HP.host.in_(hosts)).tuples()
-    return {row[0]: _policy(row) for row in query}
+    return {row[0]: _policy(row) for row in host_policy_query(hosts)}
+
+
+def host_policy_query(hosts: list[str]) -> Any:
+    """The rows of policy of ``hosts``: a lookup of each by the table's key."""
+    return HP.select(*_POLICY_COLUMNS).where(HP.host.in_(hosts)).tuples()
 
 
 def _held_hosts(now: float, limit: int) -> list[HostPolicy]:
@@ -324,8 +335,12 @@ def _held_hosts(now: float, limit: int) -> list[HostPolicy]:
     table in its key's order, stopped by the LIMIT (paced hosts without a setting keep only a due time)."""
     if not dcache.db.backend.politeness_stored:
         return []
-    now_ms = round(now * 1000)
-    query: Any = (
+    return [_policy(row) for row in held_hosts_query(round(now * 1000), limit)]
+
+
+def held_hosts_query(now_ms: int, limit: int) -> Any:
+    """Hosts with a setting or a back-off in force at ``now_ms``: the key's order, stopped by the LIMIT."""
+    return (
         HP.select(*_POLICY_COLUMNS)
         .where(
             (HP.host != politeness.DEFAULT_HOST)
@@ -339,4 +354,3 @@ def _held_hosts(now: float, limit: int) -> list[HostPolicy]:
         .limit(limit)
         .tuples()
     )
-    return [_policy(row) for row in query]
