@@ -115,6 +115,30 @@ def test_cancel_on_the_job_page_cancels_and_shows_it_without_a_reload(
     assert found is not None and found.status == JobStatus.CANCELLED
 
 
+def test_pausing_a_caller_on_the_callers_page_stops_its_claims_and_resume_brings_them_back(
+    shared_store: str, tmp_path: Path, page: Any
+) -> None:
+    dcache.submit("alice", ["https://a.example/1", "https://a.example/2"])
+    dcache.submit("bob", ["https://b.example/1", "https://b.example/2"])
+    with sift_web(shared_store, "--token-file", token_file(tmp_path)) as (base, _):
+        log_in(page, base)
+        page.goto(f"{base}/callers")
+        alice = page.locator('tr[data-caller="alice"]')
+        expect(alice.locator("td.paused")).to_have_text("no")
+        page.evaluate("window.siftMarker = 'same page'")
+        alice.locator("button[data-action=pause_caller]").click()
+        expect(alice.locator("td.paused")).to_contain_text("since", timeout=SHOWN_MS)
+        assert dcache.paused_callers() == ["alice"]
+        claimed = dcache.claim_batch_targets(10, runner="r")
+        assert {t.url for t in claimed} == {"https://b.example/1", "https://b.example/2"}  # none of alice's
+        alice.locator("button[data-action=resume_caller]").click()
+        expect(alice.locator("td.paused")).to_have_text("no", timeout=SHOWN_MS)
+        assert page.evaluate("window.siftMarker") == "same page"
+    assert dcache.paused_callers() == []
+    claimed = dcache.claim_batch_targets(10, runner="r")
+    assert {t.url for t in claimed} == {"https://a.example/1", "https://a.example/2"}
+
+
 def test_a_script_in_a_url_and_an_error_renders_as_text(shared_store: str, tmp_path: Path, page: Any) -> None:
     job = dcache.submit(
         "alice", [f"https://x.example/{SCRIPT}", "https://y.example/"], idem_key=SCRIPT
