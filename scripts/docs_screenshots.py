@@ -28,8 +28,9 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "img"
 
 
 def seed(path: Path) -> str:
-    """A store with callers, jobs in every state, runners holding claims (one of them stale), and a target
-    whose URL and error carry markup; returns the id of a running job to show."""
+    """A store with callers (one paused), jobs in every state, runners holding claims (one of them stale),
+    a target whose URL and error carry markup, host policies and a back-off; returns the id of a running
+    job to show."""
     dcache.open_db(path)
     now = dcache.unix_now()
     shown = ""
@@ -51,6 +52,11 @@ def seed(path: Path) -> str:
         if claimed:
             last = claimed[3] if len(claimed) > 3 else claimed[-1]
             dcache.update_batch_target(last.job_id, last.idx, TargetStatus.FAILED, error="HTTP 404")
+    # set after the claims, which would otherwise be paced by them
+    dcache.set_host_policy("*", max_running=8)
+    dcache.set_host_policy("site0.example", max_running=4, min_interval=1.5)
+    dcache.back_off_host("site3.example", now + 300)
+    dcache.pause_caller("globex")
     return shown
 
 
@@ -69,7 +75,7 @@ def shoot(out: Path) -> list[Path]:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{server.server_port}"
-        pages = {"overview": "/", "job": f"/jobs/{job}", "runners": "/runners"}
+        pages = {"overview": "/", "job": f"/jobs/{job}", "runners": "/runners", "hosts": "/hosts"}
         written = []
         try:
             with sync_playwright() as playwright:

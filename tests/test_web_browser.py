@@ -234,7 +234,7 @@ def test_the_docs_screenshots_script_writes_its_pictures(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [f"dashboard-{n}.png" for n in ("job", "overview", "runners")]
+    assert names == [f"dashboard-{n}.png" for n in ("hosts", "job", "overview", "runners")]
     for path in tmp_path.iterdir():
         data = path.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) < 200_000, (path, len(data))
