@@ -129,6 +129,11 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "host_policies": lambda _: dcache.host_policies(),
     "back_off_host": lambda _: dcache.back_off_host("paced.example", 3_000, now=2_000),
     "backed_off_hosts": lambda _: dcache.backed_off_hosts(now=2_000),
+    # backs the host off first, so that the release writes, whatever came before
+    "release_host": lambda _: (
+        dcache.back_off_host("paced.example", 3_000, now=2_000),
+        dcache.release_host("paced.example", now=2_000),
+    ),
     # each pause is undone by the resume after it, which pauses first: both write, whatever came before
     "pause_batch_job": lambda _: dcache.pause_batch_job("job-2", now=2_000),
     "resume_batch_job": lambda _: (

@@ -46,6 +46,7 @@ WRITES = [
     "touch_batch_job",
     "set_host_policy",
     "back_off_host",
+    "release_host",
     "pause_batch_job",
     "resume_batch_job",
     "pause_caller",
