@@ -212,6 +212,28 @@ def test_login_then_the_form_cancels(store: Any) -> None:
     assert 'data-action="cancel"' not in text(app.get(f"/jobs/{job}"))  # a finished job has none
 
 
+def test_retry_failed_reopens_a_jobs_failed_targets(store: Any) -> None:
+    job = submit(n=2)
+    dcache.update_batch_target(job, 0, TargetStatus.DONE, result="ok", now=NOW)
+    dcache.update_batch_target(job, 1, TargetStatus.FAILED, error="boom", now=NOW)
+    assert dcache.finish_batch_job(job, now=NOW) == JobStatus.PARTIAL
+    app = client(create_app(None, token="s3cret"))
+    before = snapshot()
+    assert app.post("/actions/retry_failed", data={"subject": job}).status_code == 403
+    assert snapshot() == before
+    bearer = {"Authorization": "Bearer s3cret"}
+    assert 'data-action="retry_failed"' not in text(app.get(f"/jobs/{job}"))  # not logged in: no forms
+    assert app.post("/actions/retry_failed", data={"subject": job}, headers=bearer).status_code == 200
+    found, targets = dcache.batch_job(job), dcache.batch_targets(job) or []
+    assert found is not None and (found.status, found.targets_done) == ("running", 1)
+    assert [(t.status, t.error) for t in targets] == [("done", None), ("pending", None)]
+    cancelled = submit(n=1)
+    dcache.cancel_batch_job(cancelled, now=NOW)
+    before = snapshot()
+    refused = app.post("/actions/retry_failed", data={"subject": cancelled}, headers=bearer)
+    assert refused.status_code == 400 and snapshot() == before
+
+
 def test_bearer_token_acts_without_a_form(store: Any) -> None:
     job = submit()
     app = client(create_app(None, token="s3cret"))

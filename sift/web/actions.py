@@ -61,6 +61,13 @@ ACTIONS: dict[str, Action] = {
         lambda ctx: dcache.cancel_batch_job(ctx.subject, reason="cancelled from the dashboard"),
         queries.is_live,
     ),
+    # a finished job with failures, or a live one: a done job has none, a cancelled one is refused
+    "retry_failed": Action(
+        "Retry failed targets",
+        "job",
+        lambda ctx: dcache.retry_failed_targets(ctx.subject),
+        lambda job: queries.is_live(job) or job.status in ("partial", "failed"),
+    ),
     "pause_job": Action(
         "Pause job",
         "job",
