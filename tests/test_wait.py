@@ -179,13 +179,21 @@ def test_bad_arguments_name_their_field(store: Any, kwargs: dict[str, Any], fiel
 def test_the_asyncio_wait_serves_many_waits_from_one_loop(store: Any) -> None:
     two_target_job()
 
+    found: list[list[tuple[int, str]]] = []
+    postgres = str(db.backend.path).startswith("postgresql")
+
     async def main() -> list[Any]:
         tasks = [asyncio.create_task(aio.wait_for_batch_job("j", timeout=NEVER)) for _ in range(200)]
         await asyncio.to_thread(waited, "j", 200)
+        if postgres:
+            found.append(await asyncio.to_thread(listeners))  # 200 waits, one listening connection
         await asyncio.to_thread(finish)
         return await asyncio.wait_for(asyncio.gather(*tasks), ENDED)
 
     jobs = asyncio.run(main())
+    assert len(found) == (1 if postgres else 0)
+    for rows in found:  # one listening connection, however many waits
+        assert [query for _, query in rows] == ["LISTEN sift_batch_job"]
     assert len(jobs) == 200 and {job.status for job in jobs} == {"partial"}
     assert db.backend.job_waiters().job_ids() == []
 

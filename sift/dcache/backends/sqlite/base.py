@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,5 +76,7 @@ class SqliteBase(HeldWrites, peewee.SqliteDatabase):
         def close_wal_files(self) -> None: ...
 
         def close_store(self) -> None: ...
+
+        def private_reader(self) -> sqlite3.Connection: ...
 
         def refuse_inside_transaction(self, call: str) -> None: ...

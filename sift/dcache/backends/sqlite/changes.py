@@ -139,13 +139,5 @@ class SqliteChanges(SqliteBase):
         if self.file in (None, ":memory:"):
             shared = self.connection()
             return DataVersionFeed(waiters, lambda: shared.total_changes)
-        with self.read_errors:  # self.database is the path, or the mode=ro URI of a read-only store
-            conn = sqlite3.connect(
-                self.database,
-                timeout=self.timeout,
-                isolation_level=None,
-                check_same_thread=False,
-                uri=self.readonly,
-            )
-            conn.execute("PRAGMA query_only = 1")
+        conn = self.private_reader()
         return DataVersionFeed(waiters, lambda: conn.execute("PRAGMA data_version").fetchone()[0], conn)

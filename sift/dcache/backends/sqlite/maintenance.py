@@ -65,6 +65,15 @@ class SqliteMaintenance(SqliteBase):
         if self.deferred or not self.reads_beside:
             with self.lock:
                 return self.fetch_all(sql, ())
+        conn = self.private_reader()
+        try:
+            with self.read_errors:
+                return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+
+    def private_reader(self) -> sqlite3.Connection:
+        """A read-only connection of its own to the store file, any thread may use (``query_only``)."""
         with self.read_errors:  # self.database is the path, or the mode=ro URI of a read-only store
             conn = sqlite3.connect(
                 self.database,
@@ -73,11 +82,8 @@ class SqliteMaintenance(SqliteBase):
                 check_same_thread=False,
                 uri=self.readonly,
             )
-            try:
-                conn.execute("PRAGMA query_only = 1")
-                return conn.execute(sql).fetchall()
-            finally:
-                conn.close()
+            conn.execute("PRAGMA query_only = 1")
+        return conn
 
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
