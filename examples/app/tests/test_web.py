@@ -180,17 +180,18 @@ def test_poll_pages_the_results(client: FlaskClient) -> None:
 def test_a_long_poll_answers_when_the_job_moves(client: FlaskClient) -> None:
     job_id = submit(client, ["https://a.example/", "https://b.example/"]).json["id"]
 
-    def run_one() -> None:  # a runner's result, once the request waits
+    [target] = dcache.claim_batch_targets(1, runner="r")  # the job is running before the poll reads it
+
+    def run_one() -> None:  # a runner's result, once the request waits: the one change it sees
         while job_id not in dcache.db.backend.job_waiters().job_ids():
             time.sleep(0.01)
-        [target] = dcache.claim_batch_targets(1, runner="r")
         dcache.update_batch_target(job_id, target.idx, "done", result="<html>", runner="r")
 
     runner = threading.Thread(target=run_one)
     runner.start()
     answer = client.get(f"/v1/jobs/{job_id}?wait=30", headers=ALICE)
     runner.join()
-    assert answer.status_code == 200 and answer.json["done"] == 1
+    assert answer.status_code == 200 and (answer.json["status"], answer.json["done"]) == ("running", 1)
     dcache.cancel_batch_job(job_id)
     final = client.get(f"/v1/jobs/{job_id}?wait=30", headers=ALICE).json  # finished: answered at once
     assert (final["status"], final["done"]) == ("cancelled", 2)
