@@ -78,6 +78,9 @@ CASES = {
     "pages/batch_targets",
     # the dashboard's pages
     *(f"web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
+    # the fair claim with 90% of the pending targets held back, and with none
+    "claims/polite_clear",
+    "claims/polite_held",
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {
@@ -121,6 +124,8 @@ PG_CASES = {
     "pg/wait/after_write",
     "pg/pages/batch_targets",
     *(f"pg/web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
+    "pg/claims/polite_clear",
+    "pg/claims/polite_held",
 }
 
 
@@ -212,8 +217,8 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
     # against its small one, without and with per_host, and its floor's reported, the flood's small callers
     # 10 x sooner with fair claiming, a wait's end after another process's commit, a page of a large job
-    # against one of a small job, the dashboard's jobs page.
-    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1
+    # against one of a small job, the dashboard's jobs page, a claim with 90% held against none.
+    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     # and a batch through a Runner against huey at both settings, and the runner's results' visibility
     peers_goals, peers_info = (7, 2) if with_huey() else (0, 0)
@@ -225,9 +230,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
     # per target and in writes of 10 against plain psycopg, reported; the fair claim's two; the flood's
     # small callers 10 x sooner with fair claiming; a wait's end after another process's commit; a page of
-    # a large job against one of a small job; the dashboard's jobs page.
+    # a large job against one of a small job; the dashboard's jobs page; a claim with 90% held.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1 + 1
     assert len(goals) == sqlite_goals + peers_goals + counted_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
     sqlite_info = 4

@@ -28,6 +28,7 @@ from .cases.ops import bench_ops
 from .cases.pages import bench_pages, pg_pages
 from .cases.peers import bench_peers, pg_peers
 from .cases.plugin import bench_testing
+from .cases.polite import bench_polite, pg_polite
 from .cases.raw import bench_raw, pg_raw
 from .cases.simulate import pg_simulate
 from .cases.tail import bench_tail
@@ -56,6 +57,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "pages": bench_pages,
     "instructions": bench_instructions,
     "web": bench_web,
+    "polite": bench_polite,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -68,6 +70,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "wait": pg_wait,
     "pages": pg_pages,
     "web": pg_web,
+    "polite": pg_polite,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"
