@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from sift import dcache, testing
 from sift.dcache import BatchJob, BatchTarget, claimorder, claims, client, db, load, manager, retries
 from sift.dcache.statements import Statement
@@ -145,3 +147,17 @@ def rule_statements() -> dict[str, Statement]:
         for name, value in vars(module).items()
         if isinstance(value, Statement)
     }
+
+
+def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every compiled statement the store's functions run from now on, by its SQL."""
+    seen: list[str] = []
+    for name in ("rows", "run", "scalar"):
+        original = getattr(Statement, name)
+
+        def counted(self: Statement, original: Any = original, **values: Any) -> Any:
+            seen.append(self.sql)
+            return original(self, **values)
+
+        monkeypatch.setattr(Statement, name, counted)
+    return seen

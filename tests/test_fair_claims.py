@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import count_statements, make_job, make_targets, snapshot
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
@@ -307,22 +307,6 @@ def test_per_host_holds_with_8_runner_processes_claiming_at_once(shared_store: s
 # -- The claim's cost: statements by targets handed out and callers served, not by pending targets -------
 
 
-def _count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every compiled statement the store's functions run from now on, by its SQL."""
-    from sift.dcache.statements import Statement
-
-    seen: list[str] = []
-    for name in ("rows", "run", "scalar"):
-        original = getattr(Statement, name)
-
-        def counted(self: Statement, original: Any = original, **values: Any) -> Any:
-            seen.append(self.sql)
-            return original(self, **values)
-
-        monkeypatch.setattr(Statement, name, counted)
-    return seen
-
-
 #: Every claim starts with the ring's row, the move of the delayed targets come due, and whether any host
 #: has a policy row (none here): 3 statements.
 #: 1 caller: then the first caller with its job, a turn's take, the walk round the ring (next: none, first:
@@ -347,7 +331,7 @@ def test_a_claims_statements_do_not_grow_with_pending_targets(
             for c in range(callers_):
                 add_job(f"c{c}", "j", pending // callers_, created_at=1)
         db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
-        seen = _count_statements(monkeypatch)
+        seen = count_statements(monkeypatch)
         assert len(dcache.claim_batch_targets(limit, now=5)) == limit
         counts.append(len(seen))
         monkeypatch.undo()
@@ -360,7 +344,7 @@ def test_a_claim_marks_each_job_it_took_from_once(store: Any, monkeypatch: pytes
     for caller in ("a", "b"):
         for n in range(3):
             add_job(caller, f"j{n}", 2, created_at=n)
-    seen = _count_statements(monkeypatch)
+    seen = count_statements(monkeypatch)
     got = dcache.claim_batch_targets(7, per_job=2, weights={"fleet": 3}, now=5)
     monkeypatch.undo()
     assert keys(got) == [

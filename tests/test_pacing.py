@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import make_job, snapshot
+from helpers import count_statements, make_job, snapshot
 
 from sift import dcache
 from sift.dcache import HostPolicy, clock
@@ -269,22 +269,6 @@ def test_a_back_off_holds_a_host_in_every_job_and_for_every_runner(store: Any, s
 
 
 # -- The claim's cost: by what it hands out and what it skips, not by the targets waiting behind them -------
-
-
-def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every compiled statement the store's functions run from now on, by its SQL."""
-    from sift.dcache.statements import Statement
-
-    seen: list[str] = []
-    for name in ("rows", "run", "scalar"):
-        original = getattr(Statement, name)
-
-        def counted(self: Statement, original: Any = original, **values: Any) -> Any:
-            seen.append(self.sql)
-            return original(self, **values)
-
-        monkeypatch.setattr(Statement, name, counted)
-    return seen
 
 
 def held_back_store(waiting: int) -> None:

@@ -85,7 +85,7 @@ def create_app(
 
 
 def _csrf() -> str:
-    """This session's form token, made on first use."""
+    """The form token kept in this browser's signed cookie, made on first use."""
     if "csrf" not in flask.session:
         flask.session["csrf"] = secrets.token_urlsafe(32)
     return str(flask.session["csrf"])
