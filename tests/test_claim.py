@@ -341,8 +341,8 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
             ("_CALLER_JOB", {"caller": "alice", "after_created": -1, "after_order": -1}),
             ("_NEXT_CALLER_JOB", {"after": "a"}),
             ("_FIRST_CALLER_JOB", {}),
-            ("_HOST_FROM", {"job_id": "job-20", "host": ""}),
-            ("_HOST_AFTER", {"job_id": "job-20", "host": "example.com"}),
+            ("_HOST_FROM", {"job_id": "job-20", "host": "", "now_ms": 5_000}),
+            ("_HOST_AFTER", {"job_id": "job-20", "host": "example.com", "now_ms": 5_000}),
             (
                 "_CLAIM_HOST_TARGETS",
                 {"job_id": "job-20", "host": "example.com", "take": 5, "runner": "r", "now": 5},
@@ -410,8 +410,9 @@ POSTGRES_INDEXES = {
     # the host rules: each host the walk reaches, and a paced host's next due time, by the policy's key
     "_HOST_POLICY": {"batch_host_policy_pkey"},
     "_SET_NEXT_DUE": {"batch_host_policy_pkey"},
-    "_HOST_FROM": {"batch_target_host"},
-    "_HOST_AFTER": {"batch_target_host"},
+    # the walk past held hosts: each host by batch_target_host, checked and read by the policy's key
+    "_HOST_FROM": {"batch_target_host", "batch_host_policy_pkey"},
+    "_HOST_AFTER": {"batch_target_host", "batch_host_policy_pkey"},
     "_CLAIM_HOST_TARGETS": {"batch_target_host"},
     "_CLAIM_TARGETS": {"batch_target_host"},
     "_RENEW": {"batch_target_running"},

@@ -268,6 +268,90 @@ def test_a_back_off_holds_a_host_in_every_job_and_for_every_runner(store: Any, s
     assert len(dcache.claim_batch_targets(10, runner="r1", fair=False)) == 4
 
 
+def waiting_until(job_id: str) -> dict[int, int | None]:
+    """Each target's stored ``not_before`` (None: claimable now, or not pending), by idx."""
+    sql = f"SELECT idx, not_before FROM batch_target WHERE job_id = {dcache.db.param} ORDER BY idx"
+    rows = dcache.db.execute_sql(sql, (job_id,)).fetchall()
+    return {int(idx): None if until is None else int(until) for idx, until in rows}
+
+
+def test_a_back_off_moves_its_hosts_targets_out_of_the_claims_way_and_a_release_back(
+    store: Any, sift_clock: SiftClock
+) -> None:
+    """The held targets wait to the back-off's last second (a claim never reads them); a longer back-off
+    moves them on; a release brings back those that waited for it, and a retry keeps its own time."""
+    t = int(sift_clock.time())
+    job = add_hosted_job("alice", "j", [*[f"https://a.com/{i}" for i in range(4)], "https://b.com/0"])
+    assert [c.idx for c in dcache.claim_batch_targets(2, runner="r", fair=False)] == [0, 1]
+    dcache.retry_batch_target(job, 1, runner="r", error="503", not_before=t + 100)
+    dcache.back_off_host("a.com", t + 30.5)
+    assert waiting_until(job) == {0: None, 1: t + 100, 2: t + 30, 3: t + 30, 4: None}
+    dcache.back_off_host("a.com", t + 60.5)  # longer: the waiting ones wait on
+    assert waiting_until(job) == {0: None, 1: t + 100, 2: t + 60, 3: t + 60, 4: None}
+    dcache.back_off_host("a.com", t + 10)  # shorter: nothing changes
+    assert waiting_until(job) == {0: None, 1: t + 100, 2: t + 60, 3: t + 60, 4: None}
+    sift_clock.advance(10)
+    assert hosts_of(dcache.claim_batch_targets(10, runner="r")) == ["b.com"]
+    assert dcache.release_host("a.com") is True
+    assert waiting_until(job) == {0: None, 1: t + 100, 2: None, 3: None, 4: None}
+    assert [c.idx for c in dcache.claim_batch_targets(10, runner="r")] == [2, 3]
+
+
+def test_a_due_retry_and_a_new_target_wait_out_their_hosts_back_off_to_the_millisecond(
+    store: Any, sift_clock: SiftClock
+) -> None:
+    t = int(sift_clock.time())
+    job = add_hosted_job("alice", "j", ["https://a.com/0"])
+    dcache.claim_batch_targets(1, runner="r")
+    dcache.retry_batch_target(job, 0, runner="r", error="503", not_before=t + 5)
+    dcache.back_off_host("a.com", t + 30.5)
+    later = add_hosted_job("bob", "j", ["https://a.com/1"])  # sent while the host is backed off
+    sift_clock.advance(6)
+    assert dcache.claim_batch_targets(10, runner="r") == []  # the retry came due: it waits on
+    assert waiting_until(job) == {0: t + 30}
+    sift_clock.advance(24.4)
+    assert dcache.claim_batch_targets(10, runner="r") == []  # 0.1 s to go
+    sift_clock.advance(0.1)
+    got = dcache.claim_batch_targets(10, runner="r")
+    assert sorted((c.job_id, c.idx) for c in got) == [(job, 0), (later, 0)]
+
+
+def vm_steps(call: Any) -> tuple[Any, int]:
+    """``call()``'s value and the SQLite virtual-machine instructions it ran on the store's connection."""
+    count = [0]
+
+    def step() -> int:
+        count[0] += 1
+        return 0  # go on
+
+    connection = dcache.db.connection()
+    connection.set_progress_handler(step, 1)
+    try:
+        return call(), count[0]
+    finally:
+        connection.set_progress_handler(None, 1)
+
+
+@pytest.mark.sqlite_only
+def test_a_claims_work_in_sqlite_does_not_grow_with_the_backed_off_hosts_it_passes(store: Any) -> None:
+    """SQLite's virtual-machine steps for one claim (a count, not a time): a job with 20 backed-off hosts
+    and one with 2,000 cost the same to claim its one free target from, as the held targets wait out of the
+    claims' index."""
+    steps = []
+    for held in (20, 2_000):
+        for table in ("batch_target", "batch_job", "batch_host_policy"):
+            dcache.db.execute_sql(f"DELETE FROM {table}")
+        dcache.db.execute_sql("UPDATE batch_claim_ring SET caller = NULL, turns = 0")
+        hosts = [f"h{n:05d}.com" for n in range(held)]
+        add_hosted_job("alice", "j", [*[f"https://{h}/" for h in hosts], "https://z.com/"])
+        for host in hosts:
+            dcache.back_off_host(host, 10_000, now=5)
+        got, count = vm_steps(lambda: dcache.claim_batch_targets(10, runner="r", now=6))
+        assert hosts_of(got) == ["z.com"]
+        steps.append(count)
+    assert steps[1] == steps[0], steps
+
+
 # -- The claim's cost: by what it hands out and what it skips, not by the targets waiting behind them -------
 
 

@@ -39,7 +39,8 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "_OUTSTANDING": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
     "_RUNNING": ({}, {"batch_target_running", "batch_job_pkey"}),
     # every claim first moves the delayed targets come due back: only the waiting ones are read
-    "_PROMOTE_DUE": ({"now": 5}, {"batch_target_delayed"}),
+    # each due target's host probed by the policy's key (a host still backed off keeps it waiting)
+    "_PROMOTE_DUE": ({"now": 5}, {"batch_target_delayed", "batch_host_policy_pkey"}),
     # a runner's keeper: the live jobs whose targets are all final
     "_COMPLETE_JOBS": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
 }
@@ -102,8 +103,8 @@ CLAIM_READS: dict[str, dict[str, Any]] = {
     "_CALLER_JOB": {"caller": "alice", "after_created": -1, "after_order": -1},
     "_NEXT_CALLER_JOB": {"after": "a"},
     "_FIRST_CALLER_JOB": {},
-    "_HOST_FROM": {"job_id": "job-3", "host": ""},
-    "_HOST_AFTER": {"job_id": "job-3", "host": "a.example"},
+    "_HOST_FROM": {"job_id": "job-3", "host": "", "now_ms": 5_000},
+    "_HOST_AFTER": {"job_id": "job-3", "host": "a.example", "now_ms": 5_000},
     # the claim's updates, on a job of their own: 15 runs claim its 10 targets, then find none
     "_CLAIM_TARGETS": {"job_id": "job-19", "take": 1, "runner": "r", "now": 5},
     "_CLAIM_HOST_TARGETS": {"job_id": "job-18", "host": "example.com", "take": 1, "runner": "r", "now": 5},

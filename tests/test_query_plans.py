@@ -130,6 +130,7 @@ SLOT_VALUES: dict[str, Any] = {
     "max_attempts": 3,
     "failed": 1,
     "host": "example.com",
+    "now_ms": 10_000_000,
     "after": "caller-1",
     "not_before": 12_000,
     "count": 1,
@@ -208,8 +209,10 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_HOST_POLICY": {POLICY_BY_HOST},
     "_ADD_HOST": set(),
     "_SET_NEXT_DUE": {POLICY_BY_HOST},
-    "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)"},
-    "_HOST_AFTER": {"batch_target_host (job_id=? AND host>?)"},
+    # the walk to a job's next host not held back: each host by one search of batch_target_host, each
+    # checked by the policy's key, and the one it stops at read with its policy by the same key
+    "_HOST_FROM": {"batch_target_host (job_id=? AND host>?)", POLICY_BY_HOST},
+    "_HOST_AFTER": {"batch_target_host (job_id=? AND host>?)", POLICY_BY_HOST},
     # the running targets' hosts: a scan of batch_target_running, bounded by what runners hold
     "_RUNNING_HOSTS": {"batch_target_running"},
     # each picked target by its rowid, picked from the pending targets of the job (of one host)
@@ -249,7 +252,8 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_INSERT_TARGET": set(),
     # delayed targets: a claim moves the due ones back from batch_target_delayed, which holds only the
     # waiting ones; finish_complete_jobs reads the live jobs only
-    "_PROMOTE_DUE": {"batch_target_delayed (not_before>? AND not_before<?)"},
+    # (each one's host probed by the policy's key: a host still backed off keeps it waiting)
+    "_PROMOTE_DUE": {"batch_target_delayed (not_before>? AND not_before<?)", POLICY_BY_HOST},
     "_COMPLETE_JOBS": LIVE_SCAN,
     "_LOCK_RETRIED_JOB": {JOB_BY_ID},
     "_LEASE_RETRIED": {JOB_BY_ID},
@@ -277,8 +281,10 @@ PLAN_LINE = re.compile(
     r"(?P<partial>batch_job_live|batch_job_claim|batch_job_ring|batch_job_evictable|batch_target_running"
     r"|sqlite_autoindex_batch_host_policy_1)"  # _ANY_POLICY: its first entry only (LIMIT 1)
     r"|(?P<subquery>(?:CORRELATED )?SCALAR SUBQUERY \d+|LIST SUBQUERY \d+)"
-    # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets
-    r"|(?P<cte>MATERIALIZE picked|SCAN picked)"
+    # the claim's CTE: at most ``take`` target keys, read from the partial index of pending targets; the
+    # walk of a job's hosts: one row a host, each found by a search of that index
+    r"|(?P<cte>MATERIALIZE picked|SCAN picked"
+    r"|CO-ROUTINE walk|SETUP|SCAN CONSTANT ROW|RECURSIVE STEP|SCAN walk)"
     # a list bound as one JSON array (``backend.one_of``): its elements, not a table
     r"|(?P<values>SCAN json_each VIRTUAL TABLE INDEX \d+:)"
 )
@@ -336,7 +342,8 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: str) ->
     lines = plan(*bound(rule_statements()[name]))
     expected = EXPECTED_ACCESS[name]
     assert accesses(lines, name) in (expected if isinstance(expected, tuple) else (expected,)), lines
-    assert not any(re.fullmatch(r"SCAN (?!picked$)\w+", line) for line in lines)  # the CTE: take rows
+    # a CTE's own rows (the claim's picked targets, the walk's hosts) are the only rows scanned
+    assert not any(re.fullmatch(r"SCAN (?!picked$|walk$)\w+", line) for line in lines)
 
 
 #: What a result write (update_batch_target, and each target of update_batch_targets) opens for writing,
@@ -353,9 +360,15 @@ RESULT_WRITE_INDEXES = {
     # a result leaves the pending or the running targets (a claimed target is running when written)
     # (both are opened because their filters read the status; a target is in at most one of them, before
     # and after, so only the index it leaves gets an entry written)
-    "_SET_TARGET": {TARGET_PK, "batch_target_host", "batch_target_running"},
+    # (the pending targets by host, which back-offs read, likewise)
+    "_SET_TARGET": {TARGET_PK, "batch_target_host", "batch_target_pending_host", "batch_target_running"},
     # pending or failed: the same, and the claim's runner and heartbeat cleared (the running index's key)
-    "_SET_TARGET_UNCLAIMED": {TARGET_PK, "batch_target_host", "batch_target_running"},
+    "_SET_TARGET_UNCLAIMED": {
+        TARGET_PK,
+        "batch_target_host",
+        "batch_target_pending_host",
+        "batch_target_running",
+    },
 }
 
 
@@ -743,10 +756,11 @@ def test_a_result_in_the_second_of_the_lease_writes_no_page_of_the_lease_index(
 
 
 #: Every b-tree a result in the lease's second appends pages of, besides the two tables and the byte total's
-#: row: the index the target leaves (pending, or running once claimed). ``sqlite_schema`` is page 1, whose
-#: header holds the file's size: it is written when a page split grows the file.
+#: row: the indexes the target leaves (pending, by job and by host; or running once claimed).
+#: ``sqlite_schema`` is page 1, whose header holds the file's size: it is written when a page split grows
+#: the file.
 RESULT_PAGES = {
-    "pending": {"batch_target_host"},
+    "pending": {"batch_target_host", "batch_target_pending_host"},
     "running": {"batch_target_running"},
 }
 

@@ -31,8 +31,8 @@ def empty_source(path: Path) -> Path:
     """A new store file with sift's schema (as open_db writes it) and no rows."""
     with closing(sqlite3.connect(path)) as conn:
         # the original columns only (a program that writes VALUES of eight): no index on the claims' runner
-        # or on version 4's host, or on version 7's not_before
-        later = ("batch_target_host", "batch_target_running", "batch_target_delayed")
+        # or on version 4's host, or on version 7's not_before (nor version 10's index of both)
+        later = ("batch_target_host", "batch_target_running", "batch_target_delayed", "batch_target_pending")
         for statement in [*BASE_SCHEMA, *(s for s in SPEED_SCHEMA if not any(name in s for name in later))]:
             conn.execute(statement)
         conn.execute("INSERT INTO batch_totals (id, nbytes) VALUES (0, 0)")

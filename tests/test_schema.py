@@ -144,6 +144,7 @@ INDEXES = [
     "batch_target_host",
     "batch_target_running",
     "batch_target_delayed",
+    "batch_target_pending_host",
 ]
 
 

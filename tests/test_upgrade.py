@@ -35,9 +35,10 @@ def original_file(path: Path) -> Path:
     return path
 
 
-#: What version 4 added: the ring's indexes and cursor, and the targets' host.
+#: What version 4 added: the ring's indexes and cursor, and the targets' host (and version 10's index on it).
 DROP_VERSION_4 = (
     "DROP INDEX batch_job_ring; DROP INDEX batch_target_host; DROP TABLE batch_claim_ring; "
+    "DROP INDEX batch_target_pending_host; "
     "ALTER TABLE batch_target DROP COLUMN host; "
 )
 

@@ -36,6 +36,7 @@ J = BatchJob
 T = BatchTarget
 Inline = peewee.ValueLiterals
 _RING = peewee.Table(RING_TABLE, ("id", "caller", "turns"))
+_P: Any = HOST_POLICY
 _IDX = TARGET_COLUMNS.index("idx")
 _HOST = len(TARGET_COLUMNS)  # a claim's rows end with the target's host, after the model's columns
 
@@ -110,12 +111,23 @@ def _after(created: str, order: str) -> peewee.Expression:
 
 # The waiting targets that have come due become claimable (back in batch_target_host), read through
 # batch_target_delayed: a claim costs what it hands out plus the due ones it moves, each once, however many
-# still wait.
+# still wait. A due target of a host still backed off past this second waits on, to that back-off's last
+# second (its row, by key); in that second the walk holds the host back to the millisecond.
 _PROMOTE_DUE = Statement(
-    lambda: T.update({target_not_before(): peewee.SQL("NULL")}).where(
+    lambda: T.update({target_not_before(): _backed_off_to(target_host())}).where(
         Inline(target_not_before().is_null(False)) & (target_not_before() <= Slot("now"))
     )
 )
+
+
+def _backed_off_to(host: Any) -> peewee.Node:
+    """The last second of ``host``'s back-off, if it is after the second ``now``; NULL otherwise."""
+    row = HOST_POLICY.alias("backoff")
+    second = row.backed_off_until_ms / literal(1000)
+    end: peewee.Node = row.select(second).where((row.host == host) & (second > Slot("now")))
+    return end
+
+
 # The ring's cursor, locked first by every claim: claims take turns (PostgreSQL; SQLite's writes do anyway).
 _LOCK_RING = Statement(
     lambda: db.backend.lock_rows(
@@ -177,27 +189,78 @@ _NEXT_JOB = Statement(
 )
 
 
-def _host_from(inclusive: bool) -> peewee.Node:
-    """The job's first pending host (byte order) at or after ``host``: one probe of batch_target_host, which
-    skips every target of the hosts before it."""
+def _held(host: Any, held: bool = True) -> peewee.Node:
+    """``host`` is held back by its row (not due, or backed off, at ``now_ms``), or with ``held=False`` is
+    not: a probe of the policy's key, written as a scalar subquery, which PostgreSQL never turns into a join
+    reading the whole policy table (see ``_unpaused``)."""
+    row = HOST_POLICY.alias("held")
+    probe = row.select(literal(1)).where(
+        (row.host == host)
+        & (row.host != DEFAULT_HOST)
+        & ((row.next_due_ms > Slot("now_ms")) | (row.backed_off_until_ms > Slot("now_ms")))
+    )
+    found = peewee.fn.COALESCE(probe, literal(0))
+    return found == literal(1) if held else found != literal(1)
+
+
+def _setting(column: Any, walk: Any) -> peewee.Node:
+    """The walked host's ``column`` of its policy row (NULL: none), by the key: a scalar subquery, not a
+    join, so neither backend loops over the walk's rows."""
+    setting: peewee.Node = _P.select(column).where(_P.host == walk.c.host)
+    return setting
+
+
+def _host_walk(inclusive: bool) -> peewee.Node:
+    """The job's first pending host (byte order) at or after ``host`` that its row does not hold back, with
+    its policy's limit and interval (NULL: none): a recursive walk, one probe of batch_target_host a host
+    (a skip scan: no target of a held host is read) and one of the policy's key, in one statement, so a
+    claim's cost grows with the held hosts it passes in SQL, not in round trips."""
     host = db.backend.bytewise(target_host())
     bound = host >= Slot("host") if inclusive else host > Slot("host")
-    return (
+    first = (
         T.select(target_host())
         .where((T.job_id == Slot("job_id")) & _pending(T) & bound)
         .order_by(host)
         .limit(literal(1))
     )
+    walk: Any = peewee.Select(columns=[peewee.Alias(first, "host")]).cte(
+        "walk", recursive=True, columns=("host",)
+    )
+    later = T.alias("later")
+    later_host = db.backend.bytewise(target_host(later))
+    step = (
+        later.select(target_host(later))
+        .where(
+            (later.job_id == Slot("job_id"))
+            & _pending(later)
+            & (later_host > db.backend.bytewise(walk.c.host))
+        )
+        .order_by(later_host)
+        .limit(literal(1))
+    )
+    walked = walk.union_all(
+        peewee.Select([walk], [peewee.Alias(step, "host")]).where(
+            walk.c.host.is_null(False) & _held(walk.c.host)
+        )
+    )
+    return (
+        peewee.Select(
+            [walked], [walk.c.host, _setting(_P.max_running, walk), _setting(_P.min_interval_ms, walk)]
+        )
+        .where(walk.c.host.is_null(False) & _held(walk.c.host, held=False))
+        .limit(literal(1))
+        .with_cte(walked)
+        .bind(db)
+    )
 
 
-_HOST_FROM = Statement(lambda: _host_from(True))
-_HOST_AFTER = Statement(lambda: _host_from(False))
+_HOST_FROM = Statement(lambda: _host_walk(True))
+_HOST_AFTER = Statement(lambda: _host_walk(False))
 # The running targets' hosts, one row each (counted in Python: a GROUP BY sorts): read from
 # batch_target_running, bounded by what runners hold.
 _RUNNING_HOSTS = Statement(
     lambda: T.select(target_host()).where(Inline(T.status == TargetStatus.RUNNING.value))
 )
-_P: Any = HOST_POLICY
 # Whether any host has a row (a policy, a back-off, a pacing time): with none, a claim walks no hosts.
 _ANY_POLICY = Statement(lambda: _P.select(_P.host).limit(literal(1)))
 # One host's row, by its key: the default's once a claim, each other host's as the walk reaches it.
@@ -302,12 +365,21 @@ class HostRules:
         if rule is None:
             row = _HOST_POLICY.rows(host=host) if host != DEFAULT_HOST else []
             limit, interval, due, until = row[0] if row else (None, None, 0, 0)
-            limit = self.default[0] if limit is None else limit
-            caps = [cap for cap in (self.per_host, limit) if cap is not None]
-            interval = self.default[1] if interval is None else interval
-            held = self.now_ms < max(due, until)
-            rule = self.rules[host] = _HostRule(min(caps) if caps else None, int(interval), held)
+            rule = self._add(host, limit, interval, self.now_ms < max(due, until))
         return rule
+
+    def _add(self, host: str, limit: int | None, interval: int | None, held: bool) -> _HostRule:
+        """``host``'s rule from its row's limit and interval (None: the default's) and whether it is held."""
+        limit = self.default[0] if limit is None else limit
+        caps = [cap for cap in (self.per_host, limit) if cap is not None]
+        interval = self.default[1] if interval is None else interval
+        rule = self.rules[host] = _HostRule(min(caps) if caps else None, int(interval), held)
+        return rule
+
+    def reached(self, host: str, limit: int | None, interval: int | None) -> None:
+        """The walk reached ``host``, not held back by its row, whose limit and interval it read."""
+        if host not in self.rules:
+            self._add(host, *((None, None) if host == DEFAULT_HOST else (limit, interval)), held=False)
 
     def room(self, host: str) -> int:
         """How many more of ``host``'s targets this claim may take (0: skip the host)."""
@@ -562,16 +634,18 @@ class ClaimOrder:
         return len(rows)
 
     def _take_by_host(self, job: _Job, want: int) -> list[Any]:
-        """The job's hosts walked in order, one probe of batch_target_host each (a skip scan: the targets of
-        a host held back are never read), taking what each host's rules leave room for."""
+        """The job's hosts walked in order, past the hosts their rows hold back (one statement, see
+        ``_host_walk``), taking what each host's rules leave room for; a host at its limit, or paced by
+        this claim already, is passed by the next walk."""
         rows: list[Any] = []
         while len(rows) < want:
             probe = _HOST_FROM if job.host_inclusive else _HOST_AFTER
-            found = probe.rows(job_id=job.id, host=job.host)
+            found = probe.rows(job_id=job.id, host=job.host, now_ms=self.hosts.now_ms)
             if not found:
                 job.done = True
                 break
-            host = found[0][0]
+            host, limit, interval = found[0]
+            self.hosts.reached(host, limit, interval)
             job.host, job.host_inclusive = host, True
             room = self.hosts.room(host)
             if room > 0:

@@ -20,7 +20,7 @@ from .counters import counters
 from .database import db, retried
 from .errors import JobNotFound
 from .hosts import url_host
-from .models import LIVE_JOB_STATUSES, BatchJob
+from .models import LIVE_JOB_STATUSES, BatchJob, BatchTarget, TargetStatus, target_host, target_not_before
 from .statements import Slot, Statement
 from .tables import HOST_POLICY_TABLE, PAUSED_CALLER_TABLE, PAUSED_JOB_TABLE
 
@@ -134,6 +134,41 @@ _BACK_OFF = Statement(
 _BACKED_OFF_UNTIL = Statement(lambda: P.select(P.backed_off_until_ms).where(P.host == Slot("host")))
 
 
+def _host_pending() -> peewee.Node:
+    """The pending targets of the host ``host``: batch_target_pending_host, which only back-offs read."""
+    return (target_host() == Slot("host")) & peewee.ValueLiterals(
+        BatchTarget.status == TargetStatus.PENDING.value
+    )
+
+
+# A host backed off takes its claimable targets (and those waiting for the end of a shorter back-off of
+# it) out of the claims' index until the back-off's end, so a claim passes a held site at no cost however
+# many targets it has; a claim moves them back when due (and keeps a due retried target waiting while its
+# host is backed off). Each is found by batch_target_pending_host (host, not_before).
+_DELAY_HOST = Statement(
+    lambda: BatchTarget.update({target_not_before(): Slot("until")}).where(
+        _host_pending() & peewee.ValueLiterals(target_not_before().is_null())
+    )
+)
+_DELAY_LONGER = Statement(
+    lambda: BatchTarget.update({target_not_before(): Slot("until")}).where(
+        _host_pending() & (target_not_before() == Slot("earlier"))
+    )
+)
+# A released host's targets that waited for the back-off come back at once; a retried one keeps its time.
+_UNDELAY_HOST = Statement(
+    lambda: BatchTarget.update({target_not_before(): None}).where(
+        _host_pending() & (target_not_before() == Slot("until"))
+    )
+)
+
+
+def _second_of(ms: int) -> int:
+    """The whole second ``ms`` falls in: a held target waits out of the claims' index to the start of its
+    host's last second of back-off; for that second the claims' walk holds the host to the millisecond."""
+    return ms // 1000
+
+
 @retried
 def set_host_policy(host: str, *, max_running: int | None = None, min_interval: Any = None) -> HostPolicy:
     """Set ``host``'s policy (``"*"``: the default, for every host without a setting of its own): at most
@@ -181,8 +216,13 @@ def back_off_host(host: str, until: float, *, now: float | None = None) -> float
     until_ms = min(math.ceil(until * 1000), now_ms + MAX_BACK_OFF * 1000)
     with db.write():
         _ADD_HOST.run(host=host)
+        before = int(_BACKED_OFF_UNTIL.scalar(host=host))
         _BACK_OFF.run(host=host, until=until_ms)
         end = int(_BACKED_OFF_UNTIL.scalar(host=host))
+        if _second_of(end) > _second_of(now_ms):
+            _DELAY_HOST.run(host=host, until=_second_of(end))
+            if _second_of(now_ms) < _second_of(before) < _second_of(end):
+                _DELAY_LONGER.run(host=host, until=_second_of(end), earlier=_second_of(before))
     return end / 1000
 
 
@@ -192,15 +232,32 @@ _RELEASE = Statement(
     )
 )
 
+# A row left with nothing in it (no setting, no pacing time to come) goes: claims walk hosts only while
+# some row holds something.
+_DROP_EMPTY = Statement(
+    lambda: P.delete().where(
+        (P.host == Slot("host"))
+        & P.max_running.is_null()
+        & P.min_interval_ms.is_null()
+        & (P.next_due_ms <= Slot("now_ms"))
+    )
+)
+
 
 @retried
 def release_host(host: str, *, now: float | None = None) -> bool:
-    """Claims take ``host``'s targets again at once: its back-off ends. True if one was in force at ``now``
-    (unix seconds)."""
+    """Claims take ``host``'s targets again at once: its back-off ends (a retried target keeps a later time
+    of its own), and its row goes if nothing else is set. True if one was in force at ``now`` (unix
+    seconds)."""
     host = policy_host(host, default=False)
     now_ms = _now_ms(now)
     with db.write():
-        return _RELEASE.run(host=host, now_ms=now_ms) == 1
+        end = _BACKED_OFF_UNTIL.scalar(host=host)
+        if not _RELEASE.run(host=host, now_ms=now_ms):
+            return False
+        _UNDELAY_HOST.run(host=host, until=_second_of(int(end)))
+        _DROP_EMPTY.run(host=host, now_ms=now_ms)
+        return True
 
 
 def _now_ms(now: Any) -> int:

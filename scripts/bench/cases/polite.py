@@ -6,7 +6,8 @@ held, in alternating rounds."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from sift import dcache
 
 from ..harness import Report, alternate, log
 from ..sizes import T0, Sizes
@@ -19,32 +20,36 @@ PAUSED_CALLERS = FAIR_CALLERS // 2
 HELD_HOSTS = FAIR_HOSTS * 4 // 5
 #: The goal: the claim with 90% held at most this many times the claim with nothing held.
 POLITE_GOAL = 2.0
-#: Far past every claim's clock (the claims run at T0 + i): backed off for the whole run.
-HELD_UNTIL_MS = (T0 + 10**9) * 1000
+#: The back-off's end: past every claim's clock (the claims run at T0 + i), within back_off_host's cap.
+HELD_UNTIL = T0 + 86_400
 
 
-def hold(execute: Any, execute_many: Any, mark: str) -> None:
-    """Pause the first half of the callers and back off four fifths of the hosts, in plain SQL."""
-    execute_many(
-        f"INSERT INTO batch_paused_caller (caller, paused_at) VALUES ({mark}, {mark})",
-        [(f"caller-{k:04d}", T0) for k in range(PAUSED_CALLERS)],
-    )
-    execute_many(
-        f"INSERT INTO batch_host_policy (host, next_due_ms, backed_off_until_ms) VALUES ({mark}, 0, {mark})",
-        [(f"h{h}.example", HELD_UNTIL_MS) for h in range(HELD_HOSTS)],
-    )
+def toggle(target: str, held: bool) -> None:
+    """Pause the first half of the callers and back off four fifths of the hosts through the store's calls
+    (each moves its host's targets out of the claims' index), or resume and release them all."""
+    dcache.open_db(target)
+    try:
+        callers = [f"caller-{k:04d}" for k in range(PAUSED_CALLERS)]
+        hosts = [f"h{h}.example" for h in range(HELD_HOSTS)]
+        if held:
+            for caller in callers:
+                dcache.pause_caller(caller, now=T0)
+            for host in hosts:
+                dcache.back_off_host(host, HELD_UNTIL, now=T0)
+        else:
+            for caller in callers:
+                dcache.resume_caller(caller)
+            for host in hosts:
+                dcache.release_host(host, now=T0)
+    finally:
+        dcache.close_db()
 
 
-def release(execute: Any) -> None:
-    execute("DELETE FROM batch_paused_caller")
-    execute("DELETE FROM batch_host_policy")
-
-
-def run_polite(target: str, toggle: Any, sizes: Sizes, report: Report, store: StoreUnderTest) -> None:
+def run_polite(target: str, sizes: Sizes, report: Report, store: StoreUnderTest) -> None:
     samples: dict[str, list[float]] = {"clear": [], "held": []}
     for rnd in range(sizes.fair_rounds):
         for side in alternate(rnd, ("clear", "held")):
-            toggle(side == "held")
+            toggle(target, side == "held")
             median, _ = _claims(target, sizes.fair_claims, sizes.warmup // 5, None)
             samples[side].append(median)
     clear = report.case(f"{store.prefix}claims/polite_clear", sizes.fair_pending, samples["clear"])
@@ -60,24 +65,11 @@ def run_polite(target: str, toggle: Any, sizes: Sizes, report: Report, store: St
 
 def bench_polite(tmp: Path, sizes: Sizes, report: Report) -> None:
     """On a SQLite file."""
-    import sqlite3
-
     path = tmp / "polite.db"
     log(f"polite claims: building {sizes.fair_pending:,} pending targets (SQLite)")
     build_sqlite(path, sizes.fair_pending)
 
-    def toggle(held: bool) -> None:
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            release(conn.execute)
-            if held:
-                hold(conn.execute, conn.executemany, "?")
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-
-    run_polite(str(path), toggle, sizes, report, SQLITE)
+    run_polite(str(path), sizes, report, SQLITE)
 
 
 def pg_polite(server: PgServer, sizes: Sizes, report: Report) -> None:
@@ -86,16 +78,5 @@ def pg_polite(server: PgServer, sizes: Sizes, report: Report) -> None:
     log(f"polite claims: building {sizes.fair_pending:,} pending targets (PostgreSQL)")
     build_postgres(server, schema, sizes.fair_pending)
 
-    def toggle(held: bool) -> None:
-        conn = server.connect(schema)
-        try:
-            with conn.transaction(), conn.cursor() as cursor:
-                release(cursor.execute)
-                if held:
-                    hold(cursor.execute, cursor.executemany, "%s")
-            conn.execute("ANALYZE batch_paused_caller, batch_host_policy")
-        finally:
-            conn.close()
-
-    run_polite(server.target(schema), toggle, sizes, report, POSTGRES)
+    run_polite(server.target(schema), sizes, report, POSTGRES)
     server.drop(schema)

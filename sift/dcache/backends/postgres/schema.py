@@ -48,6 +48,9 @@ VERSION_8_PACING = _DDL["version_8"]
 #: Version 9: a retried target's not_before, and the index of pending targets without the waiting ones.
 VERSION_9_DELAYED = _DDL["version_9"]
 
+#: Version 10: the pending targets by host, which a host's back-off moves out of the claims' index and back.
+VERSION_10_HELD_HOSTS = _DDL["version_10"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -58,6 +61,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: VERSION_7_ANNOUNCE,
     7: VERSION_8_PACING,
     8: VERSION_9_DELAYED,
+    9: VERSION_10_HELD_HOSTS,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
@@ -71,6 +75,7 @@ SCHEMA = (
     + VERSION_7_ANNOUNCE
     + VERSION_8_PACING
     + VERSION_9_DELAYED
+    + VERSION_10_HELD_HOSTS
     + _DDL["totals"]
 )
 

@@ -100,6 +100,12 @@ CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host COLLAT
 
 CREATE INDEX IF NOT EXISTS batch_target_delayed ON batch_target(not_before) WHERE not_before IS NOT NULL;
 
+-- name: version_10
+-- Version 10: the pending targets by host and not_before, which only back_off_host and release_host read: a
+-- host backed off moves its claimable targets out of batch_target_host (not_before = the back-off's last
+-- second) and back, reading only those it moves.
+CREATE INDEX IF NOT EXISTS batch_target_pending_host ON batch_target(host, not_before) WHERE status = 'pending';
+
 -- name: totals
 -- Its own autovacuum settings: the slot rows are updated by every write and bloat otherwise.
 CREATE TABLE IF NOT EXISTS batch_totals (slot SMALLINT PRIMARY KEY, nbytes BIGINT NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);

@@ -49,6 +49,11 @@ CREATE INDEX IF NOT EXISTS batch_target_host ON batch_target(job_id, host, idx) 
 -- (not_before = NULL), read through this index of the waiting ones by time.
 CREATE INDEX IF NOT EXISTS batch_target_delayed ON batch_target(not_before) WHERE not_before IS NOT NULL;
 
+-- Version 10: the pending targets by host and not_before, which only back_off_host and release_host read: a
+-- host backed off moves its claimable targets out of batch_target_host (not_before = the back-off's last
+-- second) and back, reading only those it moves.
+CREATE INDEX IF NOT EXISTS batch_target_pending_host ON batch_target(host, not_before) WHERE status = 'pending';
+
 -- The running targets, by the runner that holds them: renew_claims, release_claims and
 -- requeue_stale_claims read only these, never history.
 CREATE INDEX IF NOT EXISTS batch_target_running ON batch_target(runner) WHERE status = 'running';
