@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import peewee
@@ -35,7 +35,7 @@ from .models import (
     target_host,
 )
 from .space import TRANSACTIONS_PER_CHECKPOINT
-from .statements import Slot, Statement, literal
+from .statements import Positional, Slot, Statement, literal, positional
 from .validation import Duration
 
 J = BatchJob
@@ -342,8 +342,7 @@ def update_batch_target(
     write = _target_write(idx, status, result, error, hint)
     runner = validation.optional_key("runner", runner)
     now = validation.now(now)
-    with db.write():
-        _write_target(job_id, write, runner, now)
+    _write_targets(job_id, (write,), runner, now)
     counters.add("target_writes")
 
 
@@ -363,9 +362,7 @@ def update_batch_targets(
     now = validation.now(now)
     if not writes:
         return 0
-    with db.write():
-        for write in writes:
-            _write_target(job_id, write, runner, now)
+    _write_targets(job_id, writes, runner, now)
     counters.add("target_writes", len(writes))
     return len(writes)
 
@@ -409,20 +406,35 @@ def _target_write_of(position: int, entry: Any) -> TargetWrite:
         raise InvalidBatchInput(f"{where}.{exc.field}", exc.problem) from None
 
 
-def _write_target(job_id: str, write: TargetWrite, runner: str | None, now: int) -> None:
-    """The per-target rule, inside the caller's write transaction: the job's count, bytes and lease move by
-    the target's change, then the target is written; a missing target, a move back or (with ``runner``) a
-    claim the runner no longer holds raises."""
-    idx, status, final, size, result, error, hint = write
+#: The values a target write's statements bind, by position (see ``statements.positional``).
+_WRITE_VALUES = ("job_id", "idx", "final", "size", "runner", "now", "status", "result", "error", "hint")
+_DIRECT: dict[str, tuple[tuple[Positional, ...], tuple[Any, ...]]] = {}
+
+
+def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | None, now: int) -> None:
+    """The target writes of one call, in one write transaction, each by the per-target rule: the job's
+    count, bytes and lease move by the target's change, then the target is written; a missing target, a
+    move back or (with ``runner``) a claim the runner no longer holds raises. The statements go straight to
+    the backend's connection, bound by position; on SQLite the whole call is one hold of its lock."""
     backend = db.backend
-    backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-    if not (
-        backend.rewrites_set_keys
-        and _FINISH_AT_LEASE.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now)
-    ) and not _FINISH_ON_JOB.run(job_id=job_id, idx=idx, final=int(final), size=size, runner=runner, now=now):
-        _explain_target_miss(job_id, idx, status, runner)
-    written = _SET_TARGET_UNCLAIMED if status in UNCLAIMED_STATUSES else _SET_TARGET
-    written.run(job_id=job_id, idx=idx, status=status, result=result, error=error, hint=hint)
+    key = backend.statement_key
+    if key not in _DIRECT:
+        _DIRECT[key] = positional(
+            backend, (_FINISH_AT_LEASE, _FINISH_ON_JOB, _SET_TARGET, _SET_TARGET_UNCLAIMED), _WRITE_VALUES
+        )
+    (at_lease, on_job, claimed, unclaimed), constants = _DIRECT[key]
+    rewrites = backend.rewrites_set_keys
+    with backend.direct_write() as execute:
+        for idx, status, final, size, result, error, hint in writes:
+            backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
+            values = (job_id, idx, int(final), size, runner, now, status, result, error, hint, *constants)
+            if not (
+                (rewrites and execute(at_lease.sql, at_lease.params(values)).rowcount)
+                or execute(on_job.sql, on_job.params(values)).rowcount
+            ):
+                _explain_target_miss(job_id, idx, status, runner)
+            written = unclaimed if status in UNCLAIMED_STATUSES else claimed
+            execute(written.sql, written.params(values))
 
 
 @retried

@@ -100,6 +100,10 @@ class Backend(Protocol):
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
 
+    def direct_write(self) -> AbstractContextManager[Callable[[str, Sequence[Any]], Any]]:
+        """The write transaction of a hot path that sends its statements itself: the block is given an
+        ``execute(sql, params)`` returning a cursor (its ``rowcount``), parameters bound by position."""
+
     def bulk_writes(self) -> AbstractContextManager[None]:
         """Around many write transactions in a row (a sweep, an eviction)."""
 

@@ -20,7 +20,7 @@ from ...errors import StoreConflict, StoreReadOnly
 from ...sqlfiles import load_sql
 from .base import PostgresBase
 
-__all__ = ["CONFLICT_RETRIES", "PostgresRules", "Removals", "Write"]
+__all__ = ["CONFLICT_RETRIES", "DirectWrite", "PostgresRules", "Removals", "Write"]
 
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
@@ -59,6 +59,17 @@ class Write:
             raise
         if exc is not None:
             self.database.raise_store_error(exc, constraints=True)
+
+
+class DirectWrite(Write):
+    """The write transaction of a hot path: the block is given the store's ``run_sql`` on the
+    transaction's connection."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Callable[[str, Sequence[Any]], Any]:  # type: ignore[override]
+        super().__enter__()
+        return self.database.run_sql
 
 
 class Removals(Write):
@@ -131,6 +142,9 @@ class PostgresRules(PostgresBase):
 
     def write(self) -> Write:
         return Write(self)
+
+    def direct_write(self) -> DirectWrite:
+        return DirectWrite(self)
 
     def removals(self) -> Removals:
         return Removals(self)

@@ -18,7 +18,7 @@ from ...errors import StoreUnavailable
 from .base import SqliteBase
 from .schema import TOTAL_NBYTES_SQL
 from .settings import CLAIMS_NEED_SQLITE
-from .transactions import WriteTransaction
+from .transactions import DirectWrite, WriteTransaction
 
 __all__ = ["SqliteRules"]
 
@@ -32,6 +32,11 @@ class SqliteRules(SqliteBase):
         package's error: StoreUnavailable (a lock held by another process past the busy timeout, say) or
         one of its subclasses."""
         return WriteTransaction(self)
+
+    def direct_write(self) -> DirectWrite:
+        """The write transaction of a hot path: :meth:`write`, giving the block the connection's
+        ``execute``, whose statements bind their parameters by position."""
+        return DirectWrite(self)
 
     #: The running byte total kept by the triggers.
     total_nbytes_sql = TOTAL_NBYTES_SQL
