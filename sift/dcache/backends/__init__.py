@@ -86,6 +86,9 @@ class Backend(Protocol):
     #: Whether an UPDATE rewrites the index entries of every column it sets, even to the value the row holds
     #: (SQLite). PostgreSQL compares the values: a column set to its own value keeps a HOT update possible.
     rewrites_set_keys: bool
+    #: Whether a rule locks the rows it reads before it writes them (PostgreSQL); SQLite's write
+    #: transaction holds the whole file.
+    row_locks: bool
 
     def byte_length(self, expr: peewee.Node) -> peewee.Node:
         """The UTF-8 byte length of a text expression (NULL stays NULL)."""
@@ -121,6 +124,9 @@ class Backend(Protocol):
 
     def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
         """The first row of a query, or None."""
+
+    def byte_total(self) -> int:
+        """The total of ``nbytes`` over every job (a running total, not a scan)."""
 
     def executemany(self, sql: str, rows: Any) -> int:
         """Run one statement per row; return the rows changed."""

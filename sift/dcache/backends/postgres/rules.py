@@ -95,6 +95,8 @@ class PostgresRules(PostgresBase):
     row_address = peewee.SQL("ctid")
     #: An UPDATE compares the values it sets: a column set to its own value keeps a HOT update possible.
     rewrites_set_keys = False
+    #: A target write locks its job, then its target (see above).
+    row_locks = True
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -154,6 +156,10 @@ class PostgresRules(PostgresBase):
 
     def checkpoint(self) -> None:
         """Nothing to do: PostgreSQL checkpoints and vacuums on its own."""
+
+    def byte_total(self) -> int:
+        row = self.fetch_one(self.total_nbytes_sql, ())
+        return 0 if row is None else int(row[0])
 
     def lock_job(self, job_id: str) -> None:
         self.run_sql(_LOCK_JOB, (job_id,))

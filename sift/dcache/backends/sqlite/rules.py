@@ -48,6 +48,8 @@ class SqliteRules(SqliteBase):
     row_address = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
     #: An UPDATE rewrites the index entries of every column it sets, changed or not.
     rewrites_set_keys = True
+    #: BEGIN IMMEDIATE holds the whole file: no rule locks rows.
+    row_locks = False
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:

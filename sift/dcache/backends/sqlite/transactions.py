@@ -167,8 +167,26 @@ class DirectWrite(WriteTransaction):
     __slots__ = ()
 
     def __enter__(self) -> Callable[[str, Sequence[Any]], sqlite3.Cursor]:  # type: ignore[override]
-        super().__enter__()
-        execute: Callable[[str, Sequence[Any]], sqlite3.Cursor] = self.database._state.conn.execute
+        database = self.database
+        state = database._state
+        database.lock.acquire()
+        if database.readonly or state.closed or state.transactions:  # refused, connecting, or a savepoint
+            try:
+                super().__enter__()
+            finally:
+                database.lock.release()  # super() holds it, once more
+            execute: Callable[[str, Sequence[Any]], sqlite3.Cursor] = state.conn.execute
+            return execute
+        try:  # WriteTransaction's own steps, inline: this runs once per call of the hot paths
+            database.writers.acquire()
+            execute = state.conn.execute
+            state.conn.execute("BEGIN IMMEDIATE")
+            state.transactions.append(self)
+        except BaseException as exc:
+            database.settle_writers()
+            database.lock.release()
+            database.raise_store_error(exc)
+            raise
         return execute
 
 
