@@ -351,21 +351,7 @@ def update_batch_target(
     # in one line each, which is all the runner's usual write needs; anything else is checked in full.
     if type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id:
         job_id = validation.job_id(job_id)
-    if (
-        type(idx) is int
-        and 0 <= idx <= validation.MAX_INT
-        and type(status) is str
-        and status in FINAL_STATUS_VALUES
-        and type(result) is str
-        and result.isascii()
-        and len(result) <= validation.MAX_RESULT_BYTES
-        and "\x00" not in result
-        and error is None
-        and hint is None
-    ):
-        write: TargetWrite = (idx, status, True, len(result), result, None, None)
-    else:
-        write = _target_write(idx, status, result, error, hint)
+    write = _quick_write(idx, status, result, error, hint) or _target_write(idx, status, result, error, hint)
     if runner is not None:
         runner = validation.optional_key("runner", runner)
     now = unix_now() if now is None else validation.count("now", now)
@@ -398,6 +384,25 @@ def update_batch_targets(
     return len(writes)
 
 
+def _quick_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> TargetWrite | None:
+    """The usual write, a runner's ASCII result, checked in one expression: what ``_target_write`` returns
+    for it; None for any other write, which ``_target_write`` checks in full."""
+    if (
+        type(idx) is int
+        and 0 <= idx <= validation.MAX_INT
+        and type(status) is str
+        and status in FINAL_STATUS_VALUES
+        and type(result) is str
+        and result.isascii()
+        and len(result) <= validation.MAX_RESULT_BYTES
+        and "\x00" not in result
+        and error is None
+        and hint is None
+    ):
+        return idx, status, True, len(result), result, None, None
+    return None
+
+
 def _target_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> TargetWrite:
     """One target's write, checked: what update_batch_target and update_batch_targets refuse alike."""
     idx = validation.count("idx", idx)
@@ -419,6 +424,12 @@ def _target_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> 
 def _target_write_of(position: int, entry: Any) -> TargetWrite:
     """Entry ``position`` of update_batch_targets' results, checked; a refusal names it
     (``results[3].status``)."""
+    if type(entry) is dict and entry.keys() <= TARGET_WRITE_KEYS and "idx" in entry and "status" in entry:
+        quick = _quick_write(
+            entry["idx"], entry["status"], entry.get("result"), entry.get("error"), entry.get("hint")
+        )
+        if quick is not None:
+            return quick
     where = f"results[{position}]"
     if not isinstance(entry, Mapping):
         validation.invalid(

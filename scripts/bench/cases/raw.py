@@ -151,6 +151,41 @@ class Baseline:
             conn.execute("ROLLBACK")
             raise
 
+    def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
+        """``update_targets_done`` of several targets in one transaction, the job's lease ``now`` already
+        (so each job update is the form that leaves it alone)."""
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for idx in idxs:
+                params = (
+                    1,
+                    1,
+                    0,
+                    job_id,
+                    idx,
+                    size,
+                    0,
+                    job_id,
+                    idx,
+                    job_id,
+                    now,
+                    job_id,
+                    idx,
+                    1,
+                    1,
+                    None,
+                    None,
+                )
+                if conn.execute(self.finish_at_lease_sql, params).rowcount != 1:
+                    raise LookupError(f"no target {job_id}/{idx} in a job whose lease is {now}")
+                conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     def evict_noop(self, max_bytes: int) -> None:
         (total,) = self.conn.execute(TOTAL_NBYTES_SQL).fetchone()
         if total > max_bytes:
