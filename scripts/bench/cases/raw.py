@@ -152,7 +152,7 @@ class Baseline:
             raise
 
     def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
-        """``update_targets_done`` of several targets in one transaction, the job's lease ``now`` already
+        """``update_target_done`` of several targets in one transaction, the job's lease ``now`` already
         (so each job update is the form that leaves it alone)."""
         size = len(result.encode("utf-8"))
         conn = self.conn
