@@ -347,8 +347,8 @@ def update_batch_target(
     With ``runner``, the write is the runner's: it is refused with ``ClaimLost`` (writing nothing) unless
     that runner holds the target's claim, so a late write after a requeue never lands or counts twice.
     """
-    # A plain ASCII id, a result without error or hint, no runner and no clock given: the checks below
-    # in one line each, which is all the runner's usual write needs; anything else is checked in full.
+    # The usual write (a plain ASCII id, an ASCII result without error or hint) passes each check in one
+    # expression; anything else is checked in full, in the same order, so the same field is named.
     if type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id:
         job_id = validation.job_id(job_id)
     write = _quick_write(idx, status, result, error, hint) or _target_write(idx, status, result, error, hint)
