@@ -1,6 +1,7 @@
-"""The thin write path on SQLite, pinned by what it does rather than how long it takes: a result write is one
+"""The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
 hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
 themselves (BEGIN, the job's and the target's update, COMMIT); the no-op eviction is one hold and one read.
+On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import open_empty_postgres
 from helpers import make_job, make_targets
 
 from sift import dcache
@@ -177,3 +179,74 @@ def test_a_read_only_store_refuses_the_write_before_any_statement(
         dcache.update_batch_target("job-1", 0, "done", result="x", now=100)
     assert counting.statements == [] and counting.flocks == 0
     assert dcache.evict_batch_oldest(BUDGET) == 0
+
+
+# -- PostgreSQL: round trips, counted by wrapping the driver's cursor ------------------------------------
+
+
+@pytest.fixture
+def pg_sent(postgres_schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The worker's schema, open and empty, with a running job of 12 targets; yields the statements sent
+    to the server from then on, one a round trip."""
+    import psycopg
+
+    open_empty_postgres(postgres_schema)
+    dcache.create_batch_job(make_job("job-1", status="running", targets_total=12), make_targets(12))
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    yield sent
+    dcache.close_db()
+
+
+@pytest.mark.postgres
+def test_a_runner_step_is_two_round_trips_on_postgres(pg_sent: list[str]) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="r" * 1024, now=100)
+    assert len(pg_sent) == 1  # the whole write, in one statement
+    assert dcache.evict_batch_oldest(BUDGET) == 0
+    assert len(pg_sent) == 2  # the byte total
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes, job.lease) == (1, 1024, 100)
+
+
+@pytest.mark.postgres
+def test_ten_results_are_one_round_trip_on_postgres(pg_sent: list[str]) -> None:
+    results = [{"idx": i, "status": "done", "result": "é" * i} for i in range(10)]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 10
+    assert len(pg_sent) == 1
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (10, 2 * sum(range(10)))
+    assert dcache.batch_nbytes() == 2 * sum(range(10))
+
+
+@pytest.mark.postgres
+def test_a_refused_write_on_postgres_writes_nothing_and_names_the_target(pg_sent: list[str]) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="abc", now=100)
+    results = [{"idx": 1, "status": "done", "result": "x"}, {"idx": 0, "status": "running"}]
+    with pytest.raises(dcache.InvalidBatchInput, match="target 0 is already done"):
+        dcache.update_batch_targets("job-1", results, now=101)
+    with pytest.raises(dcache.ClaimLost):
+        dcache.update_batch_target("job-1", 2, "done", result="x", runner="nobody", now=101)
+    with pytest.raises(dcache.TargetNotFound):
+        dcache.update_batch_targets("job-1", [{"idx": 3, "status": "done"}, {"idx": 99, "status": "done"}])
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes, job.lease) == (1, 3, 100)
+    assert [t.status for t in dcache.batch_targets("job-1") or []][:4] == [
+        "done",
+        "pending",
+        "pending",
+        "pending",
+    ]
+
+
+@pytest.mark.postgres
+def test_the_same_target_twice_in_one_call_is_written_in_order_on_postgres(pg_sent: list[str]) -> None:
+    results = [{"idx": 0, "status": "done", "result": "ab"}, {"idx": 0, "status": "done", "result": "abcd"}]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 2
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 4)

@@ -456,9 +456,12 @@ _DIRECT: dict[str, tuple[tuple[Positional, ...], tuple[Any, ...]]] = {}
 def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | None, now: int) -> None:
     """The target writes of one call, in one write transaction, each by the per-target rule: the job's
     count, bytes and lease move by the target's change, then the target is written; a missing target, a
-    move back or (with ``runner``) a claim the runner no longer holds raises. The statements go straight to
-    the backend's connection, bound by position; on SQLite the whole call is one hold of its lock."""
+    move back or (with ``runner``) a claim the runner no longer holds raises. PostgreSQL first tries all of
+    them in one statement. Otherwise the statements go straight to the backend's connection, bound by
+    position; on SQLite the whole call is one hold of its lock."""
     backend = db.backend
+    if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
+        return
     key = backend.statement_key
     if key not in _DIRECT:
         _DIRECT[key] = positional(

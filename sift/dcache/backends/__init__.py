@@ -103,6 +103,15 @@ class Backend(Protocol):
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
 
+    #: Whether :meth:`write_targets` may write a call's target writes in one statement.
+    one_statement_writes: bool
+
+    def write_targets(
+        self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
+    ) -> bool:
+        """A call's checked target writes in one statement, if every one passes the per-target rule and the
+        backend can; False, having written nothing, otherwise."""
+
     def direct_write(self) -> AbstractContextManager[Callable[[str, Sequence[Any]], Any]]:
         """The write transaction of a hot path that sends its statements itself: the block is given an
         ``execute(sql, params)`` returning a cursor (its ``rowcount``), parameters bound by position."""

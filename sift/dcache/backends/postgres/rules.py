@@ -25,9 +25,9 @@ __all__ = ["CONFLICT_RETRIES", "DirectWrite", "PostgresRules", "Removals", "Writ
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
 
-_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS = (
+_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS, _WRITE_TARGETS = (
     load_sql(__package__, "queries.sql")[name][0]
-    for name in ("lock_job", "lock_target", "lock_key", "lock_removals")
+    for name in ("lock_job", "lock_target", "lock_key", "lock_removals", "write_targets")
 )
 
 
@@ -156,6 +156,37 @@ class PostgresRules(PostgresBase):
 
     def checkpoint(self) -> None:
         """Nothing to do: PostgreSQL checkpoints and vacuums on its own."""
+
+    #: A call's target writes go as one statement (see :meth:`write_targets`).
+    one_statement_writes = True
+
+    def write_targets(
+        self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
+    ) -> bool:
+        """Write a call's checked target writes (idx, status, final, size, result, error, hint) in one
+        statement, a round trip, when every one passes the per-target rule; False, having written nothing,
+        when one does not (the caller's statements then find which, and why), when an idx comes twice (each
+        write must see the one before), or inside a caller's transaction (a refusal there must leave it
+        usable)."""
+        if self.in_transaction():
+            return False
+        idx, status, final, size, result, error, hint = (list(column) for column in zip(*writes, strict=True))
+        if len(set(idx)) != len(idx):
+            return False
+        values = {
+            "idx": idx,
+            "status": status,
+            "final": [int(f) for f in final],
+            "size": size,
+            "result": result,
+            "error": error,
+            "hint": hint,
+            "job_id": job_id,
+            "runner": runner,
+            "n": len(idx),
+            "now": now,
+        }
+        return int(self.run_sql(_WRITE_TARGETS, values).rowcount) == len(idx)
 
     def byte_total(self) -> int:
         row = self.fetch_one(self.total_nbytes_sql, ())

@@ -33,6 +33,14 @@ class SqliteRules(SqliteBase):
         one of its subclasses."""
         return WriteTransaction(self)
 
+    #: A call's target writes go one statement at a time, in one hold of the lock (see :meth:`direct_write`).
+    one_statement_writes = False
+
+    @staticmethod
+    def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
+        """Never: the caller sends the statements itself, on the connection :meth:`direct_write` gives."""
+        return False
+
     def direct_write(self) -> DirectWrite:
         """The write transaction of a hot path: :meth:`write`, giving the block the connection's
         ``execute``, whose statements bind their parameters by position."""
