@@ -385,20 +385,48 @@ def _conflicts(times: int) -> Any:
     return lock_target, calls
 
 
-def test_a_deadlock_is_retried_and_counts_once(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _conflicting_writes(times: int) -> Any:
+    """A write_targets (a call's writes in one statement) that meets a deadlock the first ``times`` calls."""
+    calls = {"n": 0}
+    original = db.backend.write_targets
+
+    def write_targets(*args: Any) -> bool:
+        calls["n"] += 1
+        if calls["n"] <= times:
+            db.backend.run_sql("DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$", ())
+        return original(*args)
+
+    return write_targets, calls
+
+
+@pytest.mark.parametrize("path", ["one statement", "statement by statement"])
+def test_a_deadlock_is_retried_and_counts_once(pg: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
-    lock_target, calls = _conflicts(CONFLICT_RETRIES)
-    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    if path == "one statement":
+        write_targets, calls = _conflicting_writes(CONFLICT_RETRIES)
+        monkeypatch.setattr(db.backend, "write_targets", write_targets)
+    else:
+        monkeypatch.setattr(db.backend, "one_statement_writes", False)
+        lock_target, calls = _conflicts(CONFLICT_RETRIES)
+        monkeypatch.setattr(db.backend, "lock_target", lock_target)
     dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
     assert calls["n"] == CONFLICT_RETRIES + 1
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
 
 
-def test_a_deadlock_past_the_retries_is_store_conflict(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["one statement", "statement by statement"])
+def test_a_deadlock_past_the_retries_is_store_conflict(
+    pg: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
-    lock_target, calls = _conflicts(CONFLICT_RETRIES + 1)
-    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    if path == "one statement":
+        write_targets, calls = _conflicting_writes(CONFLICT_RETRIES + 1)
+        monkeypatch.setattr(db.backend, "write_targets", write_targets)
+    else:
+        monkeypatch.setattr(db.backend, "one_statement_writes", False)
+        lock_target, calls = _conflicts(CONFLICT_RETRIES + 1)
+        monkeypatch.setattr(db.backend, "lock_target", lock_target)
     before = snapshot()
     with pytest.raises(dcache.StoreConflict) as info:
         dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)

@@ -30,6 +30,18 @@ def bulk_write(i: int) -> None:
 
 def side(case: str, path: Path) -> Callable[[int], object]:
     """CASE's call on the file at ``path``, opened as that side opens it."""
+    if case == "update_batch_targets_10/package_sql":
+        bulk = Baseline(path)
+
+        def bulk_sql(i: int) -> None:
+            if i == 0:  # the job's lease becomes NOW, as the package's first write sets it
+                bulk.update_target_done(BULK_JOB, 0, RESULT_1K, NOW)
+                bulk.update_targets_done(BULK_JOB, range(1, BULK), RESULT_1K, NOW)
+            else:
+                bulk.update_targets_done(BULK_JOB, range(BULK * i, BULK * i + BULK), RESULT_1K, NOW)
+            bulk.evict_noop(BUDGET)
+
+        return bulk_sql
     if case.endswith("/package_sql"):
         base = Baseline(path)
 

@@ -151,6 +151,41 @@ class Baseline:
             conn.execute("ROLLBACK")
             raise
 
+    def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
+        """``update_target_done`` of several targets in one transaction, the job's lease ``now`` already
+        (so each job update is the form that leaves it alone)."""
+        size = len(result.encode("utf-8"))
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for idx in idxs:
+                params = (
+                    1,
+                    1,
+                    0,
+                    job_id,
+                    idx,
+                    size,
+                    0,
+                    job_id,
+                    idx,
+                    job_id,
+                    now,
+                    job_id,
+                    idx,
+                    1,
+                    1,
+                    None,
+                    None,
+                )
+                if conn.execute(self.finish_at_lease_sql, params).rowcount != 1:
+                    raise LookupError(f"no target {job_id}/{idx} in a job whose lease is {now}")
+                conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
     def evict_noop(self, max_bytes: int) -> None:
         (total,) = self.conn.execute(TOTAL_NBYTES_SQL).fetchone()
         if total > max_bytes:
@@ -493,34 +528,37 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
 
 class PgBaseline:
     """The runner step with plain psycopg, as plainly as a competent engineer writes it: the store's own
-    statements (the job-then-target row lock, the counting update, the target update, the total's read)
-    on one connection in autocommit mode, with ``conn.transaction()`` (BEGIN ... COMMIT) where the
-    package opens its write transaction."""
+    statements (the write as one statement, which locks the job and the target, moves the count and writes
+    the target; the total's read) on one connection in autocommit mode, each its own transaction, as the
+    package sends them."""
 
     def __init__(self, conn: Any) -> None:
-        # The row lock it sends: a private text.
+        # The write it sends: a private text.
         from sift.dcache.backends.postgres import rules
 
         self.conn = conn
-        self.lock_target_sql = rules._LOCK_TARGET
-        self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
-        self.set_target_sql = manager._SET_TARGET.sql
+        self.write_sql = rules._WRITE_TARGETS
         self.total_sql = dcache.db.total_nbytes_sql
-        #: What one runner step sends, besides BEGIN and COMMIT.
-        self.statements = [self.lock_target_sql, self.finish_sql, self.set_target_sql, self.total_sql]
+        #: What one runner step sends.
+        self.statements = [self.write_sql, self.total_sql]
 
     def update_target_done(self, job_id: str, idx: int, result: str, now: int) -> None:
         size = len(result.encode("utf-8"))
-        conn = self.conn
-        with conn.transaction():
-            conn.execute(self.lock_target_sql, (job_id, idx))
-            cur = conn.execute(
-                self.finish_sql,
-                (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None),
-            )
-            if cur.rowcount != 1:
-                raise LookupError(f"no target {job_id}/{idx}")
-            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+        values = {
+            "idx": [idx],
+            "status": ["done"],
+            "final": [1],
+            "size": [size],
+            "result": [result],
+            "error": [None],
+            "hint": [None],
+            "job_id": job_id,
+            "runner": None,
+            "n": 1,
+            "now": now,
+        }
+        if self.conn.execute(self.write_sql, values).rowcount != 1:
+            raise LookupError(f"no target {job_id}/{idx}")
 
     def evict_noop(self, max_bytes: int) -> None:
         row = self.conn.execute(self.total_sql).fetchone()

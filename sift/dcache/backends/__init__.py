@@ -86,6 +86,9 @@ class Backend(Protocol):
     #: Whether an UPDATE rewrites the index entries of every column it sets, even to the value the row holds
     #: (SQLite). PostgreSQL compares the values: a column set to its own value keeps a HOT update possible.
     rewrites_set_keys: bool
+    #: Whether a rule locks the rows it reads before it writes them (PostgreSQL); SQLite's write
+    #: transaction holds the whole file.
+    row_locks: bool
 
     def byte_length(self, expr: peewee.Node) -> peewee.Node:
         """The UTF-8 byte length of a text expression (NULL stays NULL)."""
@@ -99,6 +102,19 @@ class Backend(Protocol):
 
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
+
+    #: Whether :meth:`write_targets` may write a call's target writes in one statement.
+    one_statement_writes: bool
+
+    def write_targets(
+        self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
+    ) -> bool:
+        """A call's checked target writes in one statement, if every one passes the per-target rule and the
+        backend can; False, having written nothing, otherwise."""
+
+    def direct_write(self) -> AbstractContextManager[Callable[[str, Sequence[Any]], Any]]:
+        """The write transaction of a hot path that sends its statements itself: the block is given an
+        ``execute(sql, params)`` returning a cursor (its ``rowcount``), parameters bound by position."""
 
     def bulk_writes(self) -> AbstractContextManager[None]:
         """Around many write transactions in a row (a sweep, an eviction)."""
@@ -117,6 +133,9 @@ class Backend(Protocol):
 
     def fetch_one(self, sql: str, params: Sequence[Any]) -> Any:
         """The first row of a query, or None."""
+
+    def byte_total(self) -> int:
+        """The total of ``nbytes`` over every job (a running total, not a scan)."""
 
     def executemany(self, sql: str, rows: Any) -> int:
         """Run one statement per row; return the rows changed."""

@@ -3,7 +3,7 @@ checker) the methods one layer calls on another."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from playhouse.pool import PooledPostgresqlDatabase
@@ -39,7 +39,7 @@ class PostgresBase(HeldWrites, PooledPostgresqlDatabase):  # type: ignore[misc]
 
     if TYPE_CHECKING:
 
-        def run_sql(self, sql: str, params: Sequence[Any]) -> Any: ...
+        def run_sql(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Any: ...
 
         def fetch_all(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
 

@@ -13,7 +13,7 @@ import contextlib
 import math
 import os
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from psycopg.types.string import TextLoader
@@ -164,7 +164,7 @@ class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, Postgres
 
     # -- Statements -------------------------------------------------------------------------------------
 
-    def run_sql(self, sql: str, params: Sequence[Any]) -> Any:
+    def run_sql(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Any:
         """Execute on this thread's connection (given back after it outside a transaction); rows are
         fetched by the caller, from the client's copy. A constraint violation is Peewee's IntegrityError;
         any other driver error is the package's StoreUnavailable (or subclass)."""

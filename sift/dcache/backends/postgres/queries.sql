@@ -42,3 +42,38 @@ SELECT c.relname, pg_total_relation_size(c.oid), COALESCE(s.n_dead_tup, 0)
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
     WHERE n.nspname = %s AND c.relname = ANY(%s) AND c.relkind = 'r';
+
+-- name: write_targets
+-- A call's target writes (no idx twice) as one statement, run on its own (autocommit): the job, then its
+-- targets in idx order, locked as lock_target locks them; the count, bytes and lease moved by the locked
+-- rows' values, never the statement's snapshot (which may be older than the locks); and written only if
+-- every write passes the per-target rule (the target exists, does not go back from done or failed, and is
+-- the runner's, with one given). Otherwise nothing is written, and the rows updated are 0.
+WITH w AS (
+    SELECT * FROM unnest(%(idx)s::bigint[], %(status)s::text[], %(final)s::bigint[], %(size)s::bigint[],
+        %(result)s::text[], %(error)s::text[], %(hint)s::text[]) AS w(idx, status, final, size, result, error, hint)
+), j AS MATERIALIZED (
+    SELECT id FROM batch_job WHERE id = %(job_id)s FOR NO KEY UPDATE
+), t AS MATERIALIZED (
+    SELECT t.idx, t.status, t.runner, COALESCE(octet_length(t.result), 0) AS size FROM batch_target t
+    WHERE t.job_id = (SELECT id FROM j) AND t.idx = ANY(%(idx)s::bigint[]) ORDER BY t.idx FOR UPDATE
+), ok AS MATERIALIZED (
+    SELECT w.idx, w.status, w.final, w.size, w.result, w.error, w.hint,
+        CASE WHEN t.status IN ('done', 'failed') THEN 1 ELSE 0 END AS was_final, t.size AS old_size
+    FROM w JOIN t USING (idx)
+    WHERE (w.final = 1 OR t.status NOT IN ('done', 'failed'))
+        AND (%(runner)s::text IS NULL OR t.runner = %(runner)s::text)
+), every AS MATERIALIZED (
+    SELECT count(*) = %(n)s AS passed FROM ok
+), job AS (
+    UPDATE batch_job SET targets_done = targets_done + moved.done, nbytes = nbytes + moved.bytes,
+        lease = %(now)s
+    FROM (SELECT sum(final - was_final) AS done, sum(size - old_size) AS bytes FROM ok) AS moved
+    WHERE id = %(job_id)s AND (SELECT passed FROM every)
+    RETURNING 1
+)
+UPDATE batch_target AS t SET status = ok.status, result = ok.result, error = ok.error, hint = ok.hint,
+    runner = CASE WHEN ok.status IN ('pending', 'failed') THEN NULL ELSE t.runner END,
+    heartbeat = CASE WHEN ok.status IN ('pending', 'failed') THEN NULL ELSE t.heartbeat END
+FROM ok
+WHERE t.job_id = %(job_id)s AND t.idx = ok.idx AND EXISTS (SELECT 1 FROM job);

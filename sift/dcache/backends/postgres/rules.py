@@ -20,14 +20,14 @@ from ...errors import StoreConflict, StoreReadOnly
 from ...sqlfiles import load_sql
 from .base import PostgresBase
 
-__all__ = ["CONFLICT_RETRIES", "PostgresRules", "Removals", "Write"]
+__all__ = ["CONFLICT_RETRIES", "DirectWrite", "PostgresRules", "Removals", "Write"]
 
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
 
-_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS = (
+_LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS, _WRITE_TARGETS = (
     load_sql(__package__, "queries.sql")[name][0]
-    for name in ("lock_job", "lock_target", "lock_key", "lock_removals")
+    for name in ("lock_job", "lock_target", "lock_key", "lock_removals", "write_targets")
 )
 
 
@@ -61,6 +61,17 @@ class Write:
             self.database.raise_store_error(exc, constraints=True)
 
 
+class DirectWrite(Write):
+    """The write transaction of a hot path: the block is given the store's ``run_sql`` on the
+    transaction's connection."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Callable[[str, Sequence[Any]], Any]:  # type: ignore[override]
+        super().__enter__()
+        return self.database.run_sql
+
+
 class Removals(Write):
     """A sweep or eviction chunk: the write transaction, holding the store's removal advisory lock."""
 
@@ -84,6 +95,8 @@ class PostgresRules(PostgresBase):
     row_address = peewee.SQL("ctid")
     #: An UPDATE compares the values it sets: a column set to its own value keeps a HOT update possible.
     rewrites_set_keys = False
+    #: A target write locks its job, then its target (see above).
+    row_locks = True
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -132,6 +145,9 @@ class PostgresRules(PostgresBase):
     def write(self) -> Write:
         return Write(self)
 
+    def direct_write(self) -> DirectWrite:
+        return DirectWrite(self)
+
     def removals(self) -> Removals:
         return Removals(self)
 
@@ -140,6 +156,41 @@ class PostgresRules(PostgresBase):
 
     def checkpoint(self) -> None:
         """Nothing to do: PostgreSQL checkpoints and vacuums on its own."""
+
+    #: A call's target writes go as one statement (see :meth:`write_targets`).
+    one_statement_writes = True
+
+    def write_targets(
+        self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
+    ) -> bool:
+        """Write a call's checked target writes (idx, status, final, size, result, error, hint) in one
+        statement, a round trip, when every one passes the per-target rule; False, having written nothing,
+        when one does not (the caller's statements then find which, and why), when an idx comes twice (each
+        write must see the one before), or inside a caller's transaction (a refusal there must leave it
+        usable)."""
+        if self.in_transaction():
+            return False
+        idx, status, final, size, result, error, hint = (list(column) for column in zip(*writes, strict=True))
+        if len(set(idx)) != len(idx):
+            return False
+        values = {
+            "idx": idx,
+            "status": status,
+            "final": [int(f) for f in final],
+            "size": size,
+            "result": result,
+            "error": error,
+            "hint": hint,
+            "job_id": job_id,
+            "runner": runner,
+            "n": len(idx),
+            "now": now,
+        }
+        return int(self.run_sql(_WRITE_TARGETS, values).rowcount) == len(idx)
+
+    def byte_total(self) -> int:
+        row = self.fetch_one(self.total_nbytes_sql, ())
+        return 0 if row is None else int(row[0])
 
     def lock_job(self, job_id: str) -> None:
         self.run_sql(_LOCK_JOB, (job_id,))

@@ -45,6 +45,9 @@ class SqliteBase(HeldWrites, peewee.SqliteDatabase):
     #: Around reading a statement's rows, or Peewee's own execution: driver errors as the package's.
     read_errors: Translation
 
+    #: The SQL that reads the byte total (see :mod:`.schema`).
+    total_nbytes_sql: str
+
     if TYPE_CHECKING:
 
         def run_sql(self, sql: str, params: Sequence[Any]) -> Any: ...

@@ -67,6 +67,23 @@ class SqliteExecution(SqliteBase):
                 self.raise_store_error(exc)
                 raise
 
+    def byte_total(self) -> int:
+        """The byte total: one read on the connection, under one hold of the lock. A read that succeeds
+        begins or ends no transaction, so only a failed one settles the writers' queue (SQLite may have
+        ended a caller's transaction after the error)."""
+        with self.lock:
+            conn = self._state.conn
+            if conn is None:  # connects, as every statement does
+                row = self.fetch_one(self.total_nbytes_sql, ())
+            else:
+                try:  # as in fetch_one
+                    row = conn.execute(self.total_nbytes_sql).fetchone()
+                except Exception as exc:
+                    self.settle_writers()
+                    self.raise_store_error(exc)
+                    raise
+        return 0 if row is None else int(row[0])
+
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
         """Run one statement for each row, streaming ``rows``; return the rows changed. Errors as in
         :meth:`run_sql`."""

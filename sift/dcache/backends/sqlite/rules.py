@@ -18,7 +18,7 @@ from ...errors import StoreUnavailable
 from .base import SqliteBase
 from .schema import TOTAL_NBYTES_SQL
 from .settings import CLAIMS_NEED_SQLITE
-from .transactions import WriteTransaction
+from .transactions import DirectWrite, WriteTransaction
 
 __all__ = ["SqliteRules"]
 
@@ -33,6 +33,19 @@ class SqliteRules(SqliteBase):
         one of its subclasses."""
         return WriteTransaction(self)
 
+    #: A call's target writes go one statement at a time, in one hold of the lock (see :meth:`direct_write`).
+    one_statement_writes = False
+
+    @staticmethod
+    def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
+        """Never: the caller sends the statements itself, on the connection :meth:`direct_write` gives."""
+        return False
+
+    def direct_write(self) -> DirectWrite:
+        """The write transaction of a hot path: :meth:`write`, giving the block the connection's
+        ``execute``, whose statements bind their parameters by position."""
+        return DirectWrite(self)
+
     #: The running byte total kept by the triggers.
     total_nbytes_sql = TOTAL_NBYTES_SQL
 
@@ -43,6 +56,8 @@ class SqliteRules(SqliteBase):
     row_address = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
     #: An UPDATE rewrites the index entries of every column it sets, changed or not.
     rewrites_set_keys = True
+    #: BEGIN IMMEDIATE holds the whole file: no rule locks rows.
+    row_locks = False
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:

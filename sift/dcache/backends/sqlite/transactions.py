@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -18,7 +18,15 @@ import peewee
 from ...errors import StoreReadOnly
 from .base import SqliteBase
 
-__all__ = ["BufferedCursor", "BulkWrites", "Locked", "StoreConnection", "ThreadContexts", "WriteTransaction"]
+__all__ = [
+    "BufferedCursor",
+    "BulkWrites",
+    "DirectWrite",
+    "Locked",
+    "StoreConnection",
+    "ThreadContexts",
+    "WriteTransaction",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,8 +122,8 @@ class WriteTransaction:
                 self.savepoint = peewee.SqliteDatabase.atomic(database)
                 self.savepoint.__enter__()
             else:
-                database.enter_writers()
-                database.run_sql("BEGIN IMMEDIATE", ())
+                database.enter_writers()  # connects first, if the connection is closed
+                database._state.conn.execute("BEGIN IMMEDIATE")
                 database._state.transactions.append(self)
         except BaseException as exc:
             database.settle_writers()
@@ -134,7 +142,7 @@ class WriteTransaction:
                 database._state.transactions.pop()
                 if exc_type is None:
                     try:
-                        database.run_sql("COMMIT", ())
+                        database._state.conn.execute("COMMIT")
                     except BaseException:
                         database.rollback_if_open()
                         raise
@@ -148,6 +156,38 @@ class WriteTransaction:
             database.lock.release()
         if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
             database.raise_store_error(exc, constraints=True)
+
+
+class DirectWrite(WriteTransaction):
+    """The write transaction of a hot path, which sends its statements to the connection itself: the block
+    is given the connection's ``execute`` (sqlite3's own, parameters bound by position), and its driver
+    errors become the package's as the block ends. One hold of the lock and one turn in the writers' queue
+    cover the whole call; the queue is settled, and a checkpoint made if due, once, at its end."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Callable[[str, Sequence[Any]], sqlite3.Cursor]:  # type: ignore[override]
+        database = self.database
+        state = database._state
+        database.lock.acquire()
+        if database.readonly or state.closed or state.transactions:  # refused, connecting, or a savepoint
+            try:
+                super().__enter__()
+            finally:
+                database.lock.release()  # super() holds it, once more
+            execute: Callable[[str, Sequence[Any]], sqlite3.Cursor] = state.conn.execute
+            return execute
+        try:  # WriteTransaction's own steps, inline: this runs once per call of the hot paths
+            database.writers.acquire()
+            execute = state.conn.execute
+            state.conn.execute("BEGIN IMMEDIATE")
+            state.transactions.append(self)
+        except BaseException as exc:
+            database.settle_writers()
+            database.lock.release()
+            database.raise_store_error(exc)
+            raise
+        return execute
 
 
 class BulkWrites:

@@ -78,7 +78,7 @@ class WriterQueue:
 
     def acquire(self) -> None:
         """Take the lock, waiting up to ``timeout`` seconds; raise StoreUnavailable past it."""
-        fd = self._open()
+        fd = self._fd if self._fd is not None else self._open()
         if fd is None:
             return
         try:

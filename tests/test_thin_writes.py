@@ -1,0 +1,252 @@
+"""The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
+hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
+themselves (BEGIN, the job's and the target's update, COMMIT); the no-op eviction is one hold and one read.
+On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import open_empty_postgres
+from helpers import make_job, make_targets
+
+from sift import dcache
+from sift.dcache import manager
+from sift.dcache.database import db
+
+BUDGET = 10**15
+
+
+class CountingLock:
+    """The store's RLock, counting how often it is taken."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self.lock = lock
+        self.taken = 0
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        self.taken += 1
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class Connection:
+    """The store's sqlite3 connection, keeping the SQL of every statement sent to it."""
+
+    def __init__(self, conn: sqlite3.Connection, sent: list[str]) -> None:
+        self.conn = conn
+        self.sent = sent
+
+    def execute(self, sql: str, *params: Any) -> sqlite3.Cursor:
+        self.sent.append(sql)
+        return self.conn.execute(sql, *params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+class Seen:
+    """What the store does from the moment it is made: statements sent to SQLite, lock holds, flocks,
+    reads of the WAL index."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        backend: Any = db.backend
+        self.statements: list[str] = []
+        self.flocks = 0
+        self.preads = 0
+        self.lock = CountingLock(backend.lock)
+        monkeypatch.setattr(backend, "lock", self.lock)
+        flock, pread = fcntl.flock, os.pread
+
+        def counted_flock(*args: Any) -> Any:
+            self.flocks += 1
+            return flock(*args)
+
+        def counted_pread(*args: Any) -> Any:
+            self.preads += 1
+            return pread(*args)
+
+        monkeypatch.setattr(fcntl, "flock", counted_flock)  # the writers' queue's
+        monkeypatch.setattr(os, "pread", counted_pread)
+        backend.connection()
+        monkeypatch.setattr(backend._state, "conn", Connection(backend._state.conn, self.statements))
+
+    def reset(self) -> None:
+        self.statements.clear()
+        self.flocks = self.preads = self.lock.taken = 0
+
+
+@pytest.fixture
+def seen(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seen]:
+    dcache.create_batch_job(make_job("job-1", status="running", targets_total=12), make_targets(12))
+    dcache.update_batch_target("job-1", 11, "done", result="warm", now=100)  # the lease is 100 from here on
+    counting = Seen(monkeypatch)
+    yield counting
+
+
+def test_a_runner_step_is_its_statements_in_one_hold_each(seen: Seen) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="r" * 1024, now=100)
+    # the lease is 100 already: the form that leaves it alone
+    assert seen.statements == [
+        "BEGIN IMMEDIATE",
+        manager._FINISH_AT_LEASE.sql,
+        manager._SET_TARGET.sql,
+        "COMMIT",
+    ]
+    assert seen.lock.taken == 1
+    assert seen.flocks == 2  # the writers' queue: taken, then released
+    assert seen.preads == 1  # the checkpoint policy: one look at the WAL index, after the COMMIT
+    seen.reset()
+    assert dcache.evict_batch_oldest(BUDGET) == 0
+    assert seen.statements == [db.backend.total_nbytes_sql]
+    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 0, 0)
+
+
+def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="r", now=101)
+    assert seen.statements == [
+        "BEGIN IMMEDIATE",
+        manager._FINISH_AT_LEASE.sql,  # matches nothing: the lease is 100
+        manager._FINISH_ON_JOB.sql,
+        manager._SET_TARGET.sql,
+        "COMMIT",
+    ]
+    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.lease == 101
+
+
+def test_ten_results_are_one_hold_and_one_turn_in_the_queue(seen: Seen) -> None:
+    results = [{"idx": i, "status": "done", "result": "x" * i} for i in range(10)]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 10
+    assert seen.statements == [
+        "BEGIN IMMEDIATE",
+        *[manager._FINISH_AT_LEASE.sql, manager._SET_TARGET.sql] * 10,
+        "COMMIT",
+    ]
+    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (11, sum(range(10)) + 4)
+
+
+def test_a_refused_write_rolls_back_in_the_same_hold(seen: Seen) -> None:
+    results = [{"idx": 0, "status": "done", "result": "x"}, {"idx": 12, "status": "done"}]
+    with pytest.raises(dcache.TargetNotFound):
+        dcache.update_batch_targets("job-1", results, now=100)
+    assert seen.statements[0] == "BEGIN IMMEDIATE" and seen.statements[-1] == "ROLLBACK"
+    assert seen.flocks == 2  # the queue is left, once
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 4)  # nothing of the call stayed
+    assert dcache.batch_nbytes() == 4
+
+
+def test_a_write_inside_a_callers_transaction_is_a_savepoint_of_it(seen: Seen) -> None:
+    with db.atomic():
+        dcache.update_batch_target("job-1", 0, "done", result="abc", now=100)
+        with pytest.raises(dcache.ClaimLost):
+            dcache.update_batch_target("job-1", 1, "done", result="abc", runner="nobody", now=100)
+        dcache.update_batch_target("job-1", 2, "done", result="de", now=100)
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (3, 4 + 3 + 2)
+    assert dcache.batch_nbytes() == 9
+    assert seen.flocks == 2  # the caller's transaction took the queue, once
+
+
+def test_a_read_only_store_refuses_the_write_before_any_statement(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dcache.create_batch_job(make_job("job-1", status="running", targets_total=1), make_targets(1))
+    dcache.close_db()
+    dcache.open_db(file_store, readonly=True)
+    counting = Seen(monkeypatch)
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.update_batch_target("job-1", 0, "done", result="x", now=100)
+    assert counting.statements == [] and counting.flocks == 0
+    assert dcache.evict_batch_oldest(BUDGET) == 0
+
+
+# -- PostgreSQL: round trips, counted by wrapping the driver's cursor ------------------------------------
+
+
+@pytest.fixture
+def pg_sent(postgres_schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The worker's schema, open and empty, with a running job of 12 targets; yields the statements sent
+    to the server from then on, one a round trip."""
+    import psycopg
+
+    open_empty_postgres(postgres_schema)
+    dcache.create_batch_job(make_job("job-1", status="running", targets_total=12), make_targets(12))
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    yield sent
+    dcache.close_db()
+
+
+@pytest.mark.postgres
+def test_a_runner_step_is_two_round_trips_on_postgres(pg_sent: list[str]) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="r" * 1024, now=100)
+    assert len(pg_sent) == 1  # the whole write, in one statement
+    assert dcache.evict_batch_oldest(BUDGET) == 0
+    assert len(pg_sent) == 2  # the byte total
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes, job.lease) == (1, 1024, 100)
+
+
+@pytest.mark.postgres
+def test_ten_results_are_one_round_trip_on_postgres(pg_sent: list[str]) -> None:
+    results = [{"idx": i, "status": "done", "result": "é" * i} for i in range(10)]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 10
+    assert len(pg_sent) == 1
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (10, 2 * sum(range(10)))
+    assert dcache.batch_nbytes() == 2 * sum(range(10))
+
+
+@pytest.mark.postgres
+def test_a_refused_write_on_postgres_writes_nothing_and_names_the_target(pg_sent: list[str]) -> None:
+    dcache.update_batch_target("job-1", 0, "done", result="abc", now=100)
+    results = [{"idx": 1, "status": "done", "result": "x"}, {"idx": 0, "status": "running"}]
+    with pytest.raises(dcache.InvalidBatchInput, match="target 0 is already done"):
+        dcache.update_batch_targets("job-1", results, now=101)
+    with pytest.raises(dcache.ClaimLost):
+        dcache.update_batch_target("job-1", 2, "done", result="x", runner="nobody", now=101)
+    with pytest.raises(dcache.TargetNotFound):
+        dcache.update_batch_targets("job-1", [{"idx": 3, "status": "done"}, {"idx": 99, "status": "done"}])
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes, job.lease) == (1, 3, 100)
+    assert [t.status for t in dcache.batch_targets("job-1") or []][:4] == [
+        "done",
+        "pending",
+        "pending",
+        "pending",
+    ]
+
+
+@pytest.mark.postgres
+def test_the_same_target_twice_in_one_call_is_written_in_order_on_postgres(pg_sent: list[str]) -> None:
+    results = [{"idx": 0, "status": "done", "result": "ab"}, {"idx": 0, "status": "done", "result": "abcd"}]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 2
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (1, 4)
