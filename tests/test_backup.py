@@ -297,27 +297,23 @@ def test_cli_backup_refuses_the_store_itself(file_store: Path, capsys: pytest.Ca
     assert err == f"sift: dest: {str(file_store)!r} is the store itself; back it up to another file\n"
 
 
-def test_cli_backup_shows_progress_on_a_terminal(file_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [("backup", "backed up "), ("restore", "restored 50 jobs ")],
+)
+def test_cli_backup_and_restore_show_progress_on_a_terminal(
+    file_store: Path, tmp_path: Path, command: str, said: str
+) -> None:
     fill(50)
     dcache.close_db()
-    dest = tmp_path / "copy.db"
-    code, out, terminal = run_on_terminal(
-        [str(sift_script()), "--db", str(file_store), "backup", str(dest)], cwd=tmp_path
+    dest = tmp_path / "dest.db"
+    argv = (
+        ["--db", str(file_store), "backup", str(dest)]
+        if command == "backup"
+        else ["restore", str(file_store), "--db", str(dest)]
     )
+    code, out, terminal = run_on_terminal([str(sift_script()), *argv], cwd=tmp_path)
     assert code == 0, terminal
-    assert "backup" in terminal and "100%" in terminal
-    assert out.startswith("backed up ")
-    assert check_problems(dest) == []
-
-
-def test_cli_restore_shows_its_rows_on_a_terminal(file_store: Path, tmp_path: Path) -> None:
-    fill(50)
-    dcache.close_db()
-    dest = tmp_path / "restored.db"
-    code, out, terminal = run_on_terminal(
-        [str(sift_script()), "restore", str(file_store), "--db", str(dest)], cwd=tmp_path
-    )
-    assert code == 0, terminal
-    assert "restore" in terminal and "100%" in terminal
-    assert out.startswith("restored 50 jobs ")
+    assert command in terminal and "100%" in terminal
+    assert out.startswith(said)
     assert check_problems(dest) == []

@@ -6,19 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import EXPECTED, FROZEN, NEWEST_FIRST, dump, populate, run
+from cli_helpers import EXPECTED, FROZEN, NEWEST_FIRST, dump, run
 from freezegun import freeze_time
 from helpers import make_job
 
 from sift import dcache
 from sift.cli.rows import JOB_FIELDS
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 def listed(out: str) -> list[str]:

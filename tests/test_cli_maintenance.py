@@ -13,7 +13,6 @@ from cli_helpers import (
     NOW,
     dump,
     job_ids,
-    populate,
     run,
     run_on_terminal,
     sift_script,
@@ -26,13 +25,6 @@ from sift import dcache
 
 TOTAL = sum(e.nbytes for e in EXPECTED.values())
 A, B, E = EXPECTED["job-a"].nbytes, EXPECTED["job-b"].nbytes, EXPECTED["job-e"].nbytes
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 # -- sweep -------------------------------------------------------------------------------------------------

@@ -205,19 +205,6 @@ BAD_OPTIONS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("options", list(BAD_OPTIONS.values()), ids=list(BAD_OPTIONS))
-@pytest.mark.parametrize("how", ["put", "create"])
-def test_nan_and_non_json_options(store: dcache.SerializedSqliteDatabase, how: str, options: Any) -> None:
-    create_partial(make_job("job-1", targets_total=3), make_targets(1))
-    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
-    bad = [make_target(1), make_target(2, options=options)]
-    if how == "put":
-        assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
-    else:
-        assert_refused(lambda: dcache.create_batch_job(make_job("job-2"), [make_target(0), *bad]), "options")
-    assert counts() == (1, 1, 2)
-
-
 def nested_list(depth: int) -> list[Any]:
     outer: list[Any] = []
     inner = outer
@@ -235,13 +222,17 @@ TOO_DEEP_OPTIONS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("options", list(TOO_DEEP_OPTIONS.values()), ids=list(TOO_DEEP_OPTIONS))
+#: NaN and non-JSON options, and options nested deeper than 2000 (refused on every backend).
+REFUSED_OPTIONS: dict[str, Any] = {**BAD_OPTIONS, **TOO_DEEP_OPTIONS}
+
+
+@pytest.mark.parametrize("options", list(REFUSED_OPTIONS.values()), ids=list(REFUSED_OPTIONS))
 @pytest.mark.parametrize("how", ["put", "create"])
-def test_options_nested_deeper_than_2000_are_refused_on_both_backends(
+def test_nan_non_json_and_too_deep_options_are_refused(
     store: dcache.StoreDatabase, how: str, options: Any
 ) -> None:
     create_partial(make_job("job-1", targets_total=3), make_targets(1))
-    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)
+    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
     bad = [make_target(1), make_target(2, options=options)]
     if how == "put":
         assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")

@@ -14,7 +14,14 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import make_job, make_target, make_targets, snapshot
+from helpers import (
+    assert_target_still_waits,
+    make_job,
+    make_target,
+    make_targets,
+    one_of_two_targets_waiting,
+    snapshot,
+)
 from test_backup import Writers
 from test_postgres import make_version_1, make_version_3
 
@@ -153,17 +160,11 @@ def test_bad_dest_is_refused_and_nothing_is_written(pg: str, tmp_path: Path, des
 
 
 def test_a_waiting_target_still_waits_in_the_backup(pg: str, tmp_path: Path) -> None:
-    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
-    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
-    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    one_of_two_targets_waiting()
     dest = tmp_path / "copy.db"
     dcache.backup_store(dest)
     dcache.open_db(dest)
-    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
-    assert waiting.fetchall() == [(1, "pending", "503", 500)]
-    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
-    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
-    assert dcache.check_store().ok
+    assert_target_still_waits()
 
 
 def test_inside_a_transaction_backup_is_refused(pg: str, tmp_path: Path) -> None:

@@ -6,26 +6,21 @@ destination is left exactly as it was, even after earlier batches of rows were w
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import assert_target_still_waits, make_job, make_targets, one_of_two_targets_waiting, snapshot
 from test_upgrade import original_file
 
 from sift import dcache
 from sift.dcache import restore, tables
 
 
-@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dest(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture
+def dest(new_store: str) -> str:
     """An empty destination store: a new SQLite file, or a new PostgreSQL schema (not open yet)."""
-    if request.param == "postgres":
-        yield request.getfixturevalue("pg_target")
-    else:
-        yield str(tmp_path / "dest.db")
-    dcache.close_db()
+    return new_store
 
 
 def source_store(path: Path, *statements: str) -> Path:
@@ -183,17 +178,11 @@ def test_claims_are_restored_as_stored_on_either_destination(dest: str, tmp_path
 def test_a_waiting_target_still_waits_once_restored(dest: str, tmp_path: Path) -> None:
     path = tmp_path / "source.db"
     dcache.open_db(path)
-    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
-    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
-    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    one_of_two_targets_waiting()
     dcache.close_db()
     dcache.open_db(dest)
     dcache.restore_store(path)
-    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
-    assert waiting.fetchall() == [(1, "pending", "503", 500)]
-    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
-    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
-    assert dcache.check_store().ok
+    assert_target_still_waits()
 
 
 def test_a_source_the_original_service_wrote_restores_unclaimed(dest: str, tmp_path: Path) -> None:
