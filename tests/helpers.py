@@ -6,9 +6,10 @@ import importlib.util
 import multiprocessing
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -213,3 +214,23 @@ def load_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_on_file(path: Path, *statements: str) -> None:
+    """Run ``statements`` on the SQLite file at ``path`` as another program would, and commit."""
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+
+
+#: Two sites written seven ways: 127.0.0.1 five, exämple.com two (in Unicode and in punycode).
+SITE_SPELLINGS = [
+    "http://127.0.0.1/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://127.1/",
+    "http://[::ffff:127.0.0.1]/",
+    "https://exämple.com/",
+    "https://xn--exmple-cua.com/",
+]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import count_statements, make_job, snapshot
+from helpers import SITE_SPELLINGS, count_statements, make_job, snapshot
 
 from sift import dcache
 from sift.dcache import HostPolicy, clock
@@ -146,13 +146,7 @@ def test_max_running_caps_a_host_as_per_host_does_the_stricter_wins(store: Any) 
 
 
 SPELLINGS = [
-    "http://127.0.0.1/",
-    "http://2130706433/",
-    "http://0x7f000001/",
-    "http://127.1/",
-    "http://[::ffff:127.0.0.1]/",
-    "https://exämple.com/",
-    "https://xn--exmple-cua.com/",
+    *SITE_SPELLINGS,
     "https://\uff45\uff58\u00e4\uff4d\uff50\uff4c\uff45.com/",  # exämple.com in full-width letters
 ]
 

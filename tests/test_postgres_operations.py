@@ -20,6 +20,7 @@ from helpers import (
     make_target,
     make_targets,
     one_of_two_targets_waiting,
+    run_on_file,
     snapshot,
 )
 from test_backup import Writers
@@ -284,10 +285,7 @@ def sqlite_store(path: Path, *statements: str) -> Path:
     dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
     dcache.update_batch_target("job-1", 0, "done", result="fine", now=5)
     dcache.close_db()
-    with closing(sqlite3.connect(path)) as conn:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
+    run_on_file(path, *statements)
     return path
 
 

@@ -10,7 +10,14 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import assert_target_still_waits, make_job, make_targets, one_of_two_targets_waiting, snapshot
+from helpers import (
+    assert_target_still_waits,
+    make_job,
+    make_targets,
+    one_of_two_targets_waiting,
+    run_on_file,
+    snapshot,
+)
 from test_upgrade import original_file
 
 from sift import dcache
@@ -32,10 +39,7 @@ def source_store(path: Path, *statements: str) -> Path:
     dcache.update_batch_target("job-2", 1, "done", result="fine", now=5)
     dcache.update_batch_target("job-2", 2, "failed", error="boom", hint="retry", now=5)
     dcache.close_db()
-    with closing(sqlite3.connect(path)) as conn:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
+    run_on_file(path, *statements)
     return path
 
 
