@@ -16,7 +16,7 @@ from freezegun import freeze_time
 from helpers import make_job, make_target, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, db, models
+from sift.dcache import BatchJob, BatchTarget, db, models, modelwrites
 
 NOW = 2_000_000_000  # the clock while a write runs: a lease the write moves becomes this
 J, T = BatchJob, BatchTarget
@@ -625,3 +625,12 @@ def test_the_manager_never_writes_through_the_models(store: Any, monkeypatch: py
     assert dcache.evict_batch_oldest(0) == 1
     assert dcache.sweep_batch(0, now=100) == 2
     assert J.select().count() == 0
+
+
+def test_the_guards_old_name_imports_with_a_deprecation_warning() -> None:
+    old, missing = "ModelRules", "ModelRulez"
+    with pytest.warns(DeprecationWarning, match=r"sift\.dcache\.modelwrites\.ModelWriteGuard"):
+        guard = getattr(dcache, old)
+    assert guard is modelwrites.ModelWriteGuard
+    with pytest.raises(AttributeError, match="no attribute 'ModelRulez'"):
+        getattr(dcache, missing)

@@ -499,10 +499,10 @@ class PgBaseline:
 
     def __init__(self, conn: Any) -> None:
         # The row lock it sends: a private text.
-        from sift.dcache.backends.postgres import rules
+        from sift.dcache.backends.postgres import writes
 
         self.conn = conn
-        self.lock_target_sql = rules._LOCK_TARGET
+        self.lock_target_sql = writes._LOCK_TARGET
         self.finish_sql = manager._FINISH_ON_JOB.sql  # compiled for PostgreSQL: the store is open there
         self.set_target_sql = manager._SET_TARGET.sql
         self.total_sql = dcache.db.total_nbytes_sql

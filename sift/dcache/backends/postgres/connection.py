@@ -22,9 +22,9 @@ from ...driver_errors import Translation, store_error
 from .listener import PostgresListener
 from .maintenance import PostgresMaintenance
 from .pool import PostgresPool, fresh_holds
-from .rules import PostgresRules
 from .schema import PostgresSchema
 from .urls import parse_target, shown_target, url_secrets
+from .writes import PostgresWrites as PostgresRules
 
 __all__ = ["PostgresStore"]
 
