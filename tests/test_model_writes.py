@@ -601,15 +601,15 @@ def test_get_or_create_finds_or_creates(jobs: Any) -> None:
 
 
 class _NoModelWrites:
-    """Rules that fail any write through the models."""
+    """A guard that fails any write through the models."""
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the manager wrote through the models ({name})")
 
 
 def test_the_manager_never_writes_through_the_models(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The functions run their compiled statements: the models' rules never run on their paths."""
-    monkeypatch.setattr(models, "_RULES", [_NoModelWrites()])
+    """The functions run their compiled statements: the model-write guard never runs on their paths."""
+    monkeypatch.setattr(models, "_GUARD", [_NoModelWrites()])
     dcache.create_batch_job(make_job("a", targets_total=2, lease=10), make_targets(2))
     dcache.submit_batch_job(
         make_job("b", targets_total=1, idem_key="k", lease=10), make_targets(1), 60, now=10
