@@ -20,6 +20,7 @@ from helpers import create_partial, make_job, make_target, make_targets, snapsho
 
 from sift import dcache
 from sift.dcache import MAX_KEY_BYTES, BatchJob, BatchTarget, db
+from sift.dcache.jsontext import checked_options, is_json, json_too_deep, options_text
 
 
 def counts() -> tuple[int, int, int]:
@@ -226,7 +227,31 @@ TOO_DEEP_OPTIONS: dict[str, Any] = {
 REFUSED_OPTIONS: dict[str, Any] = {**BAD_OPTIONS, **TOO_DEEP_OPTIONS}
 
 
-@pytest.mark.parametrize("options", list(REFUSED_OPTIONS.values()), ids=list(REFUSED_OPTIONS))
+def test_the_options_check_refuses_nan_non_json_and_too_deep_options() -> None:
+    """The check every entry point makes in Python: a dict or list JSON cannot hold, or text nested too deep
+    (a model write also checks the text is JSON here; the store's functions leave that to the backend)."""
+    for name, options in REFUSED_OPTIONS.items():
+        with pytest.raises(dcache.InvalidBatchInput) as info:
+            checked_options(options)
+        assert info.value.field == "options", name
+        assert str(info.value).startswith("options:"), name
+        if not isinstance(options, str):
+            with pytest.raises(dcache.InvalidBatchInput):
+                options_text(options)
+        elif name in TOO_DEEP_OPTIONS:
+            assert json_too_deep(options), name
+        else:
+            assert not is_json(options), name
+
+
+#: Through each of put and create on each backend: text that only the backend's own JSON check refuses, and
+#: one refusal of each of the checks made in Python.
+REFUSED_BY_EVERY_BACKEND = [*(n for n in BAD_OPTIONS if n.startswith("text-")), "dict-nan", "text-2001"]
+
+
+@pytest.mark.parametrize(
+    "options", [REFUSED_OPTIONS[n] for n in REFUSED_BY_EVERY_BACKEND], ids=REFUSED_BY_EVERY_BACKEND
+)
 @pytest.mark.parametrize("how", ["put", "create"])
 def test_nan_non_json_and_too_deep_options_are_refused(
     store: dcache.StoreDatabase, how: str, options: Any
