@@ -8,7 +8,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -234,3 +234,17 @@ SITE_SPELLINGS = [
     "https://exämple.com/",
     "https://xn--exmple-cua.com/",
 ]
+
+
+def refuse_each(cases: Iterable[tuple[str, Callable[[], object], str]]) -> None:
+    """Each ``(name, call, field)`` in turn: the call raises InvalidBatchInput naming ``field`` and leaves the
+    store as it was, so the next meets the store the test made."""
+    before = snapshot()
+    for name, call, field in cases:
+        try:
+            call()
+        except dcache.InvalidBatchInput as exc:
+            assert exc.field == field, f"{name}: {exc}"
+        else:
+            pytest.fail(f"{name}: raised nothing")
+        assert snapshot() == before, name
