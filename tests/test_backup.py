@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -317,3 +319,12 @@ def test_cli_backup_and_restore_show_progress_on_a_terminal(
     assert command in terminal and "100%" in terminal
     assert out.startswith(said)
     assert check_problems(dest) == []
+
+
+def test_a_store_file_is_copied_by_its_pages_never_by_its_rows(file_store: Path, tmp_path: Path) -> None:
+    with (
+        closing(sqlite3.connect(tmp_path / "rows.db")) as dst,
+        pytest.raises(dcache.StoreUnavailable, match="page by page"),
+    ):
+        dcache.db.backend.copy_rows_into(dst, None, rows_per_step=10)
+    assert not (tmp_path / "rows.db").stat().st_size  # nothing written into it

@@ -372,3 +372,9 @@ def test_restore_into_an_empty_sqlite_store_too(tmp_path: Path) -> None:
         assert dcache.check_store().ok and dcache.batch_nbytes() == 4
     finally:
         dcache.close_db()
+
+
+def test_a_server_store_is_copied_by_its_rows_never_by_pages(pg: str, tmp_path: Path) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match="row by row"):
+        dcache.db.backend.copy_into(str(tmp_path / "pages.db"), None, pages_per_step=10)
+    assert list(tmp_path.iterdir()) == []
