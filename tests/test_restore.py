@@ -108,24 +108,26 @@ BAD_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("statement", "table", "column"), [case[1:] for case in BAD_ROWS], ids=[case[0] for case in BAD_ROWS]
-)
 def test_a_row_the_rules_refuse_is_named_and_the_destination_left_as_it_was(
-    dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statement: str, table: str, column: str
+    dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = source_store(tmp_path / "source.db", statement)
+    """Each row of BAD_ROWS in turn, into the one destination, which each refusal leaves as it was."""
+    sources = {name: source_store(tmp_path / f"{name}.db", statement) for name, statement, _, _ in BAD_ROWS}
     monkeypatch.setattr(restore, "ROWS_PER_STEP", 1)  # rows before the bad one are written first
     dcache.open_db(dest)
     before = snapshot()
-    with pytest.raises(dcache.InvalidBatchInput) as info:
-        dcache.restore_store(source)
-    assert info.value.field == "source"
-    row = "job 'job-2" + ("' idx 2" if table == "batch_target" and column not in ("job_id", "idx") else "")
-    assert f"a row of {table} in {str(source)!r} cannot be stored here: {row}" in info.value.problem
-    assert f": {column}: " in info.value.problem
-    assert snapshot() == before
-    assert not dcache.db.in_transaction()
+    for name, _, table, column in BAD_ROWS:
+        with pytest.raises(dcache.InvalidBatchInput) as info:
+            dcache.restore_store(sources[name])
+        assert info.value.field == "source", name
+        row = "job 'job-2" + (
+            "' idx 2" if table == "batch_target" and column not in ("job_id", "idx") else ""
+        )
+        shown = str(sources[name])
+        assert f"a row of {table} in {shown!r} cannot be stored here: {row}" in info.value.problem, name
+        assert f": {column}: " in info.value.problem, name
+        assert snapshot() == before, name
+        assert not dcache.db.in_transaction(), name
 
 
 def test_what_the_rules_allow_is_restored_on_either_destination(dest: str, tmp_path: Path) -> None:
