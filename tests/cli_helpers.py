@@ -171,3 +171,14 @@ def run_on_terminal(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     code = proc.wait(timeout=120)
     os.close(master)
     return code, out, b"".join(chunks).decode(errors="replace")
+
+
+def store_of_25_jobs(folder: Path, *, first_at: int) -> Path:
+    """A store file ``many.db`` in ``folder`` of 25 pending jobs, ``job-00`` to ``job-24``, created (and
+    leased) one a second from ``first_at``."""
+    path = folder / "many.db"
+    dcache.open_db(path)
+    for n in range(25):
+        dcache.create_batch_job(make_job(f"job-{n:02d}", created_at=first_at + n, lease=first_at + n))
+    dcache.close_db()
+    return path

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import populate
 from helpers import TargetWriter, write_in_bulk
 from hypothesis import settings
 
@@ -156,6 +157,24 @@ def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         dcache.open_db(target)
     yield target
     dcache.close_db()
+
+
+@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where a new store goes, not made yet: a SQLite file, or a PostgreSQL schema of the test's own."""
+    if request.param == "postgres":
+        yield request.getfixturevalue("pg_target")
+    else:
+        yield str(tmp_path / "sift.db")
+    dcache.close_db()
+
+
+@pytest.fixture
+def store_file(tmp_path: Path) -> Path:
+    """A SQLite store file holding what ``cli_helpers.populate`` stores (five jobs, ten targets)."""
+    path = tmp_path / "store.db"
+    populate(path)
+    return path
 
 
 @pytest.fixture

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -86,6 +93,23 @@ def run_processes(
     return reports
 
 
+def killed_after_it_reports(worker: Callable[[str, Any], None], target: str) -> Any:
+    """Run ``worker(target, queue)`` in a spawned process that puts what it claimed, then its pid, and
+    hangs; kill it with SIGKILL once both are in and return what it claimed."""
+    ready = SPAWN.Queue()
+    process = SPAWN.Process(target=worker, args=(target, ready))
+    process.start()
+    try:
+        claimed = ready.get(timeout=120)
+        pid = ready.get(timeout=120)
+    finally:
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(timeout=30)
+    assert pid == process.pid and process.exitcode == -signal.SIGKILL
+    return claimed
+
+
 def _process_entry(
     worker: Callable[..., dict[str, Any]], args: tuple[Any, ...], barrier: Any, results: Any
 ) -> None:
@@ -161,3 +185,66 @@ def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         monkeypatch.setattr(Statement, name, counted)
     return seen
+
+
+def one_of_two_targets_waiting() -> None:
+    """Job ``job-1`` of two targets, both claimed by ``r1``; target 1 retried, waiting until 500."""
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
+    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+
+
+def assert_target_still_waits() -> None:
+    """What :func:`one_of_two_targets_waiting` wrote holds in the open store: target 1 is pending with its
+    error, unclaimable before 500 and claimed at 500, and the store checks clean."""
+    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
+    assert waiting.fetchall() == [(1, "pending", "503", 500)]
+    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
+    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
+    assert dcache.check_store().ok
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported as the module ``name``, registered in ``sys.modules`` (its
+    dataclasses need their module registered)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_on_file(path: Path, *statements: str) -> None:
+    """Run ``statements`` on the SQLite file at ``path`` as another program would, and commit."""
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+
+
+#: Two sites written seven ways: 127.0.0.1 five, exämple.com two (in Unicode and in punycode).
+SITE_SPELLINGS = [
+    "http://127.0.0.1/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://127.1/",
+    "http://[::ffff:127.0.0.1]/",
+    "https://exämple.com/",
+    "https://xn--exmple-cua.com/",
+]
+
+
+def refuse_each(cases: Iterable[tuple[str, Callable[[], object], str]]) -> None:
+    """Each ``(name, call, field)`` in turn: the call raises InvalidBatchInput naming ``field`` and leaves the
+    store as it was, so the next meets the store the test made."""
+    before = snapshot()
+    for name, call, field in cases:
+        try:
+            call()
+        except dcache.InvalidBatchInput as exc:
+            assert exc.field == field, f"{name}: {exc}"
+        else:
+            pytest.fail(f"{name}: raised nothing")
+        assert snapshot() == before, name

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -297,27 +299,32 @@ def test_cli_backup_refuses_the_store_itself(file_store: Path, capsys: pytest.Ca
     assert err == f"sift: dest: {str(file_store)!r} is the store itself; back it up to another file\n"
 
 
-def test_cli_backup_shows_progress_on_a_terminal(file_store: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [("backup", "backed up "), ("restore", "restored 50 jobs ")],
+)
+def test_cli_backup_and_restore_show_progress_on_a_terminal(
+    file_store: Path, tmp_path: Path, command: str, said: str
+) -> None:
     fill(50)
     dcache.close_db()
-    dest = tmp_path / "copy.db"
-    code, out, terminal = run_on_terminal(
-        [str(sift_script()), "--db", str(file_store), "backup", str(dest)], cwd=tmp_path
+    dest = tmp_path / "dest.db"
+    argv = (
+        ["--db", str(file_store), "backup", str(dest)]
+        if command == "backup"
+        else ["restore", str(file_store), "--db", str(dest)]
     )
+    code, out, terminal = run_on_terminal([str(sift_script()), *argv], cwd=tmp_path)
     assert code == 0, terminal
-    assert "backup" in terminal and "100%" in terminal
-    assert out.startswith("backed up ")
+    assert command in terminal and "100%" in terminal
+    assert out.startswith(said)
     assert check_problems(dest) == []
 
 
-def test_cli_restore_shows_its_rows_on_a_terminal(file_store: Path, tmp_path: Path) -> None:
-    fill(50)
-    dcache.close_db()
-    dest = tmp_path / "restored.db"
-    code, out, terminal = run_on_terminal(
-        [str(sift_script()), "restore", str(file_store), "--db", str(dest)], cwd=tmp_path
-    )
-    assert code == 0, terminal
-    assert "restore" in terminal and "100%" in terminal
-    assert out.startswith("restored 50 jobs ")
-    assert check_problems(dest) == []
+def test_a_store_file_is_copied_by_its_pages_never_by_its_rows(file_store: Path, tmp_path: Path) -> None:
+    with (
+        closing(sqlite3.connect(tmp_path / "rows.db")) as dst,
+        pytest.raises(dcache.StoreUnavailable, match="page by page"),
+    ):
+        dcache.db.backend.copy_rows_into(dst, None, rows_per_step=10)
+    assert not (tmp_path / "rows.db").stat().st_size  # nothing written into it

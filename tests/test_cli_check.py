@@ -9,14 +9,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from cli_helpers import dump, populate, run, run_on_terminal, sift_script
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)  # five jobs, ten targets
-    return path
+from cli_helpers import dump, run, run_on_terminal, sift_script
 
 
 def foreign(path: Path, *statements: str) -> None:

@@ -12,20 +12,13 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from cli_helpers import populate, run, sift_script
+from cli_helpers import run, sift_script
 from helpers import make_job
 
 from sift import dcache
 from sift.cli import store
 
 GARBAGE = b"this is not a database, just some text that happens to be long enough " * 20
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 def one_line(err: str) -> str:

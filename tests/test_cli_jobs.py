@@ -6,19 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import EXPECTED, FROZEN, NEWEST_FIRST, dump, populate, run
+from cli_helpers import EXPECTED, FROZEN, NEWEST_FIRST, dump, run, store_of_25_jobs
 from freezegun import freeze_time
 from helpers import make_job
 
 from sift import dcache
 from sift.cli.rows import JOB_FIELDS
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 def listed(out: str) -> list[str]:
@@ -114,11 +107,7 @@ def test_footer_when_limited(store_file: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_default_limit_is_20(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "many.db"
-    dcache.open_db(path)
-    for n in range(25):
-        dcache.create_batch_job(make_job(f"job-{n:02d}", created_at=1000 + n, lease=1000 + n))
-    dcache.close_db()
+    path = store_of_25_jobs(tmp_path, first_at=1000)
     _, out, _ = run(capsys, "jobs", "--db", path)
     assert listed(out) == [f"job-{n:02d}" for n in range(24, 4, -1)]
     assert out.splitlines()[-1] == "(20 of 25 jobs, newest first; --limit 0 shows all)"

@@ -13,26 +13,19 @@ from cli_helpers import (
     NOW,
     dump,
     job_ids,
-    populate,
     run,
     run_on_terminal,
     sift_script,
     snapshot_of,
+    store_of_25_jobs,
 )
 from freezegun import freeze_time
-from helpers import job_with_bytes, make_job
+from helpers import job_with_bytes
 
 from sift import dcache
 
 TOTAL = sum(e.nbytes for e in EXPECTED.values())
 A, B, E = EXPECTED["job-a"].nbytes, EXPECTED["job-b"].nbytes, EXPECTED["job-e"].nbytes
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 # -- sweep -------------------------------------------------------------------------------------------------
@@ -96,11 +89,7 @@ def test_sweep_human_output(store_file: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_sweep_dry_run_lists_at_most_20(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "many.db"
-    dcache.open_db(path)
-    for n in range(25):
-        dcache.create_batch_job(make_job(f"job-{n:02d}", created_at=100 + n, lease=100 + n))
-    dcache.close_db()
+    path = store_of_25_jobs(tmp_path, first_at=100)
     code, out, _ = run(capsys, "sweep", "--ttl", "1d", "--dry-run", "--db", path)
     assert code == 0
     lines = out.splitlines()

@@ -20,6 +20,18 @@ from sift.dcache.tables import TARGET_COLUMN_LIST as TARGET_COLUMNS
 
 pytestmark = pytest.mark.postgres
 
+#: Every table of a PostgreSQL store, as the space report names them.
+STORE_TABLES = {
+    "batch_job",
+    "batch_target",
+    "batch_totals",
+    "sift_schema",
+    "batch_claim_ring",
+    "batch_host_policy",
+    "batch_paused_job",
+    "batch_paused_caller",
+}
+
 
 def rows(target: str | Path) -> dict[str, list[tuple[Any, ...]]]:
     """The columns both backends share, of every job and target, in key order; and the byte total."""
@@ -129,16 +141,7 @@ def test_stats_shows_the_tables_instead_of_files(populated: str, capsys: pytest.
         space = dcache.relation_space()
     finally:
         dcache.close_db()
-    assert report["table_bytes"] == space.table_bytes and set(space.table_bytes) == {
-        "batch_job",
-        "batch_target",
-        "batch_totals",
-        "sift_schema",
-        "batch_claim_ring",
-        "batch_host_policy",
-        "batch_paused_job",
-        "batch_paused_caller",
-    }
+    assert report["table_bytes"] == space.table_bytes and set(space.table_bytes) == STORE_TABLES
     assert report["total_table_bytes"] == space.total_bytes > 0
     code, out, _ = run(capsys, "--db", populated, "stats")
     assert code == 0
@@ -228,16 +231,7 @@ def test_vacuum_vacuums_and_analyzes_the_tables(populated: str, capsys: pytest.C
     code, out, err = run(capsys, "--db", populated, "vacuum", "--json")
     assert (code, err) == (0, "")
     report = json.loads(out)
-    assert set(report["after"]["table_bytes"]) == {
-        "batch_job",
-        "batch_target",
-        "batch_totals",
-        "sift_schema",
-        "batch_claim_ring",
-        "batch_host_policy",
-        "batch_paused_job",
-        "batch_paused_caller",
-    }
+    assert set(report["after"]["table_bytes"]) == STORE_TABLES
     assert analyzed() >= count + 8  # a VACUUM and an ANALYZE of each of the four tables
     assert rows(populated) == before
 

@@ -83,14 +83,20 @@ def test_the_setup_cannot_write(read_only_directory: Path) -> None:
     assert (proc.returncode, proc.stdout) == (0, "denied\ndenied\n")
 
 
-@pytest.mark.parametrize("command", READ_COMMANDS.values(), ids=list(READ_COMMANDS))
-def test_read_commands_on_a_read_only_file(read_only_file: Path, command: tuple[list[str], str]) -> None:
+def reads_and_changes_nothing(path: Path, command: tuple[list[str], str]) -> None:
+    """``command`` (its arguments, and what its output holds) run on the store at ``path`` succeeds, says
+    what it should, and leaves the store as it was."""
     argv, expected = command
-    before = state(read_only_file)
-    proc = sift([*argv, "--db", str(read_only_file)], read_only_file.parent)
+    before = state(path)
+    proc = sift([*argv, "--db", str(path)], path.parent)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert expected in proc.stdout
-    assert state(read_only_file) == before
+    assert state(path) == before
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS.values(), ids=list(READ_COMMANDS))
+def test_read_commands_on_a_read_only_file(read_only_file: Path, command: tuple[list[str], str]) -> None:
+    reads_and_changes_nothing(read_only_file, command)
     wal = Path(f"{read_only_file}-wal")
     assert not wal.exists() or wal.read_bytes() == b""  # at most SQLite's empty -wal file for readers
 
@@ -148,12 +154,7 @@ def test_read_commands_on_a_read_only_file_system(
     read_only_file_system: Path, command: tuple[list[str], str]
 ) -> None:
     """Nobody can write there, so the file is read as it stands."""
-    argv, expected = command
-    before = state(read_only_file_system)
-    proc = sift([*argv, "--db", str(read_only_file_system)], read_only_file_system.parent)
-    assert (proc.returncode, proc.stderr) == (0, "")
-    assert expected in proc.stdout
-    assert state(read_only_file_system) == before
+    reads_and_changes_nothing(read_only_file_system, command)
     # Only the store, and the lock file of its writers' queue: the read made no -wal or -shm
     assert sorted(os.listdir(read_only_file_system.parent)) == ["store.db", "store.db-lock"]
 

@@ -18,13 +18,6 @@ from cli_helpers import EXPECTED, dump, populate, run, sift_script
 from sift import dcache
 
 
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
-
-
 def shell(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path | str, script: str
 ) -> tuple[int, str, str]:
@@ -183,13 +176,16 @@ def test_exit_status(
     assert (code, out) == (status, "1\n")
 
 
+def piped_console(store_file: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """The installed ``sift shell`` on ``store_file``, with ``script`` piped to it."""
+    command = [str(sift_script()), "shell", "--db", str(store_file)]
+    return subprocess.run(command, input=script, capture_output=True, text=True, timeout=60)
+
+
 def test_the_console_script_with_piped_input(store_file: Path) -> None:
-    proc = subprocess.run(
-        [str(sift_script()), "shell", "--db", str(store_file)],
-        input="print(live_batch_jobs_total(), live_batch_jobs('bob'))\nprint(batch_job('job-c').error)\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = piped_console(
+        store_file,
+        "print(live_batch_jobs_total(), live_batch_jobs('bob'))\nprint(batch_job('job-c').error)\n",
     )
     assert proc.returncode == 0
     assert proc.stdout.splitlines() == ["2 1", "every target failed"]
@@ -214,12 +210,8 @@ def test_piped_input_is_a_script_even_with_ipython_installed(
 
 
 def test_the_console_script_with_a_piped_script_that_raises(store_file: Path) -> None:
-    proc = subprocess.run(
-        [str(sift_script()), "shell", "--db", str(store_file)],
-        input="print(batch_job('job-c').error)\nbatch_targets('job-c', 'x')\nprint('after')\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = piped_console(
+        store_file, "print(batch_job('job-c').error)\nbatch_targets('job-c', 'x')\nprint('after')\n"
     )
     assert proc.returncode == 1
     assert proc.stdout == "every target failed\n"

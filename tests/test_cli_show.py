@@ -14,7 +14,6 @@ from cli_helpers import (
     RESULT_A2,
     RESULT_E0,
     dump,
-    populate,
     run,
     utf8,
 )
@@ -22,13 +21,6 @@ from freezegun import freeze_time
 from helpers import create_partial, make_job, make_targets
 
 from sift import dcache
-
-
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
 
 
 def test_job_and_targets(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,13 +18,6 @@ from sift import dcache
 from sift.dcache import stats
 
 
-@pytest.fixture
-def store_file(tmp_path: Path) -> Path:
-    path = tmp_path / "store.db"
-    populate(path)
-    return path
-
-
 def test_json_report(store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wal = Path(f"{store_file}-wal")
     wal.write_bytes(b"")  # the sizes reported are the files' as found before the command opened them

@@ -8,18 +8,15 @@ write, a drifted ``nbytes`` and a drifted byte total.
 
 from __future__ import annotations
 
-import importlib.util
 import sqlite3
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import load_script
 
 from sift import dcache
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "crash_trials.py"
 TRIALS = 25
 SEED = 2026
 
@@ -29,16 +26,7 @@ RECORD: dict[str, Any] = {}
 pytestmark = pytest.mark.sqlite_only
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("crash_trials", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crash_trials"] = module  # dataclasses need their module registered
-    spec.loader.exec_module(module)
-    return module
-
-
-crash_trials = load_script()
+crash_trials = load_script("crash_trials")
 
 
 @pytest.mark.slow

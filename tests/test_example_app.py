@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +38,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
-def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Where the app's store goes, not made yet: a SQLite file, or a PostgreSQL schema of the test's own."""
-    if request.param == "postgres":
-        yield request.getfixturevalue("pg_target")
-    else:
-        yield str(tmp_path / "sift.db")
-    dcache.close_db()
 
 
 def stop(process: subprocess.Popen[str]) -> tuple[int, str]:

@@ -20,6 +20,7 @@ from helpers import create_partial, make_job, make_target, make_targets, snapsho
 
 from sift import dcache
 from sift.dcache import MAX_KEY_BYTES, BatchJob, BatchTarget, db
+from sift.dcache.jsontext import checked_options, is_json, json_too_deep, options_text
 
 
 def counts() -> tuple[int, int, int]:
@@ -78,15 +79,32 @@ NUL_READS: dict[str, tuple[str, Callable[[], Any]]] = {
 }
 
 
-@pytest.mark.parametrize(
-    "case", list(NUL_WRITES.values()) + list(NUL_READS.values()), ids=[*NUL_WRITES, *NUL_READS]
-)
-def test_nul_in_any_text_is_refused_naming_the_field(
-    store: dcache.StoreDatabase, case: tuple[str, Callable[[], Any]]
-) -> None:
-    field, call = case
+#: The rows of NUL_WRITES and NUL_READS by the function they call.
+NUL_BY_FUNCTION = {
+    "create_batch_job": ["id", "caller", "idem_key", "error", "create-url"],
+    "submit_batch_job": ["submit"],
+    "put_batch_targets": ["url", "put-job-id"],
+    "update_batch_target": ["result", "target-error", "hint"],
+    "set_batch_job_status": ["status-error"],
+    "mark_in_flight_failed": ["reason"],
+    "touch_batch_job": ["touch-job-id"],
+    "batch_job": ["batch_job"],
+    "batch_targets": ["batch_targets"],
+    "batch_job_by_idem": ["by-idem-caller", "by-idem-key"],
+    "live_batch_jobs": ["live"],
+}
+
+
+def test_every_nul_row_is_run() -> None:
+    assert sorted(n for names in NUL_BY_FUNCTION.values() for n in names) == sorted([*NUL_WRITES, *NUL_READS])
+
+
+@pytest.mark.parametrize("function", list(NUL_BY_FUNCTION))
+def test_nul_in_any_text_is_refused_naming_the_field(store: dcache.StoreDatabase, function: str) -> None:
     create_partial(make_job("job-1", targets_total=3, idem_key="k"), make_targets(2))
-    assert_refused(call, field)
+    for name in NUL_BY_FUNCTION[function]:
+        field, call = {**NUL_WRITES, **NUL_READS}[name]
+        assert_refused(call, field)
 
 
 def test_nul_escaped_in_json_options_is_stored(store: dcache.StoreDatabase) -> None:
@@ -205,19 +223,6 @@ BAD_OPTIONS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("options", list(BAD_OPTIONS.values()), ids=list(BAD_OPTIONS))
-@pytest.mark.parametrize("how", ["put", "create"])
-def test_nan_and_non_json_options(store: dcache.SerializedSqliteDatabase, how: str, options: Any) -> None:
-    create_partial(make_job("job-1", targets_total=3), make_targets(1))
-    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
-    bad = [make_target(1), make_target(2, options=options)]
-    if how == "put":
-        assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")
-    else:
-        assert_refused(lambda: dcache.create_batch_job(make_job("job-2"), [make_target(0), *bad]), "options")
-    assert counts() == (1, 1, 2)
-
-
 def nested_list(depth: int) -> list[Any]:
     outer: list[Any] = []
     inner = outer
@@ -235,13 +240,41 @@ TOO_DEEP_OPTIONS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("options", list(TOO_DEEP_OPTIONS.values()), ids=list(TOO_DEEP_OPTIONS))
+#: NaN and non-JSON options, and options nested deeper than 2000 (refused on every backend).
+REFUSED_OPTIONS: dict[str, Any] = {**BAD_OPTIONS, **TOO_DEEP_OPTIONS}
+
+
+def test_the_options_check_refuses_nan_non_json_and_too_deep_options() -> None:
+    """The check every entry point makes in Python: a dict or list JSON cannot hold, or text nested too deep
+    (a model write also checks the text is JSON here; the store's functions leave that to the backend)."""
+    for name, options in REFUSED_OPTIONS.items():
+        with pytest.raises(dcache.InvalidBatchInput) as info:
+            checked_options(options)
+        assert info.value.field == "options", name
+        assert str(info.value).startswith("options:"), name
+        if not isinstance(options, str):
+            with pytest.raises(dcache.InvalidBatchInput):
+                options_text(options)
+        elif name in TOO_DEEP_OPTIONS:
+            assert json_too_deep(options), name
+        else:
+            assert not is_json(options), name
+
+
+#: Through each of put and create on each backend: text that only the backend's own JSON check refuses, and
+#: one refusal of each of the checks made in Python.
+REFUSED_BY_EVERY_BACKEND = [*(n for n in BAD_OPTIONS if n.startswith("text-")), "dict-nan", "text-2001"]
+
+
+@pytest.mark.parametrize(
+    "options", [REFUSED_OPTIONS[n] for n in REFUSED_BY_EVERY_BACKEND], ids=REFUSED_BY_EVERY_BACKEND
+)
 @pytest.mark.parametrize("how", ["put", "create"])
-def test_options_nested_deeper_than_2000_are_refused_on_both_backends(
+def test_nan_non_json_and_too_deep_options_are_refused(
     store: dcache.StoreDatabase, how: str, options: Any
 ) -> None:
     create_partial(make_job("job-1", targets_total=3), make_targets(1))
-    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)
+    dcache.update_batch_target("job-1", 0, "done", result="é", now=2_000)  # bytes that must not move
     bad = [make_target(1), make_target(2, options=options)]
     if how == "put":
         assert_refused(lambda: dcache.put_batch_targets("job-1", bad), "options")

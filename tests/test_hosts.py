@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import idna
 import pytest
-from helpers import make_job
+from helpers import SITE_SPELLINGS, make_job
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -91,13 +91,7 @@ def test_the_host_of_a_url(url: str, host: str) -> None:
 
 #: One URL per spelling: three sites (127.0.0.1, exämple.com, example.com) written eight ways.
 SPELLINGS = [
-    "http://127.0.0.1/",
-    "http://2130706433/",
-    "http://0x7f000001/",
-    "http://127.1/",
-    "http://[::ffff:127.0.0.1]/",
-    "https://exämple.com/",
-    "https://xn--exmple-cua.com/",
+    *SITE_SPELLINGS,
     "https://\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45.com/",  # example.com in full-width letters
 ]
 SITES = {"127.0.0.1", "xn--exmple-cua.com", "example.com"}

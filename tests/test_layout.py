@@ -137,6 +137,21 @@ def test_backend_modules_are_imported_only_inside_the_backends() -> None:
         assert not targets & backend_modules, f"{name} imports {sorted(targets & backend_modules)}"
 
 
+def test_no_backend_imports_another() -> None:
+    """Each backend package imports no module of another backend's: what they share lives above them."""
+    graph = import_graph()
+    backends = {m.split(".")[3] for m in graph if m.startswith(f"{BACKENDS}.") and m.count(".") >= 4}
+    assert {"sqlite", "postgres"} <= backends, "the walk must see both backends' packages"
+    for name, targets in graph.items():
+        if not name.startswith(f"{BACKENDS}.") or name.count(".") < 3:
+            continue
+        own = name.split(".")[3]
+        if own not in backends:
+            continue
+        others = {t for t in targets if t.startswith(f"{BACKENDS}.") and t.split(".")[3] in backends - {own}}
+        assert not others, f"{name} imports {sorted(others)}"
+
+
 @pytest.mark.slow
 def test_no_private_member_of_a_backend_outside_the_backends() -> None:
     for name, path in modules().items():

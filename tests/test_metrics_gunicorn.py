@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -46,6 +47,33 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@contextmanager
+def served(command: list[str], env: dict[str, str], probe: str) -> Iterator[None]:
+    """A server process started with ``command``, once ``probe`` (a URL) answers; stopped with SIGTERM
+    afterwards (killed if it does not stop within ``START_S``). Fails the test with the server's stderr if
+    it dies or does not answer within ``START_S``."""
+    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                httpx.get(probe, timeout=5)
+                break
+            except httpx.TransportError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    server.kill()
+                    pytest.fail(f"{command[2]} did not serve: {server.communicate()[1][-2000:]}")
+                time.sleep(0.1)
+        yield
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.communicate(timeout=START_S)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
+
+
 @pytest.fixture
 def gunicorn(shared_store: str, tmp_path: Path) -> Iterator[str]:
     """A gunicorn of 3 sync workers serving the docs' multiprocess app on the store; its URL."""
@@ -66,27 +94,9 @@ def gunicorn(shared_store: str, tmp_path: Path) -> Iterator[str]:
         sys.executable, "-m", "gunicorn", "--workers", str(WORKERS), "--bind", f"127.0.0.1:{port}",
         "--max-requests", str(MAX_REQUESTS), "--chdir", str(app), "recipe_app:app_with_a_create_route()",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                httpx.get(f"{url}/metrics", timeout=5)
-                break
-            except httpx.TransportError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    server.kill()
-                    pytest.fail(f"gunicorn did not serve: {server.communicate()[1][-2000:]}")
-                time.sleep(0.1)
+    with served(command, env, f"{url}/metrics"):
         yield url
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.communicate(timeout=START_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.communicate()
 
 
 def scrape(url: str) -> dict[str, float]:

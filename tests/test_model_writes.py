@@ -16,7 +16,7 @@ from freezegun import freeze_time
 from helpers import make_job, make_target, make_targets, snapshot
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget, db, models
+from sift.dcache import BatchJob, BatchTarget, db, models, modelwrites
 
 NOW = 2_000_000_000  # the clock while a write runs: a lease the write moves becomes this
 J, T = BatchJob, BatchTarget
@@ -601,15 +601,15 @@ def test_get_or_create_finds_or_creates(jobs: Any) -> None:
 
 
 class _NoModelWrites:
-    """Rules that fail any write through the models."""
+    """A guard that fails any write through the models."""
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the manager wrote through the models ({name})")
 
 
 def test_the_manager_never_writes_through_the_models(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The functions run their compiled statements: the models' rules never run on their paths."""
-    monkeypatch.setattr(models, "_RULES", [_NoModelWrites()])
+    """The functions run their compiled statements: the model-write guard never runs on their paths."""
+    monkeypatch.setattr(models, "_GUARD", [_NoModelWrites()])
     dcache.create_batch_job(make_job("a", targets_total=2, lease=10), make_targets(2))
     dcache.submit_batch_job(
         make_job("b", targets_total=1, idem_key="k", lease=10), make_targets(1), 60, now=10
@@ -625,3 +625,12 @@ def test_the_manager_never_writes_through_the_models(store: Any, monkeypatch: py
     assert dcache.evict_batch_oldest(0) == 1
     assert dcache.sweep_batch(0, now=100) == 2
     assert J.select().count() == 0
+
+
+def test_the_guards_old_name_imports_with_a_deprecation_warning() -> None:
+    old, missing = "ModelRules", "ModelRulez"
+    with pytest.warns(DeprecationWarning, match=r"sift\.dcache\.modelwrites\.ModelWriteGuard"):
+        guard = getattr(dcache, old)
+    assert guard is modelwrites.ModelWriteGuard
+    with pytest.raises(AttributeError, match="no attribute 'ModelRulez'"):
+        getattr(dcache, missing)

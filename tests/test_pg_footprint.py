@@ -3,31 +3,17 @@ this run's own (another session writing at the same time does not count), and it
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
-from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, SUFFIX, postgres_missing
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "pg_footprint.py"
+from helpers import load_script
 
 pytestmark = pytest.mark.postgres
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pg_footprint", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pg_footprint"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-footprint = load_script()
+footprint = load_script("pg_footprint")
 
 
 def databases() -> set[str]:

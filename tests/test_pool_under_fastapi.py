@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -17,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, drop_schema, postgres_target
-from test_metrics_gunicorn import START_S, TESTS, free_port
+from test_metrics_gunicorn import TESTS, free_port, served
 
 pytestmark = pytest.mark.postgres
 
@@ -45,27 +43,11 @@ def server(postgres_schema: str) -> Iterator[tuple[str, str]]:
         sys.executable, "-m", "uvicorn", "--factory", "server_apps:fastapi_app", "--app-dir", str(TESTS),
         "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
     ]  # fmt: skip
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_S
-        while True:
-            try:
-                httpx.get(f"{url}/jobs/none", timeout=5)
-                break
-            except httpx.TransportError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    pytest.fail(f"uvicorn did not serve: {process.communicate()[1][-2000:]}")
-                time.sleep(0.1)
-        yield url, name
+        with served(command, env, f"{url}/jobs/none"):
+            yield url, name
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.communicate(timeout=START_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
         drop_schema(schema)
 
 

@@ -19,8 +19,8 @@ from helpers import create_partial, make_job, make_targets, snapshot, stored_job
 from sift import dcache
 from sift.dcache import db
 from sift.dcache.backends.postgres.connection import PostgresStore
-from sift.dcache.backends.postgres.rules import CONFLICT_RETRIES
 from sift.dcache.backends.postgres.schema import SCHEMA_VERSION
+from sift.dcache.backends.postgres.writes import CONFLICT_RETRIES
 
 pytestmark = pytest.mark.postgres
 

@@ -14,7 +14,15 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL
-from helpers import make_job, make_target, make_targets, snapshot
+from helpers import (
+    assert_target_still_waits,
+    make_job,
+    make_target,
+    make_targets,
+    one_of_two_targets_waiting,
+    run_on_file,
+    snapshot,
+)
 from test_backup import Writers
 from test_postgres import make_version_1, make_version_3
 
@@ -153,17 +161,11 @@ def test_bad_dest_is_refused_and_nothing_is_written(pg: str, tmp_path: Path, des
 
 
 def test_a_waiting_target_still_waits_in_the_backup(pg: str, tmp_path: Path) -> None:
-    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
-    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
-    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    one_of_two_targets_waiting()
     dest = tmp_path / "copy.db"
     dcache.backup_store(dest)
     dcache.open_db(dest)
-    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
-    assert waiting.fetchall() == [(1, "pending", "503", 500)]
-    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
-    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
-    assert dcache.check_store().ok
+    assert_target_still_waits()
 
 
 def test_inside_a_transaction_backup_is_refused(pg: str, tmp_path: Path) -> None:
@@ -283,10 +285,7 @@ def sqlite_store(path: Path, *statements: str) -> Path:
     dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
     dcache.update_batch_target("job-1", 0, "done", result="fine", now=5)
     dcache.close_db()
-    with closing(sqlite3.connect(path)) as conn:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
+    run_on_file(path, *statements)
     return path
 
 
@@ -373,3 +372,9 @@ def test_restore_into_an_empty_sqlite_store_too(tmp_path: Path) -> None:
         assert dcache.check_store().ok and dcache.batch_nbytes() == 4
     finally:
         dcache.close_db()
+
+
+def test_a_server_store_is_copied_by_its_rows_never_by_pages(pg: str, tmp_path: Path) -> None:
+    with pytest.raises(dcache.StoreUnavailable, match="row by row"):
+        dcache.db.backend.copy_into(str(tmp_path / "pages.db"), None, pages_per_step=10)
+    assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 import pytest
-from helpers import SPAWN, make_job, make_targets, snapshot
+from helpers import killed_after_it_reports, make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import db
@@ -221,17 +221,7 @@ def test_a_killed_runners_targets_go_back_while_the_client_polls_and_another_run
     shared_store: str,
 ) -> None:
     dcache.create_batch_job(make_job(targets_total=5, created_at=1, lease=10_000), make_targets(5))
-    ready = SPAWN.Queue()
-    process = SPAWN.Process(target=_claim_then_hang, args=(shared_store, ready))
-    process.start()
-    try:
-        claimed = ready.get(timeout=120)
-        pid = ready.get(timeout=120)
-    finally:
-        assert process.pid is not None
-        os.kill(process.pid, signal.SIGKILL)
-        process.join(timeout=30)
-    assert pid == process.pid and process.exitcode == -signal.SIGKILL
+    claimed = killed_after_it_reports(_claim_then_hang, shared_store)
     assert claimed == [0, 1, 2]
 
     # Each second: the client polls (touches the job); the survivor renews and requeues on its timers,

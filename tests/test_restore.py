@@ -6,26 +6,28 @@ destination is left exactly as it was, even after earlier batches of rows were w
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import (
+    assert_target_still_waits,
+    make_job,
+    make_targets,
+    one_of_two_targets_waiting,
+    run_on_file,
+    snapshot,
+)
 from test_upgrade import original_file
 
 from sift import dcache
 from sift.dcache import restore, tables
 
 
-@pytest.fixture(params=["file", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dest(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture
+def dest(new_store: str) -> str:
     """An empty destination store: a new SQLite file, or a new PostgreSQL schema (not open yet)."""
-    if request.param == "postgres":
-        yield request.getfixturevalue("pg_target")
-    else:
-        yield str(tmp_path / "dest.db")
-    dcache.close_db()
+    return new_store
 
 
 def source_store(path: Path, *statements: str) -> Path:
@@ -37,10 +39,7 @@ def source_store(path: Path, *statements: str) -> Path:
     dcache.update_batch_target("job-2", 1, "done", result="fine", now=5)
     dcache.update_batch_target("job-2", 2, "failed", error="boom", hint="retry", now=5)
     dcache.close_db()
-    with closing(sqlite3.connect(path)) as conn:
-        for statement in statements:
-            conn.execute(statement)
-        conn.commit()
+    run_on_file(path, *statements)
     return path
 
 
@@ -109,24 +108,26 @@ BAD_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("statement", "table", "column"), [case[1:] for case in BAD_ROWS], ids=[case[0] for case in BAD_ROWS]
-)
 def test_a_row_the_rules_refuse_is_named_and_the_destination_left_as_it_was(
-    dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statement: str, table: str, column: str
+    dest: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = source_store(tmp_path / "source.db", statement)
+    """Each row of BAD_ROWS in turn, into the one destination, which each refusal leaves as it was."""
+    sources = {name: source_store(tmp_path / f"{name}.db", statement) for name, statement, _, _ in BAD_ROWS}
     monkeypatch.setattr(restore, "ROWS_PER_STEP", 1)  # rows before the bad one are written first
     dcache.open_db(dest)
     before = snapshot()
-    with pytest.raises(dcache.InvalidBatchInput) as info:
-        dcache.restore_store(source)
-    assert info.value.field == "source"
-    row = "job 'job-2" + ("' idx 2" if table == "batch_target" and column not in ("job_id", "idx") else "")
-    assert f"a row of {table} in {str(source)!r} cannot be stored here: {row}" in info.value.problem
-    assert f": {column}: " in info.value.problem
-    assert snapshot() == before
-    assert not dcache.db.in_transaction()
+    for name, _, table, column in BAD_ROWS:
+        with pytest.raises(dcache.InvalidBatchInput) as info:
+            dcache.restore_store(sources[name])
+        assert info.value.field == "source", name
+        row = "job 'job-2" + (
+            "' idx 2" if table == "batch_target" and column not in ("job_id", "idx") else ""
+        )
+        shown = str(sources[name])
+        assert f"a row of {table} in {shown!r} cannot be stored here: {row}" in info.value.problem, name
+        assert f": {column}: " in info.value.problem, name
+        assert snapshot() == before, name
+        assert not dcache.db.in_transaction(), name
 
 
 def test_what_the_rules_allow_is_restored_on_either_destination(dest: str, tmp_path: Path) -> None:
@@ -183,17 +184,11 @@ def test_claims_are_restored_as_stored_on_either_destination(dest: str, tmp_path
 def test_a_waiting_target_still_waits_once_restored(dest: str, tmp_path: Path) -> None:
     path = tmp_path / "source.db"
     dcache.open_db(path)
-    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
-    assert len(dcache.claim_batch_targets(2, runner="r1", now=50)) == 2
-    dcache.retry_batch_target("job-1", 1, runner="r1", error="503", not_before=500, now=60)
+    one_of_two_targets_waiting()
     dcache.close_db()
     dcache.open_db(dest)
     dcache.restore_store(path)
-    waiting = dcache.db.execute_sql("SELECT idx, status, error, not_before FROM batch_target WHERE idx = 1")
-    assert waiting.fetchall() == [(1, "pending", "503", 500)]
-    assert dcache.claim_batch_targets(5, runner="r2", now=499) == []
-    assert [t.idx for t in dcache.claim_batch_targets(5, runner="r2", now=500)] == [1]
-    assert dcache.check_store().ok
+    assert_target_still_waits()
 
 
 def test_a_source_the_original_service_wrote_restores_unclaimed(dest: str, tmp_path: Path) -> None:

@@ -3,27 +3,12 @@ a budget per shard. Small runs (well under a second each); nothing is timed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "scale_sim.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scale_sim", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scale_sim"] = module  # dataclasses need their module registered
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = load_script()
+sim = load_script("scale_sim")
 
 SMALL: dict[str, Any] = {"jobs": 4_000, "budget_jobs": 400}
 WORKLOADS = [

@@ -235,8 +235,12 @@ def _finish_elsewhere(target: str, job_id: str, go: Any) -> None:
     dcache.close_db()
 
 
-def test_a_write_by_another_process_ends_the_wait(shared_store: str) -> None:
+@pytest.mark.parametrize("readonly", [False, True], ids=["read-write", "read-only"])
+def test_a_write_by_another_process_ends_the_wait(shared_store: str, readonly: bool) -> None:
+    """Another process's write ends the wait, on a store open read-only too."""
     two_target_job()
+    if readonly:
+        dcache.open_db(shared_store, readonly=True)
     go = SPAWN.Event()
     writer = SPAWN.Process(target=_finish_elsewhere, args=(shared_store, "j", go))
     writer.start()
@@ -249,22 +253,6 @@ def test_a_write_by_another_process_ends_the_wait(shared_store: str) -> None:
         writer.join(ENDED)
     assert writer.exitcode == 0
     assert job is not None and (job.status, job.targets_done) == ("partial", 2)
-
-
-def test_a_read_only_store_can_wait(shared_store: str) -> None:
-    two_target_job()
-    dcache.open_db(shared_store, readonly=True)
-    go = SPAWN.Event()
-    writer = SPAWN.Process(target=_finish_elsewhere, args=(shared_store, "j", go))
-    writer.start()
-    try:
-        wait = Waiting(lambda: dcache.wait_for_batch_job("j", timeout=NEVER))
-        waited("j")
-        go.set()
-        assert wait.ended().status == "partial"
-    finally:
-        writer.join(ENDED)
-    assert writer.exitcode == 0
 
 
 @pytest.fixture

@@ -5,6 +5,10 @@ Open it once at start-up with :func:`open_db` (a path, or a ``postgresql://`` UR
 from any thread.
 """
 
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from . import modelwrites  # importing it holds the models' writes to its guard
 from .backends.sqlite import SerializedSqliteDatabase
 from .backup import backup_store
 from .claims import (
@@ -64,7 +68,6 @@ from .manager import (
     update_batch_targets,
 )
 from .models import BatchJob, BatchTarget, CallerClass, JobStatus, TargetStatus
-from .modelwrites import ModelRules  # noqa: F401  (importing it holds the models' writes to the rules)
 from .politeness import (
     HostPolicy,
     back_off_host,
@@ -211,3 +214,17 @@ __all__ = [
     "vacuum_store",
     "wait_for_batch_job",
 ]
+
+
+if not TYPE_CHECKING:  # unseen by mypy, which would otherwise take any name the package lacks
+
+    def __getattr__(name: str) -> Any:
+        """The names kept for code that imports them, each with a DeprecationWarning naming its successor."""
+        if name == "ModelRules":
+            warnings.warn(
+                "sift.dcache.ModelRules is deprecated: it is sift.dcache.modelwrites.ModelWriteGuard",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return modelwrites.ModelWriteGuard
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

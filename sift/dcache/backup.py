@@ -32,6 +32,7 @@ import stat
 from collections.abc import Callable
 
 from . import files
+from .backends import SQLITE_FILE_SCHEMA, SQLITE_RECOMPUTE_TOTAL
 from .database import db
 from .driver_errors import store_error
 from .errors import (
@@ -83,13 +84,15 @@ def backup_store(
     temp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     if not isinstance(pages_per_step, int) or isinstance(pages_per_step, bool) or pages_per_step < 1:
         raise InvalidBatchInput("pages_per_step", f"must be an int >= 1, got {pages_per_step!r}")
+    by_rows = source is None
     source = source or str(db.path)
     try:
         _create(temp, kept_mode)
         try:
-            pages, page_size = db.backend.copy_into(
-                temp, progress, pages_per_step=pages_per_step, rows_per_step=ROWS_PER_STEP
-            )
+            if by_rows:
+                pages, page_size = _write_rows(temp, progress)
+            else:
+                pages, page_size = db.backend.copy_into(temp, progress, pages_per_step=pages_per_step)
             _settle(temp, target, stale)
         except BaseException:
             _remove(temp)
@@ -101,6 +104,28 @@ def backup_store(
     except OSError as exc:
         raise _os_error(exc, target) from exc
     return BackupReport(dest=target, pages=pages, page_size=page_size)
+
+
+def _write_rows(temp: str, progress: Callable[[int, int], None] | None) -> tuple[int, int]:
+    """Make ``temp`` a new SQLite store file holding the open store's rows, as the backend copies them (a
+    store that is no file); return its pages and page size."""
+    dst = sqlite3.connect(temp, isolation_level=None)
+    try:
+        dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
+        dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
+        dst.execute("PRAGMA synchronous = OFF")  # the backup fsyncs the finished file
+        for statement in SQLITE_FILE_SCHEMA:
+            dst.execute(statement)
+        dst.execute("BEGIN")
+        db.backend.copy_rows_into(dst, progress, rows_per_step=ROWS_PER_STEP)
+        dst.execute(SQLITE_RECOMPUTE_TOTAL)
+        dst.execute("COMMIT")
+        dst.execute("PRAGMA journal_mode = WAL").fetchall()  # as the store file itself
+        pages = dst.execute("PRAGMA page_count").fetchone()[0]
+        page_size = dst.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        dst.close()
+    return int(pages), int(page_size)
 
 
 def _source_path() -> str | None:

@@ -48,13 +48,14 @@ FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 M = TypeVar("M", bound="_StoreModel")
 
-#: Runs a Peewee write query as Peewee would, unguarded (the rules call it once they allow the write).
+#: Runs a Peewee write query as Peewee would, unguarded (the model-write guard calls it once it allows the
+#: write).
 RunQuery = Callable[[Any], Any]
 #: Peewee's own ``Model.save(force_insert, only)`` on the instance.
 PeeweeSave = Callable[[bool, Any], Any]
 
 
-class WriteRules(Protocol):
+class WriteGuard(Protocol):
     """What every write through the models goes through (:mod:`sift.dcache.modelwrites`)."""
 
     def save(self, instance: Any, force_insert: bool, only: Any, save: PeeweeSave) -> Any: ...
@@ -66,38 +67,38 @@ class WriteRules(Protocol):
     def delete(self, query: Any, run: RunQuery) -> Any: ...
 
 
-_RULES: list[WriteRules] = []
+_GUARD: list[WriteGuard] = []
 
 
-def hold_writes_to(rules: WriteRules) -> None:
-    """Route every write through the models to ``rules``: ``sift.dcache`` does it once, on import, with the
-    rules of :mod:`sift.dcache.modelwrites` (which build on the manager, which builds on these models)."""
-    _RULES[:] = [rules]
+def hold_writes_to(guard: WriteGuard) -> None:
+    """Route every write through the models to ``guard``: ``sift.dcache`` does it once, on import, with the
+    guard of :mod:`sift.dcache.modelwrites` (which builds on the manager, which builds on these models)."""
+    _GUARD[:] = [guard]
 
 
 class RuledInsert(peewee.ModelInsert):
-    """``insert``, ``insert_many``, ``insert_from``, ``replace``: run by the rules when executed. Compiling
+    """``insert``, ``insert_many``, ``insert_from``, ``replace``: run by the guard when executed. Compiling
     it (``.sql()``, as the manager's statements do) is Peewee's own."""
 
     def _execute(self, database: Any) -> Any:
         run = peewee.ModelInsert._execute  # type: ignore[attr-defined]
-        return _RULES[0].insert(self, lambda query: run(query, database))
+        return _GUARD[0].insert(self, lambda query: run(query, database))
 
 
 class RuledUpdate(peewee.ModelUpdate):
-    """``update`` (and so ``save`` of a stored row, and ``bulk_update``): run by the rules when executed."""
+    """``update`` (and so ``save`` of a stored row, and ``bulk_update``): run by the guard when executed."""
 
     def _execute(self, database: Any) -> Any:
         run = peewee.ModelUpdate._execute  # type: ignore[attr-defined]
-        return _RULES[0].update(self, lambda query: run(query, database))
+        return _GUARD[0].update(self, lambda query: run(query, database))
 
 
 class RuledDelete(peewee.ModelDelete):
-    """``delete`` (and so ``delete_instance`` and ``delete_by_id``): run by the rules when executed."""
+    """``delete`` (and so ``delete_instance`` and ``delete_by_id``): run by the guard when executed."""
 
     def _execute(self, database: Any) -> Any:
         run = peewee.ModelDelete._execute  # type: ignore[attr-defined]
-        return _RULES[0].delete(self, lambda query: run(query, database))
+        return _GUARD[0].delete(self, lambda query: run(query, database))
 
 
 class _StoreModel(peewee.Model):
@@ -123,7 +124,7 @@ class _StoreModel(peewee.Model):
     def save(self, force_insert: bool = False, only: Any = None) -> Any:
         """Peewee's ``save``, held to the rules; an instance whose whole key was set since it was made or
         read is inserted (Peewee alone would UPDATE a row that is not there: the key is not generated)."""
-        return _RULES[0].save(
+        return _GUARD[0].save(
             self, force_insert, only, lambda insert, fields: super(_StoreModel, self).save(insert, fields)
         )
 

@@ -31,7 +31,7 @@ from .models import (
     target_host,
 )
 
-__all__ = ["ModelRules"]
+__all__ = ["ModelWriteGuard"]
 
 #: A target's fields that move its job's counts: written only as ``update_batch_target`` writes them.
 TARGET_RUN_FIELDS = ("status", "result", "error", "hint")
@@ -64,8 +64,9 @@ def refuse(field: str, problem: str) -> NoReturn:
     raise ModelWriteRefused(field, problem)
 
 
-class ModelRules:
-    """The rules every model write goes through (installed on the models by :func:`install`)."""
+class ModelWriteGuard:
+    """The guard every model write goes through, holding it to the store's rules (installed on the models
+    by :func:`install`)."""
 
     def save(self, instance: Any, force_insert: bool, only: Any, save: PeeweeSave) -> Any:
         """An instance whose whole key was set here is inserted; a target's status, result, error or hint
@@ -380,8 +381,8 @@ def _write_target(target: Any, run_fields: list[str]) -> None:
 
 
 def install() -> None:
-    """Hold every write through the models to these rules (``sift.dcache`` does it on import)."""
-    hold_writes_to(ModelRules())
+    """Hold every write through the models to this guard (``sift.dcache`` does it on import)."""
+    hold_writes_to(ModelWriteGuard())
 
 
 install()

@@ -534,10 +534,10 @@ class PgBaseline:
 
     def __init__(self, conn: Any) -> None:
         # The write it sends: a private text.
-        from sift.dcache.backends.postgres import rules
+        from sift.dcache.backends.postgres import writes
 
         self.conn = conn
-        self.write_sql = rules._WRITE_TARGETS
+        self.write_sql = writes._WRITE_TARGETS
         self.total_sql = dcache.db.total_nbytes_sql
         #: What one runner step sends.
         self.statements = [self.write_sql, self.total_sql]

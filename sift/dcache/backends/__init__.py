@@ -9,6 +9,7 @@ opened (``import sift.dcache`` adds no driver of its own).
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -22,7 +23,9 @@ from .postgres.urls import parse_target, shown_url
 from .sqlite import SerializedSqliteDatabase
 from .sqlite.maintenance import INCREMENTAL
 from .sqlite.paths import sqlite_url_path
+from .sqlite.schema import NEW_FILE_SCHEMA as SQLITE_FILE_SCHEMA
 from .sqlite.schema import OWN_TRIGGERS as SQLITE_TRIGGERS
+from .sqlite.schema import RECOMPUTE_TOTAL_SQL as SQLITE_RECOMPUTE_TOTAL
 from .sqlite.schema import missing_in_file
 from .sqlite.settings import BUSY_TIMEOUT_S
 
@@ -31,6 +34,8 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "INCREMENTAL",
     "SQLITE",
+    "SQLITE_FILE_SCHEMA",
+    "SQLITE_RECOMPUTE_TOTAL",
     "SQLITE_TRIGGERS",
     "Backend",
     "ConnectionBlock",
@@ -265,14 +270,16 @@ class Backend(Protocol):
         """The store's file, or None when it is none."""
 
     def copy_into(
-        self,
-        temp: str,
-        progress: Callable[[int, int], None] | None,
-        *,
-        pages_per_step: int,
-        rows_per_step: int,
+        self, temp: str, progress: Callable[[int, int], None] | None, *, pages_per_step: int
     ) -> tuple[int, int]:
-        """Write the store as of one snapshot into a new SQLite store file ``temp``; its pages, page size."""
+        """Copy the store's file as of one snapshot, page by page, into the new file ``temp``; its pages,
+        page size (a store with a :meth:`backup_source` only)."""
+
+    def copy_rows_into(
+        self, dst: sqlite3.Connection, progress: Callable[[int, int], None] | None, *, rows_per_step: int
+    ) -> None:
+        """Write the store's jobs and targets as of one snapshot into ``dst``, a new SQLite store file's
+        connection inside its transaction (a store without a :meth:`backup_source` only)."""
 
 
 #: The one SQLite database object of the process: the backend whenever no other store is open.

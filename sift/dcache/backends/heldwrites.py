@@ -1,6 +1,6 @@
-"""Writes to the store's tables through Peewee run only when the model-write rules cleared them.
+"""Writes to the store's tables through Peewee run only when the model-write guard cleared them.
 
-The rules (:mod:`sift.dcache.modelwrites`) see the writes the models build (``BatchJob.update(...)``,
+The guard (:mod:`sift.dcache.modelwrites`) sees the writes the models build (``BatchJob.update(...)``,
 ``save()``, ``delete_instance()``, and those of any subclass). Peewee can build a write in other ways: a
 query class made directly (``peewee.ModelDelete(BatchTarget)``), a ``peewee.Table``, another model class
 on the same table, a write inside a CTE. Each backend's ``execute`` (every Peewee query runs through it)
@@ -23,11 +23,11 @@ from ..tables import JOB_TABLE, TARGET_TABLE
 
 __all__ = ["HELD_TABLES", "HeldWrites", "cleared", "written_table"]
 
-#: The tables whose writes the rules hold (the store's other tables are written by its functions only).
+#: The tables whose writes the guard holds (the store's other tables are written by its functions only).
 HELD_TABLES = (JOB_TABLE, TARGET_TABLE)
 _STORE_NAME = re.compile(r"\bbatch_(?:job|target)\b")
 
-#: The one write query the rules cleared in this thread (or task), while they run it.
+#: The one write query the guard cleared in this thread (or task), while they run it.
 _CLEARED: contextvars.ContextVar[object | None] = contextvars.ContextVar("sift_cleared_write", default=None)
 
 
@@ -68,7 +68,7 @@ def _store_writes(query: Any) -> Iterator[str]:
 
 class HeldWrites:
     """Mixed into each backend's Peewee database class: its ``execute`` refuses a write to the store's
-    tables that the model-write rules did not clear."""
+    tables that the model-write guard did not clear."""
 
     def execute(self, query: Any, **context_options: Any) -> Any:
         if _CLEARED.get() is not query:

@@ -4,7 +4,7 @@ errors made the package's.
 The byte total is 16 slot rows kept by a trigger, each connection adding to the slot of its backend pid,
 so writers do not queue on one row. The class is put together from one layer per concern: connections and
 statements (here), when a thread checks a connection out and gives it back (:mod:`.pool`), the schema
-(:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules' spellings and locks (:mod:`.rules`).
+(:mod:`.schema`), maintenance (:mod:`.maintenance`) and the writes' spellings and locks (:mod:`.writes`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from ...driver_errors import Translation, store_error
 from .listener import PostgresListener
 from .maintenance import PostgresMaintenance
 from .pool import PostgresPool, fresh_holds
-from .rules import PostgresRules
 from .schema import PostgresSchema
 from .urls import parse_target, shown_target, url_secrets
+from .writes import PostgresWrites
 
 __all__ = ["PostgresStore"]
 
 
-class PostgresStore(PostgresRules, PostgresMaintenance, PostgresSchema, PostgresListener, PostgresPool):
+class PostgresStore(PostgresWrites, PostgresMaintenance, PostgresSchema, PostgresListener, PostgresPool):
     """A store in a PostgreSQL schema: a pooled connection for each call or transaction, statements in
     autocommit outside the store's transactions, every transaction READ COMMITTED with the locks described
     above."""

@@ -21,7 +21,6 @@ from ...errors import StoreUnavailable
 from ...hosts import backfill_hosts
 from ...sqlfiles import load_sql
 from ...tables import CLAIM_COLUMNS, HOST_COLUMN, JOB_COLUMNS, NOT_BEFORE_COLUMN, STORE_TABLES, TARGET_COLUMNS
-from ..sqlite.schema import NEW_FILE_SCHEMA, RECOMPUTE_TOTAL_SQL
 from .base import PostgresBase
 from .schema import SCHEMA_OBJECTS, SCHEMA_VERSION, TOTAL_SLOTS
 
@@ -168,49 +167,31 @@ class PostgresMaintenance(PostgresBase):
         return None
 
     def copy_into(
-        self,
-        temp: str,
-        progress: Callable[[int, int], None] | None,
-        *,
-        pages_per_step: int,
-        rows_per_step: int,
+        self, temp: str, progress: Callable[[int, int], None] | None, *, pages_per_step: int
     ) -> tuple[int, int]:
-        """Write the store's rows into a new SQLite store at ``temp``, from one snapshot (so the copy is
-        consistent while others write, and blocks no one). Jobs go in insertion order (``seq``), so the
-        copy's ``_rowid_`` keeps the newest-wins tiebreak; ``options`` as the text stored, and each target's
-        claim (runner, heartbeat, attempts). Returns the file's pages and page size; ``progress`` counts
-        rows."""
-        dst = sqlite3.connect(temp, isolation_level=None)
+        """Never: the store is no file (:meth:`backup_source` is None); a backup copies its rows."""
+        raise StoreUnavailable("database: a PostgreSQL store is backed up row by row, not page by page")
+
+    def copy_rows_into(
+        self, dst: sqlite3.Connection, progress: Callable[[int, int], None] | None, *, rows_per_step: int
+    ) -> None:
+        """Write the store's rows into ``dst`` (a new SQLite store file, inside its transaction) from one
+        snapshot, so the copy is consistent while others write, and blocks no one. Jobs go in insertion
+        order (``seq``), so the copy's ``_rowid_`` keeps the newest-wins tiebreak; ``options`` as the text
+        stored, and each target's claim (runner, heartbeat, attempts); ``progress`` counts rows."""
+        if self.in_caller_transaction():
+            raise StoreUnavailable("database: backup_store cannot run inside a transaction; call it after")
         try:
-            dst.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a store sift creates (before the first page)
-            dst.execute("PRAGMA journal_mode = OFF")  # the copy is not the store until it is renamed
-            dst.execute("PRAGMA synchronous = OFF")  # the backup fsyncs the finished file
-            for statement in NEW_FILE_SCHEMA:
-                dst.execute(statement)
-            dst.execute("BEGIN")
-            if self.in_caller_transaction():
-                raise StoreUnavailable(
-                    "database: backup_store cannot run inside a transaction; call it after"
-                )
-            try:
-                total = self._copy_rows(dst, progress, rows_per_step)
-            except sqlite3.Error:
-                raise
-            except Exception as exc:
-                self.raise_store_error(exc)
-                raise
-            if progress is not None and total == 0:
-                progress(0, 0)
-            if not self.hosts_stored:
-                backfill_hosts(lambda sql, params: dst.execute(sql, params).fetchall(), dst.executemany, "?")
-            dst.execute(RECOMPUTE_TOTAL_SQL)
-            dst.execute("COMMIT")
-            dst.execute("PRAGMA journal_mode = WAL").fetchall()  # as the store file itself
-            pages = dst.execute("PRAGMA page_count").fetchone()[0]
-            page_size = dst.execute("PRAGMA page_size").fetchone()[0]
-        finally:
-            dst.close()
-        return int(pages), int(page_size)
+            total = self._copy_rows(dst, progress, rows_per_step)
+        except sqlite3.Error:
+            raise
+        except Exception as exc:
+            self.raise_store_error(exc)
+            raise
+        if progress is not None and total == 0:
+            progress(0, 0)
+        if not self.hosts_stored:
+            backfill_hosts(lambda sql, params: dst.execute(sql, params).fetchall(), dst.executemany, "?")
 
     def _copy_rows(
         self, dst: sqlite3.Connection, progress: Callable[[int, int], None] | None, rows_per_step: int

@@ -1,5 +1,5 @@
 -- The PostgreSQL store's own statements beyond the rules' (which Peewee compiles): its locks and its
--- maintenance. Loaded by rules.py and maintenance.py.
+-- maintenance. Loaded by writes.py and maintenance.py.
 
 -- name: lock_job
 SELECT 1 FROM batch_job WHERE id = %s FOR NO KEY UPDATE;

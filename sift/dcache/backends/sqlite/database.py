@@ -8,7 +8,8 @@ statement, including ad-hoc model queries made by a web view or a shell. Users r
 
 The class is put together from one layer per concern: Peewee's idioms (:mod:`.idioms`), the writers'
 queue and checkpoints (:mod:`.wal`), statements and their errors (:mod:`.execution`), the schema
-(:mod:`.schema`), maintenance (:mod:`.maintenance`) and the rules' spellings (:mod:`.rules`).
+(:mod:`.schema`), maintenance (:mod:`.maintenance`), and the rule functions' SQL pieces and write
+transactions (:mod:`.writes`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from .files import create_store_file
 from .idioms import SqliteIdioms
 from .maintenance import SqliteMaintenance
 from .paths import store_target
-from .rules import SqliteRules
 from .schema import SqliteSchema
 from .settings import BUSY_TIMEOUT_S, PRAGMAS, READONLY_PRAGMAS, SYNCHRONOUS_DURABLE
 from .transactions import ThreadContexts
 from .wal import WalPolicy
 from .writer_queue import WriterQueue
+from .writes import SqliteWrites
 
 __all__ = ["SerializedSqliteDatabase"]
 
@@ -45,7 +46,7 @@ _inherited_connections: list[sqlite3.Connection] = []
 
 
 class SerializedSqliteDatabase(
-    SqliteIdioms, WalPolicy, SqliteExecution, SqliteSchema, SqliteMaintenance, SqliteRules, SqliteChanges
+    SqliteIdioms, WalPolicy, SqliteExecution, SqliteSchema, SqliteMaintenance, SqliteWrites, SqliteChanges
 ):
     """A ``SqliteDatabase`` whose one connection is shared by all threads, one transaction at a time.
 

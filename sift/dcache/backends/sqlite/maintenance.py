@@ -186,12 +186,7 @@ class SqliteMaintenance(SqliteBase):
         return None if self.file in (None, ":memory:") else self.file
 
     def copy_into(
-        self,
-        temp: str,
-        progress: Callable[[int, int], None] | None,
-        *,
-        pages_per_step: int,
-        rows_per_step: int,
+        self, temp: str, progress: Callable[[int, int], None] | None, *, pages_per_step: int
     ) -> tuple[int, int]:
         """Copy the store's pages into the new file ``temp`` in steps, all inside one read transaction of
         the store; return its pages and page size."""
@@ -222,3 +217,9 @@ class SqliteMaintenance(SqliteBase):
         finally:
             src.close()
         return int(pages), int(page_size)
+
+    def copy_rows_into(
+        self, dst: sqlite3.Connection, progress: Callable[[int, int], None] | None, *, rows_per_step: int
+    ) -> None:
+        """Never: a store file is backed up page by page (:meth:`copy_into`)."""
+        raise StoreUnavailable("database: a SQLite store is backed up page by page, not row by row")

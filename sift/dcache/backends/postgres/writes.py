@@ -1,5 +1,6 @@
-"""PostgreSQL's spellings of what the rules need (see :class:`sift.dcache.backends.Backend`), and the row
-and advisory locks that keep the rules exact under concurrent writers.
+"""How the rule functions write on PostgreSQL (see :class:`sift.dcache.backends.Backend`): the SQL pieces
+their statements are built from, their write transactions, and the row and advisory locks that keep the
+rules exact under concurrent writers.
 
 Why these locks: under READ COMMITTED a statement's subqueries read rows as of the statement's start, so a
 target write first locks its job, then its target (the one order every rule uses: job before target);
@@ -20,7 +21,7 @@ from ...errors import StoreConflict, StoreReadOnly
 from ...sqlfiles import load_sql
 from .base import PostgresBase
 
-__all__ = ["CONFLICT_RETRIES", "DirectWrite", "PostgresRules", "Removals", "Write"]
+__all__ = ["CONFLICT_RETRIES", "DirectWrite", "PostgresWrites", "Removals", "Write"]
 
 #: How many times a transaction that met a deadlock or a serialization failure runs again.
 CONFLICT_RETRIES = 5
@@ -86,8 +87,8 @@ class Removals(Write):
             raise
 
 
-class PostgresRules(PostgresBase):
-    """What the rules ask of the PostgreSQL store's database."""
+class PostgresWrites(PostgresBase):
+    """What the rule functions ask of the PostgreSQL store's database to write."""
 
     total_nbytes_sql = "SELECT COALESCE(SUM(nbytes), 0) FROM batch_totals"
     insertion_order = peewee.SQL("seq")

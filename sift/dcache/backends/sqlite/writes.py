@@ -1,5 +1,6 @@
-"""SQLite's spellings of what the rules need (see :class:`sift.dcache.backends.Backend`): byte length, the
-JSON check, insertion order, the byte total; and its write transactions.
+"""How the rule functions write on SQLite (see :class:`sift.dcache.backends.Backend`): the SQL pieces their
+statements are built from (byte length, the JSON check, insertion order, the byte total), and their write
+transactions.
 
 BEGIN IMMEDIATE holds the whole file from the first statement, so no rule needs a row lock, and no
 transaction meets a deadlock: the row and key locks are no-ops here (PostgreSQL's backend does the work).
@@ -20,11 +21,11 @@ from .schema import TOTAL_NBYTES_SQL
 from .settings import CLAIMS_NEED_SQLITE
 from .transactions import DirectWrite, WriteTransaction
 
-__all__ = ["SqliteRules"]
+__all__ = ["SqliteWrites"]
 
 
-class SqliteRules(SqliteBase):
-    """What the rules ask of the SQLite store's database."""
+class SqliteWrites(SqliteBase):
+    """What the rule functions ask of the SQLite store's database to write."""
 
     def write(self) -> WriteTransaction:
         """The store's write transaction: BEGIN IMMEDIATE under the lock. Inside another transaction it
