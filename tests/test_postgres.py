@@ -237,7 +237,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 9
+    assert SCHEMA_VERSION == 10
     stored_job(make_job("job-1", targets_total=2), make_targets(2), nbytes=5)  # bytes of pending targets
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed

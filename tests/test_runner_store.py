@@ -260,6 +260,7 @@ def test_a_version_6_file_is_upgraded_and_its_targets_claimable(tmp_path: Path) 
     with sqlite3.connect(path) as conn:  # as version 6 left it
         conn.execute("DROP INDEX batch_target_delayed")
         conn.execute("DROP INDEX batch_target_host")
+        conn.execute("DROP INDEX batch_target_pending_host")
         conn.execute("ALTER TABLE batch_target DROP COLUMN not_before")
         conn.execute(V6_HOST_INDEX)
         conn.execute("PRAGMA user_version = 6")
