@@ -140,7 +140,7 @@ def quick(
         [sys.executable, str(BENCH), "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # a guard against a hang: with valgrind, the run counts instructions under callgrind
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
