@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sift import dcache
@@ -73,11 +72,8 @@ def counted(tool: str, case: str, source: Path, work: Path, steps: int) -> int:
 
 
 def per_call(tool: str, case: str, source: Path, work: Path, steps: int) -> float:
-    """One call's instructions: (the run with ``steps`` calls - the run with none) / ``steps``. The two runs
-    go side by side (files of their own): callgrind's counts do not depend on what else runs."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        long_run, empty_run = pool.map(lambda n: counted(tool, case, source, work, n), (steps, 0))
-    return (long_run - empty_run) / steps
+    """One call's instructions: (the run with ``steps`` calls - the run with none) / ``steps``."""
+    return (counted(tool, case, source, work, steps) - counted(tool, case, source, work, 0)) / steps
 
 
 def build(tmp: Path, steps: int) -> dict[str, Path]:
