@@ -20,7 +20,7 @@ from fetch_server import BINARY, FetchServer, fetch_server
 
 from sift import dcache
 from sift.dcache import BatchTarget, clock
-from sift.runner import Fail, Retry
+from sift.runner import Fail, GiveBack, Retry
 from sift.runner.http import DEFAULT_MAX_BYTES, DEFAULT_MAX_REDIRECTS, RETRY_AFTER_MOST, fetch
 
 
@@ -51,6 +51,18 @@ def test_200_text_is_the_body_decoded(server: FetchServer) -> None:
 @pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64"])
 def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServer, name: str) -> None:
     assert get(server.url(f"/charset?name={name}")) == "naïve"
+
+
+def test_a_paced_target_past_its_send_by_is_given_back_without_a_request(server: FetchServer) -> None:
+    late = BatchTarget(url=server.url("/text"), options="")
+    late.send_by = clock.unix_time() - 0.001
+    with pytest.raises(GiveBack):
+        fetch(late, allow_private=True)
+    assert server.paths() == []  # nothing reached the site
+    in_time = BatchTarget(url=server.url("/text"), options="")
+    in_time.send_by = clock.unix_time() + 60
+    assert fetch(in_time, allow_private=True) == "héllo wörld"
+    assert server.paths() == ["/text"]
 
 
 def test_200_binary_is_text_with_replacements_or_base64(server: FetchServer) -> None:

@@ -13,7 +13,7 @@ from helpers import SITE_SPELLINGS, count_statements, make_job, refuse_each, sna
 
 from sift import dcache
 from sift.dcache import HostPolicy, clock
-from sift.dcache.politeness import MAX_BACK_OFF
+from sift.dcache.politeness import MAX_BACK_OFF, PACING_SLACK, SEND_WINDOW
 from sift.testing import SiftClock
 
 
@@ -187,9 +187,14 @@ def test_min_interval_gives_a_host_one_target_a_claim_until_it_is_due(
     start = sift_clock.time()
     got = dcache.claim_batch_targets(100, runner="r")
     assert Counter(hosts_of(got)) == {"a.com": 1, "b.com": 4}
+    # the paced target's request must leave within the send window; the others have no such time
+    assert {dcache.url_host(t.url): t.send_by for t in got} == {
+        "a.com": pytest.approx(start + SEND_WINDOW, abs=0.001),
+        "b.com": None,
+    }
     (paced,) = [p for p in dcache.host_policies() if p.host == "a.com"]
-    assert paced.next_due == pytest.approx(start + 1.0, abs=0.001)
-    sift_clock.advance(0.999)
+    assert paced.next_due == pytest.approx(start + 1.0 + PACING_SLACK, abs=0.001)
+    sift_clock.advance(0.999 + PACING_SLACK)
     assert dcache.claim_batch_targets(100, runner="r") == []  # not due: skipped, nothing else to take
     sift_clock.advance(0.001)
     assert hosts_of(dcache.claim_batch_targets(100, runner="r")) == ["a.com"]
@@ -198,7 +203,7 @@ def test_min_interval_gives_a_host_one_target_a_claim_until_it_is_due(
     dcache.set_host_policy("a.com", min_interval=0)  # paced no more, though its due time is still ahead
     dcache.set_host_policy("*", min_interval=60)
     assert dcache.claim_batch_targets(100, runner="r") == []  # the due time a claim wrote still holds
-    sift_clock.advance(0.5)
+    sift_clock.advance(0.5 + PACING_SLACK)
     assert hosts_of(dcache.claim_batch_targets(100, runner="r")) == ["a.com", "a.com"]
 
 
@@ -214,7 +219,7 @@ def test_a_default_interval_paces_each_host_on_its_own(store: Any, sift_clock: S
         "c.com",
     ]
     assert [p.host for p in dcache.host_policies()] == ["*", "a.com", "b.com", "c.com"]
-    sift_clock.advance(0.25)
+    sift_clock.advance(0.25 + PACING_SLACK)
     assert hosts_of(dcache.claim_batch_targets(100, runner="r")) == ["a.com", "b.com"]
 
 
@@ -374,7 +379,7 @@ def held_back_store(waiting: int) -> None:
     dcache.pause_batch_job("alice/paused")
     dcache.back_off_host("held.com", 10_000, now=5)
     dcache.set_host_policy("paced.com", min_interval=1)
-    assert len(dcache.claim_batch_targets(1, per_job=1, runner="r", now=5)) == 1  # paced.com: next due at 6
+    assert len(dcache.claim_batch_targets(1, per_job=1, runner="r", now=5)) == 1  # paced.com: next due at 6.1
 
 
 @pytest.mark.slow
@@ -452,7 +457,8 @@ def test_min_interval_holds_across_4_processes_claiming_at_once(shared_store: st
     heartbeats = sorted(beat for beat in paced if beat is not None)
     assert len(heartbeats) == PACED_TARGETS and len(set(heartbeats)) == PACED_TARGETS, heartbeats
     (policy,) = [p for p in dcache.host_policies() if p.host == PACED]
-    assert policy.next_due is not None and math.floor(policy.next_due) == heartbeats[-1] + 1
+    assert policy.next_due is not None
+    assert (round(policy.next_due * 1000) - round(PACING_SLACK * 1000)) // 1000 == heartbeats[-1] + 1
     assert dcache.check_store().ok
 
 

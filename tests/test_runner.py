@@ -5,6 +5,7 @@ another runner once its claims go stale."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -24,8 +25,8 @@ from helpers import make_job
 from runner_site import fetch, fetch_private, serving
 
 from sift import dcache
-from sift.dcache import db
-from sift.runner import Backoff, Retry, Runner
+from sift.dcache import clock, db
+from sift.runner import Backoff, GiveBack, Retry, Runner
 from sift.runner.writer import Outcome, Writer
 
 SITE_SCRIPT = Path(__file__).with_name("runner_site.py")
@@ -161,6 +162,49 @@ def test_a_host_wide_retry_waits_its_after(store: Any) -> None:
     with running(Runner(asked_to_wait, concurrency=1, renew_every=0.5)):
         wait_for(lambda: job_final(job_id), "the job to finish")
     assert len(seen) == 2 and seen[1] - seen[0] >= 1.0
+
+
+def test_a_target_given_back_is_fetched_again_with_its_attempt_back(store: Any) -> None:
+    seen: list[int] = []
+
+    def not_now(target: dcache.BatchTarget) -> str:
+        seen.append(int(target.attempts))
+        if len(seen) == 1:
+            raise GiveBack("the site's slot has passed")
+        return "ok"
+
+    job_id = submit(["https://a.example/0"])
+    with running(Runner(not_now, concurrency=1, renew_every=0.5)) as runner:
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    assert seen == [1, 1]  # the second claim is its first attempt again
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.attempts, t.error) for t in targets] == [("done", 1, None)]
+    progress = runner.progress()
+    assert (progress.given_back, progress.retried, progress.done) == (1, 0, 1)
+
+
+def test_a_paced_target_its_runner_reaches_after_send_by_is_given_back_unfetched(store: Any) -> None:
+    """Every read of this clock is 0.1 s after the last, more than the send window: the claim's paced
+    target is always late when the runner comes to it, so it is never fetched, and never costs an attempt."""
+    readings = itertools.count()
+    previous = clock.set_test_clock(lambda: 2_000_000_000 + next(readings) * 0.1)
+    try:
+        dcache.set_host_policy("a.example", min_interval=0.001)
+        job_id = submit(["https://a.example/0"])
+        fetched: list[int] = []
+
+        def fetch_once(target: dcache.BatchTarget) -> str:
+            fetched.append(int(target.idx))
+            return "ok"
+
+        with running(Runner(fetch_once, concurrency=1, renew_every=0.5)) as runner:
+            wait_for(lambda: runner.progress().given_back >= 2, "two give-backs")
+    finally:
+        clock.set_test_clock(previous)
+    assert fetched == []
+    (target,) = dcache.batch_targets(job_id) or []
+    assert (target.status, target.attempts, target.error) == ("pending", 0, None)
+    assert dcache.check_store().ok
 
 
 def test_allow_private_is_passed_to_fetch(store: Any) -> None:

@@ -75,6 +75,19 @@ def test_a_retry_without_a_time_is_claimable_at_once(store: Any) -> None:
     assert target("a", 0).attempts == 2
 
 
+def test_a_target_given_back_untried_keeps_its_error_and_gets_its_attempt_back(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=1), make_targets(1))
+    claim_all()
+    dcache.retry_batch_target("a", 0, runner="r1", error="reset", not_before=None)
+    claim_all(runner="r2")
+    dcache.retry_batch_target("a", 0, runner="r2", error=None, not_before=None, attempted=False)
+    given_back = target("a", 0)
+    assert (given_back.status, given_back.attempts, given_back.error) == ("pending", 1, "reset")
+    assert claim_all(runner="r3") == [("a", 0)]
+    assert target("a", 0).attempts == 2
+    assert dcache.check_store().ok
+
+
 def test_a_job_whose_targets_all_wait_is_skipped_and_others_are_served(store: Any) -> None:
     dcache.create_batch_job(make_job("a", targets_total=2, created_at=1), make_targets(2))
     dcache.create_batch_job(make_job("b", targets_total=1, created_at=2), make_targets(1))
@@ -121,7 +134,8 @@ BAD_RETRIES: list[tuple[str, dict[str, Any]]] = [
     ("idx", {"idx": "0"}),
     ("runner", {"runner": ""}),
     ("runner", {"runner": 5}),
-    ("error", {"error": None}),
+    ("error", {"error": 5}),
+    ("attempted", {"attempted": 0}),
     ("error", {"error": "x" * 100_000}),
     ("not_before", {"not_before": -5}),
     ("not_before", {"not_before": 1.5}),

@@ -26,7 +26,7 @@ from .models import (
     target_host,
     target_not_before,
 )
-from .politeness import DEFAULT_HOST, HOST_POLICY, PAUSED_CALLERS, PAUSED_JOBS
+from .politeness import DEFAULT_HOST, HOST_POLICY, PACING_SLACK, PAUSED_CALLERS, PAUSED_JOBS
 from .statements import Slot, Statement, literal
 from .tables import RING_TABLE
 
@@ -339,8 +339,8 @@ class _HostRule:
 class HostRules:
     """The host rules one claim follows: ``per_host``, and each host's policy, read by its key as the walk
     reaches the host (never the whole table), the default's (``*``) once. A paced host gives one target a
-    claim, and is next due ``interval`` after it: claims take turns on the ring's row, so every runner sees
-    the due time the last claim wrote."""
+    claim, and is next due ``interval`` plus ``PACING_SLACK`` after it: claims take turns on the ring's
+    row, so every runner sees the due time the last claim wrote."""
 
     def __init__(self, per_host: int | None, now_ms: int) -> None:
         self.per_host = per_host
@@ -399,7 +399,7 @@ class HostRules:
             self.running[host] += count
         rule = self._rule(host)
         if count and rule.interval:
-            self.paced[host] = self.now_ms + rule.interval
+            self.paced[host] = self.now_ms + rule.interval + _PACING_SLACK_MS
 
     def save(self) -> None:
         """The paced hosts' next due times, written in the claim's transaction."""
@@ -410,6 +410,7 @@ class HostRules:
 
 #: No cap: more than any claim takes.
 _NO_CAP = 2**62
+_PACING_SLACK_MS = round(PACING_SLACK * 1000)
 
 
 class _Job:

@@ -21,6 +21,7 @@ from .counters import counters
 from .database import db, retried
 from .errors import JobNotFound
 from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
+from .politeness import SEND_WINDOW
 from .statements import Slot, Statement
 from .validation import Duration
 
@@ -141,7 +142,9 @@ def claim_batch_targets(
     Each job claimed from becomes running with ``lease = now``. No target is ever handed to two claimers.
 
     Each claimed target records ``runner`` (default: ``runner_name()``, host name and process id) and its
-    heartbeat ``now``, and its ``attempts`` goes up by one; ``renew_claims`` keeps the claim alive."""
+    heartbeat ``now``, and its ``attempts`` goes up by one; ``renew_claims`` keeps the claim alive. A target
+    of a paced host comes with ``send_by``: its request must leave by then, or the target be given back
+    untried (``retry_batch_target(..., attempted=False)``), for the host's interval to hold."""
     limit = validation.positive("limit", limit)
     per_job = limit if per_job is None else validation.positive("per_job", per_job)
     per_host = None if per_host is None else validation.positive("per_host", per_host)
@@ -149,9 +152,10 @@ def claim_batch_targets(
         validation.invalid("fair", f"must be True or False, got {fair!r}")
     checked = _weights(weights, fair)
     runner = _runner(runner)
-    now, now_ms = _claim_clock(now)
+    given = None if now is None else validation.now(now)
     db.backend.require_claims()
     with db.write():
+        now, now_ms = _claim_clock(given)  # read holding the write lock: a paced host's time is its claim's
         order = ClaimOrder(
             per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now, now_ms=now_ms
         )
@@ -159,7 +163,13 @@ def claim_batch_targets(
     if claimed:
         counters.add("claims")
         counters.add("targets_claimed", len(claimed))
-    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+    targets = [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+    if order.hosts.paced:
+        send_by = (now_ms + _SEND_WINDOW_MS) / 1000
+        for target, row in zip(targets, claimed, strict=True):
+            if row[-1] in order.hosts.paced:  # each row's host comes last
+                target.send_by = send_by
+    return targets
 
 
 def _claim_clock(now: int | None) -> tuple[int, int]:
@@ -174,6 +184,7 @@ def _claim_clock(now: int | None) -> tuple[int, int]:
 
 #: The latest pacing time: a paced host's next due time, after it, still fits a 64-bit integer.
 _LAST_MS = 2**62
+_SEND_WINDOW_MS = round(SEND_WINDOW * 1000)
 
 
 def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | None:

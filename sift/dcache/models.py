@@ -203,6 +203,9 @@ class BatchTarget(_StoreModel):
     runner = peewee.TextField(null=True)
     heartbeat = peewee.IntegerField(null=True)
     attempts = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
+    #: Not stored: on a target a claim took from a paced host, the latest time (unix seconds) its request may
+    #: leave for the host's ``min_interval`` to hold; None on every other target.
+    send_by: float | None = None
 
     class Meta:
         table_name = "batch_target"

@@ -29,8 +29,10 @@ __all__ = [
     "HOST_POLICY",
     "MAX_BACK_OFF",
     "MAX_MIN_INTERVAL",
+    "PACING_SLACK",
     "PAUSED_CALLERS",
     "PAUSED_JOBS",
+    "SEND_WINDOW",
     "HostPolicy",
     "back_off_host",
     "backed_off_hosts",
@@ -53,6 +55,12 @@ DEFAULT_HOST = "*"
 MAX_BACK_OFF = 86_400
 #: The longest ``min_interval``, in seconds: one day.
 MAX_MIN_INTERVAL = 86_400
+#: A paced target's request leaves within this many seconds of its claim (``BatchTarget.send_by``), or
+#: the runner gives the target back untried.
+SEND_WINDOW = 0.05
+#: A paced host is next due ``min_interval`` plus this many seconds after a claim: one send window, and one
+#: more for a request checked in time that a busy machine holds before it leaves.
+PACING_SLACK = 2 * SEND_WINDOW
 
 HOST_POLICY: Any = peewee.Table(
     HOST_POLICY_TABLE, ("host", "max_running", "min_interval_ms", "next_due_ms", "backed_off_until_ms")

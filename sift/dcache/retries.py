@@ -30,9 +30,10 @@ _RETRY = Statement(
     lambda: T.update(
         {
             T.status: Inline(peewee.Value(TargetStatus.PENDING.value)),
-            T.error: Slot("error"),
+            T.error: peewee.fn.COALESCE(Slot("error"), T.error),
             T.runner: None,
             T.heartbeat: None,
+            T.attempts: T.attempts - Slot("given_back"),
             target_not_before(): Slot("not_before"),
         }
     ).where(_TARGET & Inline(T.status == TargetStatus.RUNNING.value) & (T.runner == Slot("runner")))
@@ -73,21 +74,35 @@ _REOPEN_JOB = Statement(
 
 @retried
 def retry_batch_target(
-    job_id: str, idx: int, *, runner: str, error: str, not_before: int | None, now: int | None = None
+    job_id: str,
+    idx: int,
+    *,
+    runner: str,
+    error: str | None,
+    not_before: int | None,
+    now: int | None = None,
+    attempted: bool = True,
 ) -> None:
-    """The target ``runner`` holds goes back to pending with ``error``, unclaimed, not to be claimed before
-    ``not_before`` (unix seconds; None: at once); its attempts and its job's count stay (it was not final),
-    the job's lease becomes ``now``. ``ClaimLost``, writing nothing, unless ``runner`` holds it."""
+    """The target ``runner`` holds goes back to pending with ``error`` (None: its error stays), unclaimed,
+    not to be claimed before ``not_before`` (unix seconds; None: at once); its job's count stays (it was not
+    final), the job's lease becomes ``now``. ``attempted=False``: it was never tried (its request did not
+    leave), and its claim's attempt is given back. ``ClaimLost``, writing nothing, unless ``runner`` holds
+    it."""
     job_id = validation.job_id(job_id)
     idx = validation.count("idx", idx)
     runner = validation.key("runner", runner)
-    error = validation.message("error", error)
+    error = None if error is None else validation.message("error", error)
     not_before = None if not_before is None else validation.count("not_before", not_before)
     now = validation.now(now)
+    if type(attempted) is not bool:
+        validation.invalid("attempted", f"must be True or False, got {attempted!r}")
     with db.write():
         if not _LOCK_RETRIED_JOB.rows(job_id=job_id):  # the job before its target, as every target write
             raise JobNotFound(job_id)
-        if not _RETRY.run(job_id=job_id, idx=idx, error=error, runner=runner, not_before=not_before):
+        given_back = 0 if attempted else 1
+        if not _RETRY.run(
+            job_id=job_id, idx=idx, error=error, runner=runner, not_before=not_before, given_back=given_back
+        ):
             state = _TARGET_STATE.rows(job_id=job_id, idx=idx)
             if not state:
                 raise TargetNotFound(job_id, idx)

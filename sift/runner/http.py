@@ -28,11 +28,11 @@ import idna
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from ..dcache.clock import monotonic, unix_now
+from ..dcache.clock import monotonic, unix_now, unix_time
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.models import BatchTarget
 from ..dcache.validation import MAX_MESSAGE_BYTES, MAX_RESULT_BYTES
-from .outcomes import Fail, Retry
+from .outcomes import Fail, GiveBack, Retry
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -82,7 +82,8 @@ class _Options:
 def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network] = False) -> str:
     """GET ``target.url`` with its options, following redirects, and return the body as text (2xx), or
     raise :class:`~sift.runner.Retry` (429, 5xx, network errors, timeouts) or :class:`~sift.runner.Fail`
-    (other statuses, a body over ``max_bytes``, bad options, a refused URL or address).
+    (other statuses, a body over ``max_bytes``, bad options, a refused URL or address), or
+    :class:`~sift.runner.GiveBack` for a paced target whose ``send_by`` passed before its request could leave.
 
     Only http and https URLs are fetched, and only from hosts whose every address is global: loopback,
     private, link-local, shared (100.64/10), multicast, reserved and unspecified addresses are refused
@@ -93,9 +94,11 @@ def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network]
     deadline = monotonic() + options.timeout
     url = target.url
     headers = options.headers
-    for _ in range(options.max_redirects + 1):
+    for hop in range(options.max_redirects + 1):
         parts = _checked_url(url)
         addresses = _resolve(parts, allowed)
+        if hop == 0 and target.send_by is not None and unix_time() > target.send_by:
+            raise GiveBack(f"not sent by {target.send_by:.3f}, the end of its host's send window")
         pool, response = _get(parts, addresses, headers, deadline)
         try:
             location = _outcome(response, url)

@@ -1,5 +1,5 @@
-"""What a runner's ``fetch`` says besides a result: try again later (:class:`Retry`) or fail now
-(:class:`Fail`), and how long a retry waits (:class:`Backoff`)."""
+"""What a runner's ``fetch`` says besides a result: try again later (:class:`Retry`), fail now
+(:class:`Fail`) or not tried at all (:class:`GiveBack`), and how long a retry waits (:class:`Backoff`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.validation import MAX_MESSAGE_BYTES
 
-__all__ = ["Backoff", "Fail", "Retry"]
+__all__ = ["Backoff", "Fail", "GiveBack", "Retry"]
 
 
 def _message(field: str, value: object) -> str:
@@ -54,6 +54,15 @@ class Fail(Exception):
         self.error = _message("error", error)
         self.hint = None if hint is None else _message("hint", hint)
         super().__init__(error)
+
+
+class GiveBack(Exception):
+    """The target was not tried (no request left): it goes back to pending at once, and its attempt is given
+    back. The built-in fetcher says so for a paced target it could not send by its ``send_by``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = _message("reason", reason)
+        super().__init__(reason)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from ..dcache import (
 )
 from ..dcache.claims import _weights
 from ..dcache.clock import unix_time
-from .outcomes import Backoff, Fail, Retry
+from .outcomes import Backoff, Fail, GiveBack, Retry
 from .writer import Outcome, Writer
 
 __all__ = ["IDLE_WAIT", "Progress", "Runner"]
@@ -47,7 +47,8 @@ DEFAULT_GRACE = 30.0
 @dataclass(frozen=True)
 class Progress:
     """What a runner has done since it started: targets claimed, written done, written failed, put back to be
-    retried, and lost (another runner held them when the write came); ``running``: fetches in flight now."""
+    retried, and lost (another runner held them when the write came); ``running``: fetches in flight now;
+    ``given_back``: put back untried (a paced target not sent by its ``send_by``, or a ``GiveBack``)."""
 
     claimed: int
     done: int
@@ -55,6 +56,7 @@ class Progress:
     retried: int
     lost: int
     running: int
+    given_back: int = 0
 
 
 Fetch = Callable[..., str]
@@ -119,7 +121,8 @@ class Runner:
         self._lock = threading.Lock()
         self._claim_lock = threading.Lock()
         self._ready: deque[BatchTarget] = deque()
-        self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost"), 0)
+        self._wake = threading.Condition(self._lock)  # idle workers, woken when a claim left them targets
+        self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
         self._busy = 0
         self._quiet_until = 0.0
         self._stop = threading.Event()  # stop claiming
@@ -202,7 +205,9 @@ class Runner:
                 self._stop.wait(IDLE_WAIT)
                 continue
             if target is None:
-                self._stop.wait(IDLE_WAIT / 4)
+                with self._wake:
+                    if not self._ready and not self._stop.is_set():
+                        self._wake.wait(IDLE_WAIT / 4)
                 continue
             try:
                 self._writer.put(self._outcome(target))
@@ -239,15 +244,20 @@ class Runner:
                     self._quiet_until = time.monotonic() + IDLE_WAIT
                     return None
                 self._ready.extend(claimed[1:])
+                self._wake.notify(len(claimed) - 1)  # at once: a paced target must leave by its send_by
                 self._busy += 1
                 return claimed[0]
 
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it."""
         job_id, idx = str(target.job_id), int(target.idx)
+        if target.send_by is not None and unix_time() > target.send_by:
+            return self._give_back(target)  # a paced host's next request may already be on its way
         try:
             # a fetch given allow_private must accept it; others are called as users write them
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
+        except GiveBack:
+            return self._give_back(target)
         except Fail as fail:
             return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)
         except Retry as retry:
@@ -276,6 +286,10 @@ class Runner:
             except BatchError:  # the target's own retry still waits; the other targets are only early
                 log.exception("sift runner %s: could not back off %s", self.name, host)
         return self._retry(target, retry.error, wait)
+
+    def _give_back(self, target: BatchTarget) -> Outcome:
+        """Back to pending at once, untried: its attempt given back, its error as it was."""
+        return Outcome(str(target.job_id), int(target.idx), "pending", attempted=False)
 
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed

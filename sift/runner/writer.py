@@ -40,7 +40,8 @@ WRITE_WAIT = 0.005
 @dataclass(frozen=True)
 class Outcome:
     """What a fetch of target ``idx`` of ``job_id`` came to: a write (``status`` done or failed, with its
-    result, error and hint) or, with status pending, a retry not before ``not_before``."""
+    result, error and hint) or, with status pending, a retry not before ``not_before`` (``attempted``
+    False: given back untried, its error kept when ``error`` is None)."""
 
     job_id: str
     idx: int
@@ -49,6 +50,7 @@ class Outcome:
     error: str | None = None
     hint: str | None = None
     not_before: int | None = None
+    attempted: bool = True
 
 
 #: How long the writer waits before writing again a round the store refused (seconds).
@@ -148,8 +150,9 @@ class Writer:
                 outcome.job_id,
                 outcome.idx,
                 runner=self.runner,
-                error=outcome.error or "",
+                error=outcome.error,
                 not_before=outcome.not_before,
+                attempted=outcome.attempted,
             )
         except ClaimLost as lost:
             self.tally("lost", 1)
@@ -157,7 +160,7 @@ class Writer:
         except BatchError as exc:
             log.info("sift runner %s: %s", self.runner, exc)
         else:
-            self.tally("retried", 1)
+            self.tally("retried" if outcome.attempted else "given_back", 1)
 
 
 def _entry(outcome: Outcome) -> dict[str, Any]:
