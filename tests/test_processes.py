@@ -13,6 +13,7 @@ holds the write lock, whatever the busy timeout; with ``BEGIN IMMEDIATE`` it wai
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import random
 import sqlite3
@@ -415,11 +416,19 @@ WEIGHTS = {"fleet": 2}
 
 def _claim_runner(target: str, name: str, seed: int, runners_done: Any, barrier: Any) -> dict[str, Any]:
     """Claim, write (as this runner) and finish the job its write completes, renew, and now and then
-    release; count what it did. A write after the claim was taken is refused (ClaimLost), or finds its job
-    gone once that job finished without it and was evicted."""
+    release, or give a target back untried; count what it did. A write after the claim was taken is
+    refused (ClaimLost), or finds its job gone once that job finished without it and was evicted."""
     dcache.open_db(target)
     rng = random.Random(seed)
-    done = {"claimed": 0, "released": 0, "written": 0, "refused": 0, "gone": 0, "finished": 0}
+    done = {
+        "claimed": 0,
+        "released": 0,
+        "given_back": 0,
+        "written": 0,
+        "refused": 0,
+        "gone": 0,
+        "finished": 0,
+    }
     barrier.wait()
     for _ in range(60):
         claimed = dcache.claim_batch_targets(4, per_job=2, per_host=PER_HOST, weights=WEIGHTS, runner=name)
@@ -429,6 +438,12 @@ def _claim_runner(target: str, name: str, seed: int, runners_done: Any, barrier:
                 done["released"] += dcache.release_claims(name)
                 break
             try:
+                if rng.random() < 0.05:  # not sent in time: back untried, its attempt given back
+                    dcache.retry_batch_target(
+                        t.job_id, t.idx, runner=name, error=None, not_before=None, attempted=False
+                    )
+                    done["given_back"] += 1
+                    continue
                 dcache.update_batch_target(t.job_id, t.idx, "done", result=name, runner=name)
                 done["written"] += 1
                 done["finished"] += dcache.finish_batch_job(t.job_id) is not None
@@ -484,12 +499,53 @@ def _evictor(target: str, runners_done: Any, barrier: Any) -> dict[str, Any]:
     return {"evicted": evicted}
 
 
+def _operator(target: str, runners_done: Any, barrier: Any) -> dict[str, Any]:
+    """As long as the runners work: pause and resume a caller and a job, back a host off and release it,
+    and pace and cap hosts, at random; then resume and release everything, and clear the policies."""
+    dcache.open_db(target)
+    rng = random.Random(7)
+
+    def step() -> int:
+        host = f"h{rng.randrange(3)}.example"
+        choice = rng.randrange(6)
+        if choice == 0:
+            dcache.pause_caller("caller-1")
+        elif choice == 1:
+            dcache.resume_caller("caller-1")
+        elif choice == 2:
+            job_id = f"job-{rng.randrange(1, CLAIM_JOBS)}"
+            with contextlib.suppress(dcache.JobNotFound):  # evicted once finished
+                (dcache.pause_batch_job if rng.random() < 0.5 else dcache.resume_batch_job)(job_id)
+        elif choice == 3:
+            dcache.back_off_host(host, dcache.unix_now() + rng.random())
+        elif choice == 4:
+            dcache.release_host(host)
+        else:
+            dcache.set_host_policy(
+                host, max_running=rng.choice([None, 1, 2]), min_interval=rng.choice([0, 0.01])
+            )
+        return 1
+
+    barrier.wait()
+    steps = _until_runners_stop(runners_done, step)
+    dcache.resume_caller("caller-1")
+    for j in range(CLAIM_JOBS):
+        with contextlib.suppress(dcache.JobNotFound):
+            dcache.resume_batch_job(f"job-{j}")
+    for h in range(3):
+        dcache.release_host(f"h{h}.example")
+        dcache.set_host_policy(f"h{h}.example")
+    dcache.close_db()
+    return {"operator_steps": steps}
+
+
 def _claims_worker(kind: str, *args: Any) -> dict[str, Any]:
     workers: dict[str, Callable[..., dict[str, Any]]] = {
         "runner": _claim_runner,
         "requeuer": _requeuer,
         "sweeper": _sweeper,
         "evictor": _evictor,
+        "operator": _operator,
     }
     return workers[kind](*args)
 
@@ -524,10 +580,12 @@ def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_
     ]
     args += [("requeuer", shared_store, 4), ("requeuer", shared_store, 10**6)]
     args += [("sweeper", shared_store, runners_done), ("evictor", shared_store, runners_done)]
+    args.append(("operator", shared_store, runners_done))  # pauses, back-offs and host policies meanwhile
     reports = run_processes(_claims_worker, args)
     assert not [r for r in reports if "errors" in r], reports
     runners = [r for r in reports if "claimed" in r]  # reports come in the order the processes end
     assert len(runners) == RUNNERS
+    assert [r["operator_steps"] > 0 for r in reports if "operator_steps" in r] == [True]
 
     # What went: the long-finished jobs, by the sweep; finished jobs holding bytes, by eviction. No job
     # was deleted while queued or running, and each went whole, exactly once.
@@ -546,10 +604,10 @@ def test_claimers_renewers_releasers_requeuers_sweepers_and_evictors_keep_every_
     assert "job-0" not in swept_or_evicted
     print(f"\n{backend}: {swept} jobs swept, {evicted} evicted, of {len(deleted)} deleted")
 
-    # A target's attempts count its claims, less the ones given back by a release: over the targets left
-    # and the ones deleted with their finished jobs.
+    # A target's attempts count its claims, less the ones given back by a release or a retry untried: over
+    # the targets left and the ones deleted with their finished jobs.
     claimed = sum(r["claimed"] for r in runners)
-    released = sum(r["released"] for r in runners)
+    released = sum(r["released"] for r in runners) + sum(r["given_back"] for r in runners)
     columns = "job_id, status, result, error, runner, attempts"
     rows = db.execute_sql(f"SELECT {columns} FROM batch_target").fetchall()
     gone = db.execute_sql(f"SELECT {columns} FROM deleted_target")

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sift import dcache
-from sift.dcache.politeness import MAX_BACK_OFF
+from sift.dcache.politeness import MAX_BACK_OFF, PACING_SLACK, SEND_WINDOW
 
 JOB_IDS = ["a", "b", "c", "é"]
 CALLERS = ["alice", "bob"]
@@ -193,6 +193,7 @@ class ModelClaim:
             if t.status == "running"
         )
         self.taken: Counter[str] = Counter()
+        self.paced: set[str] = set()  # paced hosts this claim took from: one target each
         self.claimed: list[tuple[str, int]] = []
         self.pending = {
             (job_id, idx)
@@ -214,23 +215,29 @@ class ModelClaim:
         )
 
     def next_of_job(self, job_id: str) -> int | None:
-        """The job's next claimable target in this claim, or None."""
+        """The job's next claimable target in this claim, or None: not of a host backed off or not due, at
+        its cap (the stricter of per_host and its policy's), or paced and taken from in this claim."""
         if self.taken[job_id] >= self.per_job:
             return None
         pending = (idx for j, idx in self.pending if j == job_id)
         for idx in sorted(pending, key=lambda i: (dcache.url_host(self.jobs[job_id].targets[i].url), i)):
             host = dcache.url_host(self.jobs[job_id].targets[idx].url)
-            if self.machine.backed_off.get(host, 0) > self.now_ms:
+            held_until = max(self.machine.backed_off.get(host, 0), self.machine.next_due.get(host, 0))
+            if held_until > self.now_ms or host in self.paced:
                 continue
-            if self.per_host is None or self.running[host] < self.per_host:
+            caps = [cap for cap in (self.per_host, self.machine.setting(host, 0)) if cap is not None]
+            if not caps or self.running[host] < min(caps):
                 return idx
         return None
 
     def take(self, job_id: str, idx: int) -> None:
         self.pending.discard((job_id, idx))
         self.taken[job_id] += 1
-        self.running[dcache.url_host(self.jobs[job_id].targets[idx].url)] += 1
+        host = dcache.url_host(self.jobs[job_id].targets[idx].url)
+        self.running[host] += 1
         self.claimed.append((job_id, idx))
+        if self.machine.setting(host, 1):
+            self.paced.add(host)
 
     def next_of_caller(self, caller: str) -> tuple[str, int] | None:
         for job_id in self.job_order():
@@ -291,9 +298,17 @@ class StoreMachine(RuleBasedStateMachine):
         self.paused_jobs: set[str] = set()
         self.paused_callers: set[str] = set()
         self.backed_off: dict[str, int] = {}
+        # host policies by host ("*": the default): (max_running, min_interval in ms), and next due (ms)
+        self.policies: dict[str, tuple[int | None, int | None]] = {}
+        self.next_due: dict[str, int] = {}
 
     def path(self) -> str | Path:
         return ":memory:"
+
+    def setting(self, host: str, which: int) -> int | None:
+        """``host``'s max_running (``which`` 0) or min_interval in ms (1): its own, else the default's."""
+        own = self.policies.get(host, (None, None))[which]
+        return own if own is not None else self.policies.get("*", (None, None))[which]
 
     def teardown(self) -> None:
         dcache.close_db()
@@ -584,7 +599,8 @@ class StoreMachine(RuleBasedStateMachine):
         self, limit: int, per_job: int | None, per_host: int | None, order: str, now: int, runner: str
     ) -> None:
         weights = CLAIM_WEIGHTS[order]
-        expected = ModelClaim(self, limit, per_job, per_host, weights, now).run(order != "oldest first")
+        model = ModelClaim(self, limit, per_job, per_host, weights, now)
+        expected = model.run(order != "oldest first")
         for job_id, idx in expected:
             job = self.jobs[job_id]
             target = job.targets[idx]
@@ -602,6 +618,14 @@ class StoreMachine(RuleBasedStateMachine):
         )
         assert [(t.job_id, t.idx) for t in claimed] == expected
         assert all(t.status == "running" and (t.runner, t.heartbeat) == (runner, now) for t in claimed)
+        paced = {host for host in model.paced}
+        for host in paced:
+            self.next_due[host] = now * 1000 + (self.setting(host, 1) or 0) + round(PACING_SLACK * 1000)
+        send_by = (now * 1000 + round(SEND_WINDOW * 1000)) / 1000
+        assert [t.send_by for t in claimed] == [
+            send_by if dcache.url_host(t.url) in paced else None for t in claimed
+        ]
+        event(f"claim: {len(paced)} paced hosts")
         event(f"claim: {min(len(claimed), 3)}+ targets")
         event(f"claim: {order}, from {len({self.jobs[t.job_id].caller for t in claimed})} callers")
 
@@ -645,6 +669,18 @@ class StoreMachine(RuleBasedStateMachine):
         end = min(math.ceil(until * 1000), now * 1000 + MAX_BACK_OFF * 1000)
         self.backed_off[name] = max(self.backed_off.get(name, 0), end)
         assert dcache.back_off_host(host, until, now=now) == self.backed_off[name] / 1000
+
+    @rule(
+        host=st.sampled_from(["*", "h0.example", "H1.Example"]),
+        max_running=st.sampled_from([None, 1, 2]),
+        min_interval=st.sampled_from([None, 0, 0.5, 2, 5]),
+    )
+    def set_policy(self, host: str, max_running: int | None, min_interval: float | None) -> None:
+        name = host if host == "*" else dcache.url_host(f"//{host}")
+        interval = None if min_interval is None else round(min_interval * 1000)
+        self.policies[name] = (max_running, interval)
+        policy = dcache.set_host_policy(host, max_running=max_running, min_interval=min_interval)
+        assert (policy.host, policy.max_running, policy.min_interval) == (name, max_running, min_interval)
 
     def held(self, runner: str | None = None) -> list[MTarget]:
         return [
@@ -815,6 +851,22 @@ class StoreMachine(RuleBasedStateMachine):
         live = {job_id for job_id, job in self.jobs.items() if job.status in LIVE}
         assert dcache.paused_jobs() == sorted(self.paused_jobs & live)
         assert dcache.paused_callers() == sorted(self.paused_callers)
+
+    @invariant()
+    def host_rows_match_the_model(self) -> None:
+        hosts = sorted(set(self.policies) | set(self.backed_off) | set(self.next_due), key=lambda h: h != "*")
+        want = [
+            dcache.HostPolicy(
+                host=host,
+                max_running=self.policies.get(host, (None, None))[0],
+                min_interval=None if (ms := self.policies.get(host, (None, None))[1]) is None else ms / 1000,
+                # a time of 0 (a back-off to the epoch) reads as none
+                next_due=self.next_due[host] / 1000 if self.next_due.get(host) else None,
+                backed_off_until=self.backed_off[host] / 1000 if self.backed_off.get(host) else None,
+            )
+            for host in hosts
+        ]
+        assert dcache.host_policies() == want
 
     @invariant()
     def jobs_and_targets_match_the_model(self) -> None:
