@@ -197,3 +197,28 @@ def test_layout_table_covers_every_module() -> None:
         relative = path.relative_to(ROOT).as_posix()
         covered = relative in rows or any(relative.startswith(folder) for folder in folders)
         assert covered, f"docs/explanation/layout.md's layout table does not name {relative}"
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The names a protocol class declares itself: its methods, properties and annotated attributes."""
+    declared = set(vars(protocol).get("__annotations__", {}))
+    declared |= {
+        name for name, value in vars(protocol).items() if callable(value) or isinstance(value, property)
+    }
+    return {name for name in declared if not name.startswith("_")}
+
+
+def test_the_backend_protocol_is_its_three_parts() -> None:
+    """``Backend`` is ``Dialect``, ``Transactions`` and ``Maintenance`` and nothing more, and no member is in
+    two of them: a caller can name the one part it needs."""
+    from sift.dcache import backends
+
+    parts = [backends.Dialect, backends.Transactions, backends.Maintenance]
+    members = [protocol_members(part) for part in parts]
+    assert all(members)
+    assert sum(len(m) for m in members) == len(set().union(*members)), "a member is in two parts"
+    assert protocol_members(backends.Backend) == set()
+    assert backends.Backend.__mro__[1:4] == tuple(parts)
+    assert {"statement_key", "param", "bytewise"} <= members[0]
+    assert {"write", "lock_job", "raise_store_error"} <= members[1]
+    assert {"missing_schema", "page_stats", "copy_into"} <= members[2]

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import peewee
 
-from .backends import Backend
+from .backends import Dialect
 from .database import db
 
 __all__ = ["Positional", "Slot", "Statement", "literal", "positional"]
@@ -86,7 +86,7 @@ class Statement:
         self._build = build
         self._compiled: dict[str, _Compiled] = {}
 
-    def _for(self, backend: Backend) -> _Compiled:
+    def _for(self, backend: Dialect) -> _Compiled:
         compiled = self._compiled.get(backend.statement_key)
         if compiled is None:  # the models compile for db's backend, which is ``backend``
             compiled = self._compiled[backend.statement_key] = _Compiled(self._build)
@@ -134,7 +134,7 @@ class Statement:
         row = backend.fetch_one(compiled.sql, compiled.getter(values))
         return None if row is None else row[0]
 
-    def params_getter(self, backend: Backend, names: Sequence[str]) -> tuple[str, list[int], list[Any]]:
+    def params_getter(self, backend: Dialect, names: Sequence[str]) -> tuple[str, list[int], list[Any]]:
         """The SQL for ``backend``, and each parameter's source: an index into ``names``, or (counting on
         past ``names``) one of the returned constants."""
         compiled = self._for(backend)
@@ -166,7 +166,7 @@ class Positional(NamedTuple):
 
 
 def positional(
-    backend: Backend, statements: Sequence[Statement], names: Sequence[str]
+    backend: Dialect, statements: Sequence[Statement], names: Sequence[str]
 ) -> tuple[tuple[Positional, ...], tuple[Any, ...]]:
     """``statements`` for ``backend``, each binding its parameters by position from one tuple: the values
     of ``names`` in order, then the constants returned here. A hot path builds that tuple once a call and

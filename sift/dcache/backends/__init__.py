@@ -39,6 +39,9 @@ __all__ = [
     "SQLITE_TRIGGERS",
     "Backend",
     "ConnectionBlock",
+    "Dialect",
+    "Maintenance",
+    "Transactions",
     "cleared",
     "is_postgres_target",
     "missing_schema",
@@ -65,32 +68,26 @@ class ConnectionBlock(Protocol):
     def __call__(self, fn: F) -> F: ...
 
 
-class Backend(Protocol):
-    """What the rules ask of the open store's database, beyond Peewee's ``Database`` API."""
+class Dialect(Protocol):
+    """The SQL pieces the rules and the integrity check build their statements from: how this backend
+    spells what the other spells differently."""
 
-    #: Where the store is, as shown in messages; None when nothing is open.
-    path: str | None
-    readonly: bool
-    #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
-    #: every target as unclaimed, with no attempts.
-    claims_stored: bool
-    #: Whether the store's hosts are this sift's ``url_host`` (schema version 6): a read-only open of an older
-    #: store keeps none or an earlier rule's, and its check then skips the hosts (a copy computes them).
-    hosts_stored: bool
-    #: Whether the store has the politeness tables (schema version 8): a read-only open of an older store
-    #: has none, and reads no policy, back-off or pause.
-    politeness_stored: bool
     #: Statements are compiled once per key: one per backend class, and one more for an older store's reads.
     statement_key: str
+
     #: The SQL that reads the byte total (one row, one column).
     total_nbytes_sql: str
+
     #: An expression ordering rows by insertion: ties in created_at go to the later insert.
     insertion_order: peewee.ColumnBase
+
     #: A row's address in its table (ctid, rowid): stable while the transaction holds the row.
     row_address: peewee.ColumnBase
+
     #: Whether an UPDATE rewrites the index entries of every column it sets, even to the value the row holds
     #: (SQLite). PostgreSQL compares the values: a column set to its own value keeps a HOT update possible.
     rewrites_set_keys: bool
+
     #: Whether a rule locks the rows it reads before it writes them (PostgreSQL); SQLite's write
     #: transaction holds the whole file.
     row_locks: bool
@@ -104,6 +101,61 @@ class Backend(Protocol):
     def live_lease(self, lease: peewee.ColumnBase) -> peewee.ColumnBase:
         """The lease column as a condition on live jobs only must name it: never through an index that
         holds the history's leases too."""
+
+    def bytewise(self, expr: peewee.Node) -> peewee.ColumnBase:
+        """A text expression compared and ordered byte by byte (PostgreSQL's ``COLLATE "C"``), so both
+        backends order callers and hosts alike."""
+
+    def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
+        """``query`` locking the rows it selects until the transaction ends (skipping rows another
+        transaction holds, with ``skip_locked``), where the backend needs row locks."""
+
+    def among(self, column: peewee.Node, query: peewee.Node) -> peewee.Node:
+        """``column`` is one of the values ``query`` selects, evaluated once, each row found by index."""
+
+    def one_of(self, column: peewee.Node, values: peewee.Node) -> peewee.Node:
+        """``column`` is one of the values of the parameter ``values`` (bound as :meth:`listed` gives them),
+        each row found by index."""
+
+    def listed(self, values: Sequence[str]) -> Any:
+        """``values`` as the one parameter of a :meth:`one_of`."""
+
+    #: Peewee's parameter placeholder for this backend.
+    param: str
+
+    #: The integrity check's SQL spellings: a count of rows where ``{}`` holds, the UTF-8 bytes of
+    #: ``result``, the lesser of ``{a}`` and ``{b}`` (either may be NULL), the test that ``idx`` is an
+    #: integer (followed by AND, or empty), that ``options`` is not JSON, a condition that always holds, and
+    #: (byte total kept, SUM).
+    sql_count_if: str
+    sql_result_bytes: str
+    sql_least: str
+    sql_integer_idx: str
+    sql_invalid_options: str
+    sql_true: str
+    sql_totals: str
+
+
+class Transactions(Protocol):
+    """The open store: its write transaction and locks, the statements run in it, and its driver errors
+    turned into the package's."""
+
+    #: Where the store is, as shown in messages; None when nothing is open.
+    path: str | None
+
+    readonly: bool
+
+    #: Whether the store has the claims' columns: a read-only open of an older store may not, and then reads
+    #: every target as unclaimed, with no attempts.
+    claims_stored: bool
+
+    #: Whether the store's hosts are this sift's ``url_host`` (schema version 6): a read-only open of an older
+    #: store keeps none or an earlier rule's, and its check then skips the hosts (a copy computes them).
+    hosts_stored: bool
+
+    #: Whether the store has the politeness tables (schema version 8): a read-only open of an older store
+    #: has none, and reads no policy, back-off or pause.
+    politeness_stored: bool
 
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
@@ -158,24 +210,6 @@ class Backend(Protocol):
     def errors(self) -> AbstractContextManager[None]:
         """A block whose driver errors become the package's (as every statement's do)."""
 
-    def bytewise(self, expr: peewee.Node) -> peewee.ColumnBase:
-        """A text expression compared and ordered byte by byte (PostgreSQL's ``COLLATE "C"``), so both
-        backends order callers and hosts alike."""
-
-    def lock_rows(self, query: peewee.Node, *, skip_locked: bool = False) -> peewee.Node:
-        """``query`` locking the rows it selects until the transaction ends (skipping rows another
-        transaction holds, with ``skip_locked``), where the backend needs row locks."""
-
-    def among(self, column: peewee.Node, query: peewee.Node) -> peewee.Node:
-        """``column`` is one of the values ``query`` selects, evaluated once, each row found by index."""
-
-    def one_of(self, column: peewee.Node, values: peewee.Node) -> peewee.Node:
-        """``column`` is one of the values of the parameter ``values`` (bound as :meth:`listed` gives them),
-        each row found by index."""
-
-    def listed(self, values: Sequence[str]) -> Any:
-        """``values`` as the one parameter of a :meth:`one_of`."""
-
     def require_claims(self) -> None:
         """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""
 
@@ -195,21 +229,16 @@ class Backend(Protocol):
         """After ``conflict`` (a StoreConflict), run the rule's transaction again a bounded number of
         times, or raise."""
 
-    # -- What the integrity check asks (sift.dcache.integrity) -------------------------------------------
+    def read_snapshot(self) -> AbstractContextManager[None]:
+        """Reads as one snapshot; inside a caller's transaction, that one."""
 
-    #: Peewee's parameter placeholder for this backend.
-    param: str
-    #: The integrity check's SQL spellings: a count of rows where ``{}`` holds, the UTF-8 bytes of
-    #: ``result``, the lesser of ``{a}`` and ``{b}`` (either may be NULL), the test that ``idx`` is an
-    #: integer (followed by AND, or empty), that ``options`` is not JSON, a condition that always holds, and
-    #: (byte total kept, SUM).
-    sql_count_if: str
-    sql_result_bytes: str
-    sql_least: str
-    sql_integer_idx: str
-    sql_invalid_options: str
-    sql_true: str
-    sql_totals: str
+    def lock_job_range(self, where: str, params: Sequence[Any]) -> None:
+        """Inside a write: lock the jobs ``where`` selects (before their targets), where needed."""
+
+
+class Maintenance(Protocol):
+    """What the integrity check, space and backup ask of the store beyond its rules: its schema, its pages
+    or relations, and copies of it."""
 
     @property
     def reads_beside(self) -> bool:
@@ -220,9 +249,6 @@ class Backend(Protocol):
 
     def read_whole(self, sql: str) -> list[Any]:
         """Rows of a statement that reads the whole store, blocking no other thread if it can."""
-
-    def read_snapshot(self) -> AbstractContextManager[None]:
-        """Reads as one snapshot; inside a caller's transaction, that one."""
 
     def missing_schema(self) -> list[str]:
         """The parts of the schema the store lacks."""
@@ -236,13 +262,8 @@ class Backend(Protocol):
     def total_problems(self) -> list[str]:
         """What is wrong with how the byte total is kept, beyond its value."""
 
-    def lock_job_range(self, where: str, params: Sequence[Any]) -> None:
-        """Inside a write: lock the jobs ``where`` selects (before their targets), where needed."""
-
     def repair_total(self) -> list[str]:
         """Recompute the byte total if it is wrong, in a write transaction of its own; say what changed."""
-
-    # -- What space and backup ask (sift.dcache.space, sift.dcache.backup) -------------------------------
 
     #: Whether the store's space is pages of a file (SQLite), rather than the server's.
     has_pages: bool
@@ -280,6 +301,11 @@ class Backend(Protocol):
     ) -> None:
         """Write the store's jobs and targets as of one snapshot into ``dst``, a new SQLite store file's
         connection inside its transaction (a store without a :meth:`backup_source` only)."""
+
+
+class Backend(Dialect, Transactions, Maintenance, Protocol):
+    """What the rules ask of the open store's database, beyond Peewee's ``Database`` API: its dialect,
+    its transactions and its maintenance, each a protocol of its own for the modules that need only it."""
 
 
 #: The one SQLite database object of the process: the backend whenever no other store is open.
