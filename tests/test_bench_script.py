@@ -245,6 +245,7 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     assert {"nproc", "cpu", "python", "sqlite"} <= set(report["machine"])
 
 
+@pytest.mark.slow
 def test_quick_run_on_postgres_measures_lock_waits_and_leaves_no_schema(
     quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
 ) -> None:
