@@ -9,10 +9,11 @@ import math
 import os
 import random
 import signal
+import time
 from typing import Any
 
 import pytest
-from helpers import killed_after_it_reports, make_job, make_targets, refuse_each, run_processes
+from helpers import SPAWN, killed_after_it_reports, make_job, make_targets, refuse_each, run_processes
 
 from sift import dcache
 from sift.dcache import db
@@ -120,7 +121,11 @@ RESCUE_NOW = 90_000  # every rescue's now (and so the lease it sets)
 TOUCH_NOW = 100_000  # every refresh's now: fresher than any rescue's cutoff
 
 
-def _rescue_or_touch(kind: str, target: str, seed: int, barrier: Any) -> dict[str, Any]:
+TOUCHERS = 4
+TOUCHES = TOUCHERS * (JOBS // 4)
+
+
+def _rescue_or_touch(kind: str, target: str, seed: int, touches: Any, barrier: Any) -> dict[str, Any]:
     dcache.open_db(target)
     rng = random.Random(seed)
     errors: list[str] = []
@@ -129,8 +134,14 @@ def _rescue_or_touch(kind: str, target: str, seed: int, barrier: Any) -> dict[st
     barrier.wait()
     if kind == "rescue":
         # The cutoff climbs through the old leases (1..JOBS) in steps, so jobs become stale one band at a
-        # time while the refreshers run, and the last calls find every untouched job stale.
-        for cutoff in [*range(0, JOBS + 1, 15), JOBS]:
+        # time while the refreshers run, and the last calls find every untouched job stale. A step waits
+        # (a while at most) for the refreshers to have done their share so far: on a busy machine the
+        # rescues would otherwise run to the end before a refresher is scheduled at all.
+        cutoffs = [*range(0, JOBS + 1, 15), JOBS]
+        deadline = time.monotonic() + 120
+        for step, cutoff in enumerate(cutoffs):
+            while touches.value < TOUCHES * step // (2 * len(cutoffs)) and time.monotonic() < deadline:
+                time.sleep(0.001)
             try:
                 rescued += dcache.rescue_stale_jobs(RESCUE_NOW - cutoff, "host lost", now=RESCUE_NOW)
             except Exception as exc:
@@ -143,6 +154,8 @@ def _rescue_or_touch(kind: str, target: str, seed: int, barrier: Any) -> dict[st
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             touched.append(f"job-{i:04d}")
+            with touches.get_lock():
+                touches.value += 1
     dcache.close_db()
     return {"errors": errors, "touched": touched, "rescued": rescued}
 
@@ -152,9 +165,11 @@ def test_a_refreshed_job_is_never_rescued(shared_store: str) -> None:
     for i in range(JOBS):
         status = "running" if i % 2 else "queued"
         dcache.create_batch_job(make_job(f"job-{i:04d}", status=status, lease=i + 1, targets_total=1))
+    touches = SPAWN.Value("i", 0)
     reports = run_processes(
         _rescue_or_touch,
-        [("rescue", shared_store, s) for s in range(4)] + [("touch", shared_store, s) for s in range(4)],
+        [("rescue", shared_store, s, touches) for s in range(4)]
+        + [("touch", shared_store, s, touches) for s in range(TOUCHERS)],
     )
     assert [r["errors"] for r in reports] == [[]] * 8
     touched = {job for r in reports for job in r["touched"]}
