@@ -457,7 +457,8 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     """The target writes of one call, in one write transaction, each by the per-target rule: the job's
     count, bytes and lease move by the target's change, then the target is written; a missing target, a
     move back or (with ``runner``) a claim the runner no longer holds raises. PostgreSQL first tries all of
-    them in one statement. Otherwise the statements go straight to the backend's connection, bound by
+    them in one statement, SQLite in a few statements for the set (``write_target_set``). Otherwise the
+    per-target statements go straight to the backend's connection, bound by
     position; on SQLite the whole call is one hold of its lock."""
     backend = db.backend
     if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
@@ -470,6 +471,8 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     (at_lease, on_job, claimed, unclaimed), constants = _DIRECT[key]
     rewrites, row_locks = backend.rewrites_set_keys, backend.row_locks
     with backend.direct_write() as execute:
+        if len(writes) > 1 and backend.write_target_set(execute, job_id, writes, runner, now):
+            return
         for idx, status, final, size, result, error, hint in writes:
             if row_locks:
                 backend.lock_target(job_id, idx)  # so the statements below read the target as it is now

@@ -189,6 +189,18 @@ class PostgresWrites(PostgresBase):
         }
         return int(self.run_sql(_WRITE_TARGETS, values).rowcount) == len(idx)
 
+    @staticmethod
+    def write_target_set(
+        execute: Callable[[str, Sequence[Any]], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
+        """Never: :meth:`write_targets` is the one-statement path; inside a caller's transaction the
+        per-target statements run (a refusal there must leave it usable)."""
+        return False
+
     def byte_total(self) -> int:
         row = self.fetch_one(self.total_nbytes_sql, ())
         return 0 if row is None else int(row[0])
