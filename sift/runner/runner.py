@@ -34,12 +34,17 @@ from ..dcache.clock import unix_time
 from .outcomes import Backoff, Fail, Retry
 from .writer import Outcome, Writer
 
-__all__ = ["IDLE_WAIT", "Progress", "Runner"]
+__all__ = ["IDLE_WAIT", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
 
 log = logging.getLogger("sift.runner")
 
 #: How long workers wait after a claim found nothing before the next claim (seconds).
 IDLE_WAIT = 0.2
+#: The most targets a claim takes beyond the free workers' count, by default (``Runner(prefetch=...)``).
+PREFETCH = 256
+#: A claim takes ahead what the workers started in about this long (seconds), measured over the last claim:
+#: slow fetches claim little beyond the free workers, so the targets left pending stay for other runners.
+PREFETCH_WINDOW = 0.25
 #: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
 DEFAULT_GRACE = 30.0
 
@@ -66,7 +71,10 @@ class Runner:
     any other exception, with its text as the error) puts it back to pending until ``after`` seconds have
     passed (None: ``backoff.delay(attempts)``), and at ``max_attempts`` fails it with that error.
 
-    ``per_job``, ``per_host``, ``weights`` and ``fair`` are ``claim_batch_targets``'s. A keeper renews the
+    A claim takes the free workers' count plus what they started in the last ``PREFETCH_WINDOW`` seconds,
+    at most ``prefetch`` more (0: none), and is made only when none is waiting: a runner holds at most
+    ``concurrency + prefetch`` targets not yet fetched. ``per_job``, ``per_host``, ``weights`` and ``fair``
+    are ``claim_batch_targets``'s. A keeper renews the
     claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
     finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
     ``sweep_ttl`` old when given. ``allow_private=True`` is passed on: ``fetch(target, allow_private=True)``.
@@ -78,6 +86,7 @@ class Runner:
         *,
         name: str | None = None,
         concurrency: int = 8,
+        prefetch: int = PREFETCH,
         per_job: int | None = None,
         per_host: int | None = None,
         weights: Mapping[str, int] | None = None,
@@ -95,6 +104,7 @@ class Runner:
         self.fetch = fetch
         self.name = runner_name() if name is None else validation.key("name", name)
         self.concurrency = validation.positive("concurrency", concurrency)
+        self.prefetch = validation.count("prefetch", prefetch)
         self.per_job = None if per_job is None else validation.positive("per_job", per_job)
         self.per_host = None if per_host is None else validation.positive("per_host", per_host)
         if type(fair) is not bool:
@@ -122,6 +132,8 @@ class Runner:
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost"), 0)
         self._busy = 0
         self._quiet_until = 0.0
+        self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
+        self._claiming = False
         self._stop = threading.Event()  # stop claiming
         self._finished = threading.Event()  # the keeper's end: it renews the claims through the grace
         self._grace = DEFAULT_GRACE
@@ -209,10 +221,19 @@ class Runner:
             finally:
                 with self._lock:
                     self._busy -= 1
+                self._flush_if_idle()
+
+    def _flush_if_idle(self) -> None:
+        """No fetch in flight, none waiting and no claim under way: no outcome is on its way, so the
+        writer writes what it has without waiting for more."""
+        with self._lock:
+            idle = not self._busy and not self._ready and not self._claiming
+        if idle:
+            self._writer.flush()
 
     def _take(self) -> BatchTarget | None:
-        """The next claimed target, counted busy: from what the last claim took, or a new claim of up to the
-        free workers' count (one claimer at a time); None when nothing was claimable a moment ago."""
+        """The next claimed target, counted busy: from what the last claim took, or a new claim (one
+        claimer at a time, see ``_claim_size``); None when nothing was claimable a moment ago."""
         with self._lock:
             if self._ready:
                 self._busy += 1
@@ -224,23 +245,43 @@ class Runner:
                     return self._ready.popleft()
                 if time.monotonic() < self._quiet_until or self._stop.is_set():
                     return None
-                want = max(1, self.concurrency - self._busy)
-            claimed = claim_batch_targets(
-                want,
-                per_job=self.per_job,
-                per_host=self.per_host,
-                weights=self.weights,
-                fair=self.fair,
-                runner=self.name,
-            )
+                want = self._claim_size(time.monotonic())
+                self._claiming = True
+            try:
+                claimed = claim_batch_targets(
+                    want,
+                    per_job=self.per_job,
+                    per_host=self.per_host,
+                    weights=self.weights,
+                    fair=self.fair,
+                    runner=self.name,
+                )
+            finally:
+                with self._lock:
+                    self._claiming = False
             with self._lock:
                 self._counts["claimed"] += len(claimed)
-                if not claimed:
-                    self._quiet_until = time.monotonic() + IDLE_WAIT
-                    return None
-                self._ready.extend(claimed[1:])
-                self._busy += 1
-                return claimed[0]
+                if claimed:
+                    self._last_claim = (time.monotonic(), len(claimed))
+                    self._ready.extend(claimed[1:])
+                    self._busy += 1
+                    return claimed[0]
+                self._last_claim = None
+                self._quiet_until = time.monotonic() + IDLE_WAIT
+            self._flush_if_idle()  # nothing to claim: what the workers finished need not wait for more
+            return None
+
+    def _claim_size(self, now: float) -> int:
+        """The free workers' count, plus as many as the workers started in ``PREFETCH_WINDOW`` seconds at
+        the pace they took the last claim's targets (none after an empty claim), at most ``prefetch``."""
+        free = max(1, self.concurrency - self._busy)
+        if self._last_claim is None or not self.prefetch:
+            return free
+        at, count = self._last_claim
+        elapsed = now - at
+        if elapsed * self.prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
+            return free + self.prefetch
+        return free + int(count * PREFETCH_WINDOW / elapsed)
 
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it."""
