@@ -72,12 +72,12 @@ class Runner:
     passed (None: ``backoff.delay(attempts)``), and at ``max_attempts`` fails it with that error.
 
     A claim takes the free workers' count plus what they started in the last ``PREFETCH_WINDOW`` seconds,
-    at most ``prefetch`` more (0: none), and is made only when none is waiting: a runner holds at most
-    ``concurrency + prefetch`` targets not yet fetched. ``per_job``, ``per_host``, ``weights`` and ``fair``
-    are ``claim_batch_targets``'s. A keeper renews the
-    claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
-    finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
-    ``sweep_ttl`` old when given. ``allow_private=True`` is passed on: ``fetch(target, allow_private=True)``.
+    at most ``prefetch`` more (0: none), and is made only when no claimed target waits: at most
+    ``concurrency + prefetch`` wait at once. ``per_job``, ``per_host``, ``weights`` and ``fair`` are
+    ``claim_batch_targets``'s. A keeper renews the claims every ``renew_every`` seconds, requeues other
+    runners' claims stale for ``stale_after`` seconds, finishes the jobs whose targets are all final, and
+    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given. ``allow_private=True`` is
+    passed on: ``fetch(target, allow_private=True)``.
     """
 
     def __init__(
