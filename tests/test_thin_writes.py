@@ -297,3 +297,50 @@ def test_the_same_target_twice_in_one_call_is_written_in_order_on_postgres(pg_se
     assert dcache.update_batch_targets("job-1", results, now=100) == 2
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (1, 4)
+
+
+# -- SQLite: a job's targets go in INSERTs of many rows --------------------------------------------------
+
+
+def target_inserts(call: Any) -> list[str]:
+    """The INSERTs of targets ``call`` sends (each once: the trace repeats a statement's text per row of an
+    executemany)."""
+    sent: list[str] = []
+    db.connection().set_trace_callback(sent.append)
+    try:
+        call()
+    finally:
+        db.connection().set_trace_callback(None)
+    return [sql for sql in sent if sql.startswith('INSERT INTO "batch_target"')]
+
+
+@pytest.mark.parametrize(("targets", "statements"), [(1, 1), (128, 1), (1000, 10), (2500, 10 + 10 + 7)])
+def test_a_jobs_targets_go_in_few_inserts(file_store: Path, targets: int, statements: int) -> None:
+    # powers of two up to 128 a statement, in chunks of 1,000: 1,000 is 7 x 128 + 64 + 32 + 8, 500 is
+    # 3 x 128 + 64 + 32 + 16 + 4
+    call = lambda: dcache.create_batch_job(make_job("j", targets_total=targets), make_targets(targets))  # noqa: E731
+    assert len(target_inserts(call)) == statements
+    stored = dcache.batch_targets("j") or []
+    assert [t.idx for t in stored] == list(range(targets))
+    assert {t.status for t in stored} == {"pending"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "problem"),
+    [
+        ({"options": "{"}, "options", "is not valid JSON text (target 700)"),
+        ({"url": "https://example.com/\udcff"}, "url", "is not valid UTF-8 text (target 700)"),
+        ({"idx": 3}, "idx", "target 3 of job 'j' is given twice or already stored"),
+    ],
+)
+def test_a_bad_row_inside_a_many_row_insert_is_named_and_nothing_stays(
+    file_store: Path, bad: dict[str, Any], field: str, problem: str
+) -> None:
+    targets = make_targets(1000)
+    for name, value in bad.items():
+        setattr(targets[700], name, value)
+    with pytest.raises(dcache.InvalidBatchInput) as refused:
+        dcache.create_batch_job(make_job("j", targets_total=1000), targets)
+    assert (refused.value.field, refused.value.problem) == (field, problem)
+    assert dcache.batch_job("j") is None
+    assert dcache.batch_nbytes() == 0

@@ -784,8 +784,7 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         # Each chunk is read from the iterable before the driver is called: psycopg holds its connection's
         # lock while it pulls rows, so an iterable that reads the store would wait for itself for ever.
         while chunk := list(itertools.islice(rows, TARGETS_PER_STATEMENT)):
-            sent = _sent(chunk, last)
-            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options", "host"), sent)
+            inserted += _insert_rows(chunk, last)
     except UnicodeEncodeError:
         _, idx, url, _, _, _ = last[0]
         validation.invalid(
@@ -801,6 +800,47 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
             validation.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
         raise
     return inserted
+
+
+_INSERT_NAMES = ("job_id", "idx", "url", "options", "options", "host")
+
+
+def _insert_rows(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> int:
+    """Insert ``rows`` in INSERTs of many rows where the backend takes them (sizes of powers of two, so a
+    few statements serve every count); a statement refused wrote nothing, and its rows go again one by one,
+    so the error names the row that failed as it always did."""
+    most = db.backend.rows_per_insert
+    if most <= 1:
+        return _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(rows, last))
+    inserted = start = 0
+    while start < len(rows):
+        size = min(most, 1 << ((len(rows) - start).bit_length() - 1))
+        part = rows[start : start + size]
+        start += size
+        if size == 1:
+            inserted += _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(part, last))
+            continue
+        try:
+            inserted += db.backend.run_sql(
+                _insert_sql(size), list(itertools.chain.from_iterable(part))
+            ).rowcount
+        except (peewee.IntegrityError, UnicodeEncodeError):
+            inserted += _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(part, last))
+    return inserted
+
+
+@functools.cache
+def _insert_sql_of(sql: str, size: int) -> str:
+    head, values = sql.split(" VALUES ", 1)
+    return f"{head} VALUES {', '.join([values] * size)}"
+
+
+def _insert_sql(size: int) -> str:
+    """The INSERT of ``size`` targets: _INSERT_TARGET's row ``size`` times, its parameters in the order of
+    the rows' values."""
+    if [getattr(p, "name", p) for p in _INSERT_TARGET.template] != list(_INSERT_NAMES):
+        raise AssertionError(f"statement parameters are {_INSERT_TARGET.template}, not {_INSERT_NAMES}")
+    return _insert_sql_of(_INSERT_TARGET.sql, size)
 
 
 def _sent(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:

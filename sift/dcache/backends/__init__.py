@@ -110,6 +110,9 @@ class Backend(Protocol):
 
     #: Whether :meth:`write_targets` may write a call's target writes in one statement.
     one_statement_writes: bool
+    #: The most rows one INSERT of targets carries (``VALUES (…), (…)``); 1: one statement a row, sent by
+    #: :meth:`executemany`.
+    rows_per_insert: int
 
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int

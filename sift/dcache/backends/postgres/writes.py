@@ -160,6 +160,8 @@ class PostgresWrites(PostgresBase):
 
     #: A call's target writes go as one statement (see :meth:`write_targets`).
     one_statement_writes = True
+    #: Targets go one row a statement: psycopg's executemany pipelines them.
+    rows_per_insert = 1
 
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
