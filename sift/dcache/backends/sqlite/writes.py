@@ -38,7 +38,7 @@ class SqliteWrites(SqliteBase):
 
     #: A call's target writes go one statement at a time, in one hold of the lock (see :meth:`direct_write`).
     one_statement_writes = False
-    #: Targets go in INSERTs of many rows: SQLite runs one in about half the time of as many one-row runs.
+    #: Targets go in INSERTs of many rows: SQLite steps one statement, not one a row.
     rows_per_insert = 128
 
     @staticmethod
