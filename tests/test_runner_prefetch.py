@@ -15,7 +15,7 @@ from helpers import make_job, make_targets
 from test_runner import WAIT, held_claims, job_final, running, running_targets, wait_for
 
 from sift import dcache
-from sift.runner import Runner
+from sift.runner import Retry, Runner
 from sift.runner import runner as runner_module
 from sift.runner import writer as writer_module
 
@@ -129,3 +129,32 @@ def test_the_writer_writes_at_once_when_nothing_is_in_flight(
         wait_for(lambda: job_final("tail"), "the job to finish", timeout=30)
     job = dcache.batch_job("tail")
     assert job is not None and job.status == "done" and job.targets_done == 50
+
+
+def test_targets_claimed_ahead_of_a_host_that_asked_to_wait_are_not_fetched(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the site answers 30 requests, then "wait an hour" (a 429 with Retry-After): by then the runner holds
+    # targets claimed ahead; they are retried as that answer was, without a request. Only the fetches
+    # already under way when the answer came reach the site.
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    submit_job("polite", 200)
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        with lock:
+            calls.append(int(target.idx))
+            answered = len(calls) <= 30
+        if not answered:
+            raise Retry("429", after=3600, host_wide=True)
+        return "ok"
+
+    with running(Runner(fetch, name="r", concurrency=4, prefetch=50)):
+        wait_for(lambda: len(calls) > 30 and running_targets() == 0, "every claimed target to be written")
+    targets = dcache.batch_targets("polite") or []
+    claimed = [t for t in targets if t.attempts == 1]
+    waiting = [t for t in claimed if t.status == "pending"]
+    assert len(claimed) > 30 + 2 * 4, "targets were claimed ahead when the site asked to wait"
+    assert len(calls) <= 30 + 2 * 4, calls
+    assert waiting and all(t.error == "429" for t in waiting)

@@ -134,6 +134,7 @@ class Runner:
         self._quiet_until = 0.0
         self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
         self._claiming = False
+        self._waiting_hosts: dict[str, tuple[float, str]] = {}  # host: until, error (a host-wide Retry)
         self._stop = threading.Event()  # stop claiming
         self._finished = threading.Event()  # the keeper's end: it renews the claims through the grace
         self._grace = DEFAULT_GRACE
@@ -284,8 +285,13 @@ class Runner:
         return free + int(count * PREFETCH_WINDOW / elapsed)
 
     def _outcome(self, target: BatchTarget) -> Outcome:
-        """What ``fetch`` says of ``target``, as the writer writes it."""
+        """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
+        runner to wait is not fetched, but retried as that answer was (see ``_host_asked_to_wait``)."""
         job_id, idx = str(target.job_id), int(target.idx)
+        if self._waiting_hosts:
+            asked = self._host_waiting(target)
+            if asked is not None:
+                return self._retry(target, asked[1], asked[0] - unix_time())
         try:
             # a fetch given allow_private must accept it; others are called as users write them
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
@@ -312,11 +318,24 @@ class Runner:
         wait = self.backoff.delay(int(target.attempts)) if retry.after is None else retry.after
         host = url_host(str(target.url))
         if host and wait > 0:
+            with self._lock:  # the targets claimed ahead are not fetched before then either
+                self._waiting_hosts[host] = (unix_time() + wait, retry.error)
             try:
                 back_off_host(host, unix_time() + wait)
             except BatchError:  # the target's own retry still waits; the other targets are only early
                 log.exception("sift runner %s: could not back off %s", self.name, host)
         return self._retry(target, retry.error, wait)
+
+    def _host_waiting(self, target: BatchTarget) -> tuple[float, str] | None:
+        """Until when, and with what error, ``target``'s host asked this runner to wait; None: it did not,
+        or its wait is over."""
+        host = url_host(str(target.url))
+        with self._lock:
+            asked = self._waiting_hosts.get(host)
+            if asked is not None and asked[0] <= unix_time():
+                del self._waiting_hosts[host]
+                asked = None
+        return asked
 
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
