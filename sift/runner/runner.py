@@ -225,8 +225,7 @@ class Runner:
                 self._flush_if_idle()
 
     def _flush_if_idle(self) -> None:
-        """No fetch in flight, none waiting and no claim under way: no outcome is on its way, so the
-        writer writes what it has without waiting for more."""
+        """No fetch in flight, none waiting, no claim under way: the writer need not wait for more."""
         with self._lock:
             idle = not self._busy and not self._ready and not self._claiming
         if idle:
@@ -327,8 +326,7 @@ class Runner:
         return self._retry(target, retry.error, wait)
 
     def _host_waiting(self, target: BatchTarget) -> tuple[float, str] | None:
-        """Until when, and with what error, ``target``'s host asked this runner to wait; None: it did not,
-        or its wait is over."""
+        """Until when, and with what error, ``target``'s host asked this runner to wait (None: no wait)."""
         host = url_host(str(target.url))
         with self._lock:
             asked = self._waiting_hosts.get(host)
