@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sift import dcache
-from sift.dcache import db
+from sift.dcache import db, hosts
 from sift.dcache.hosts import BACKFILL_CHUNK, site_name
 from sift.dcache.tables import HOSTS_VERSION, SCHEMA_VERSION
 
@@ -107,6 +107,27 @@ def test_any_url_has_a_host(url: str) -> None:
     for text in (url, f"http://{url}", f"http://[{url}]/"):
         host = dcache.url_host(text)
         assert host == host.lower() and not host.endswith(".")
+
+
+def split_host(url: str) -> str:
+    """url_host as urlsplit reads the authority, with no shortcut."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return ""
+    return hosts._authority_host(netloc)
+
+
+#: Pieces of URLs where a shortcut past urlsplit could go wrong: schemes, delimiters, brackets, userinfo,
+#: ports, what urlsplit strips or removes, non-ASCII.
+URL_PIECES = ["", "h", "HTTPS", "a+b-c.d", "1a", ":", "//", "/", "?", "#", "@", "[", "]", "::1", "Ex.COM."]
+URL_PIECES += ["u:p@", ":80", "%41", " ", "\t", "\n", "\x01", "é", "0x7f.1", ".", "\\", ";"]
+
+
+@given(st.lists(st.sampled_from(URL_PIECES), max_size=8).map("".join) | st.text())
+def test_url_host_reads_the_authority_as_urlsplit_does(url: str) -> None:
+    """url_host takes a plain URL's authority without urlsplit: the same host for every URL."""
+    assert dcache.url_host(url) == split_host(url)
 
 
 @given(st.from_regex(r"[A-Za-z0-9_-]{1,12}(\.[A-Za-z0-9_-]{1,12}){0,3}\.?", fullmatch=True))

@@ -261,6 +261,8 @@ def test_the_writer_drops_only_a_lost_claim_from_a_group(store: Any) -> None:
     [
         ("fetch", {"fetch": "not callable"}),
         ("concurrency", {"concurrency": 0}),
+        ("prefetch", {"prefetch": -1}),
+        ("prefetch", {"prefetch": True}),
         ("name", {"name": ""}),
         ("per_host", {"per_host": 0}),
         ("weights", {"weights": {"fleet": 0}}),

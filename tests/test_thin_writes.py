@@ -1,6 +1,7 @@
 """The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
 hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
-themselves (BEGIN, the job's and the target's update, COMMIT); the no-op eviction is one hold and one read.
+themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results a few statements
+for the set, however many; the no-op eviction is one hold and one read.
 On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
 """
 
@@ -20,6 +21,7 @@ from helpers import make_job, make_targets
 
 from sift import dcache
 from sift.dcache import manager
+from sift.dcache.backends.sqlite import writes as sqlite_writes
 from sift.dcache.database import db
 
 BUDGET = 10**15
@@ -135,14 +137,59 @@ def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> 
 def test_ten_results_are_one_hold_and_one_turn_in_the_queue(seen: Seen) -> None:
     results = [{"idx": i, "status": "done", "result": "x" * i} for i in range(10)]
     assert dcache.update_batch_targets("job-1", results, now=100) == 10
+    # the set: its targets read and checked, the job moved once, the targets written (10 rows padded to 16)
     assert seen.statements == [
         "BEGIN IMMEDIATE",
-        *[manager._FINISH_AT_LEASE.sql, manager._SET_TARGET.sql] * 10,
+        sqlite_writes._check_sql(16),
+        sqlite_writes._MOVE_JOB,
+        sqlite_writes._write_sql(16),
         "COMMIT",
     ]
     assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (11, sum(range(10)) + 4)
+
+
+@pytest.mark.parametrize("size", [3, 200, 2 * sqlite_writes.SET_ROWS + 2])
+def test_a_calls_statements_do_not_grow_with_its_size(file_store: Path, size: int) -> None:
+    # one statement per chunk of SET_ROWS to check, one for the job, one per chunk to write
+    dcache.create_batch_job(make_job("job-1", status="running", targets_total=size), make_targets(size))
+    dcache.update_batch_target("job-1", size - 1, "done", result="warm", now=100)
+    sent: list[str] = []
+    db.connection().set_trace_callback(sent.append)
+    try:
+        results = [{"idx": i, "status": "done", "result": "x" * (i % 7)} for i in range(size - 1)]
+        assert dcache.update_batch_targets("job-1", results, now=100) == size - 1
+    finally:
+        db.connection().set_trace_callback(None)
+    chunks = -(-(size - 1) // sqlite_writes.SET_ROWS)
+    statements = [sql for sql in sent if sql.startswith(("WITH", "UPDATE batch_job"))]
+    assert len(dict.fromkeys(statements)) == 2 * chunks + 1  # the trigger's repeats are one
+    job = dcache.batch_job("job-1")
+    assert job is not None and job.targets_done == size
+    assert job.nbytes == 4 + sum(i % 7 for i in range(size - 1))
+    assert dcache.batch_nbytes() == job.nbytes
+
+
+def test_a_set_that_breaks_a_rule_falls_back_to_the_per_target_statements(seen: Seen) -> None:
+    # target 3 is done: going back to pending is refused, by the per-target statements, which name it
+    dcache.update_batch_target("job-1", 3, "done", result="abc", now=100)
+    seen.reset()
+    results: list[dict[str, Any]] = [{"idx": i, "status": "done", "result": "x"} for i in range(3)]
+    results.append({"idx": 3, "status": "pending"})
+    with pytest.raises(dcache.InvalidBatchInput, match="target 3 is already done"):
+        dcache.update_batch_targets("job-1", results, now=100)
+    assert seen.statements[1:3] == [sqlite_writes._check_sql(4), manager._FINISH_AT_LEASE.sql]
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (2, 4 + 3)
+
+
+def test_an_idx_given_twice_is_written_target_by_target(seen: Seen) -> None:
+    results = [{"idx": 0, "status": "done", "result": "ab"}, {"idx": 0, "status": "done", "result": "c"}]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 2
+    assert seen.statements[1] == manager._FINISH_AT_LEASE.sql
+    job = dcache.batch_job("job-1")
+    assert job is not None and (job.targets_done, job.nbytes) == (2, 4 + 1)
 
 
 def test_a_refused_write_rolls_back_in_the_same_hold(seen: Seen) -> None:
@@ -250,3 +297,50 @@ def test_the_same_target_twice_in_one_call_is_written_in_order_on_postgres(pg_se
     assert dcache.update_batch_targets("job-1", results, now=100) == 2
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (1, 4)
+
+
+# -- SQLite: a job's targets go in INSERTs of many rows --------------------------------------------------
+
+
+def target_inserts(call: Any) -> list[str]:
+    """The INSERTs of targets ``call`` sends (each once: the trace repeats a statement's text per row of an
+    executemany)."""
+    sent: list[str] = []
+    db.connection().set_trace_callback(sent.append)
+    try:
+        call()
+    finally:
+        db.connection().set_trace_callback(None)
+    return [sql for sql in sent if sql.startswith('INSERT INTO "batch_target"')]
+
+
+@pytest.mark.parametrize(("targets", "statements"), [(1, 1), (128, 1), (1000, 10), (2500, 10 + 10 + 7)])
+def test_a_jobs_targets_go_in_few_inserts(file_store: Path, targets: int, statements: int) -> None:
+    # powers of two up to 128 a statement, in chunks of 1,000: 1,000 is 7 x 128 + 64 + 32 + 8, 500 is
+    # 3 x 128 + 64 + 32 + 16 + 4
+    call = lambda: dcache.create_batch_job(make_job("j", targets_total=targets), make_targets(targets))  # noqa: E731
+    assert len(target_inserts(call)) == statements
+    stored = dcache.batch_targets("j") or []
+    assert [t.idx for t in stored] == list(range(targets))
+    assert {t.status for t in stored} == {"pending"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "problem"),
+    [
+        ({"options": "{"}, "options", "is not valid JSON text (target 700)"),
+        ({"url": "https://example.com/\udcff"}, "url", "is not valid UTF-8 text (target 700)"),
+        ({"idx": 3}, "idx", "target 3 of job 'j' is given twice or already stored"),
+    ],
+)
+def test_a_bad_row_inside_a_many_row_insert_is_named_and_nothing_stays(
+    file_store: Path, bad: dict[str, Any], field: str, problem: str
+) -> None:
+    targets = make_targets(1000)
+    for name, value in bad.items():
+        setattr(targets[700], name, value)
+    with pytest.raises(dcache.InvalidBatchInput) as refused:
+        dcache.create_batch_job(make_job("j", targets_total=1000), targets)
+    assert (refused.value.field, refused.value.problem) == (field, problem)
+    assert dcache.batch_job("j") is None
+    assert dcache.batch_nbytes() == 0

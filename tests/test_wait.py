@@ -17,6 +17,7 @@ from helpers import SPAWN, make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import aio, db
+from sift.dcache.backends.sqlite import changes as sqlite_changes
 
 # A wait that is never woken ends only at its timeout: these tests give it an hour, and then look whether it
 # ended (a join's generous limit says "it was never woken", not how fast it was).
@@ -101,6 +102,19 @@ def test_a_wait_ends_when_another_thread_finishes_the_job(store: Any) -> None:
     dcache.update_batch_targets(
         "j", [{"idx": 0, "status": "done", "result": "a"}]
     )  # not final yet: the wait goes on
+    finish()
+    job = wait.ended()
+    assert job is not None and job.status == "partial"
+
+
+def test_a_write_of_this_process_wakes_the_feed_at_once(
+    file_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the feed would look again only in an hour: this process's own commit makes it look now
+    monkeypatch.setattr(sqlite_changes, "POLL_SECONDS", NEVER)
+    two_target_job()
+    wait = Waiting(lambda: dcache.wait_for_batch_job("j", timeout=NEVER))
+    waited("j")
     finish()
     job = wait.ended()
     assert job is not None and job.status == "partial"

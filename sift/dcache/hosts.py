@@ -17,10 +17,28 @@ def url_host(url: str) -> str:
     """The host of ``url``: the :func:`site_name` of its authority's host, without userinfo, port or IPv6
     brackets (``https://User@Example.COM.:8443/x`` is ``example.com``). A URL without an authority (no
     ``//``), or one Python cannot split, has the host ``""``: all such URLs count as one host."""
+    if url.isascii() and url[:1] > " " and not ("\t" in url or "\r" in url or "\n" in url):
+        # nothing urlsplit strips or removes: its authority is what _PLAIN_AUTHORITY reads, each name once
+        plain = _PLAIN_AUTHORITY.match(url)
+        if plain is not None:
+            netloc = plain.group(1)
+            return (
+                _cached_authority_host(netloc) if len(netloc) <= _CACHED_LENGTH else _authority_host(netloc)
+            )
     try:
         netloc = urlsplit(url).netloc
     except ValueError:  # an unbalanced IPv6 bracket, or a netloc NFKC would change into another one
         return ""
+    return _authority_host(netloc)
+
+
+#: A URL's scheme and its authority (up to the first ``/``, ``?`` or ``#``) as urlsplit reads them from an
+#: ASCII URL it strips nothing from, where the authority has no IPv6 bracket (those take urlsplit's checks).
+_PLAIN_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/?#\[\]]*)(?![^/?#])")
+
+
+def _authority_host(netloc: str) -> str:
+    """The site name of an authority's host: without userinfo, port or IPv6 brackets."""
     hostinfo = netloc.rpartition("@")[2]
     if hostinfo[:1] == "[":
         return _ipv6_name(hostinfo[1:].partition("]")[0])
@@ -60,6 +78,8 @@ def _idna_name(host: str) -> str:
 
 
 _cached_idna_name = lru_cache(maxsize=4096)(_idna_name)
+# a job's targets mostly share a few hosts: each authority's name is worked out once
+_cached_authority_host = lru_cache(maxsize=4096)(_authority_host)
 
 _DIGITS = "0123456789abcdef"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"

@@ -457,7 +457,8 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     """The target writes of one call, in one write transaction, each by the per-target rule: the job's
     count, bytes and lease move by the target's change, then the target is written; a missing target, a
     move back or (with ``runner``) a claim the runner no longer holds raises. PostgreSQL first tries all of
-    them in one statement. Otherwise the statements go straight to the backend's connection, bound by
+    them in one statement, SQLite in a few statements for the set (``write_target_set``). Otherwise the
+    per-target statements go straight to the backend's connection, bound by
     position; on SQLite the whole call is one hold of its lock."""
     backend = db.backend
     if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
@@ -470,6 +471,8 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     (at_lease, on_job, claimed, unclaimed), constants = _DIRECT[key]
     rewrites, row_locks = backend.rewrites_set_keys, backend.row_locks
     with backend.direct_write() as execute:
+        if len(writes) > 1 and backend.write_target_set(execute, job_id, writes, runner, now):
+            return
         for idx, status, final, size, result, error, hint in writes:
             if row_locks:
                 backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
@@ -781,8 +784,7 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
         # Each chunk is read from the iterable before the driver is called: psycopg holds its connection's
         # lock while it pulls rows, so an iterable that reads the store would wait for itself for ever.
         while chunk := list(itertools.islice(rows, TARGETS_PER_STATEMENT)):
-            sent = _sent(chunk, last)
-            inserted += _INSERT_TARGET.run_many(("job_id", "idx", "url", "options", "options", "host"), sent)
+            inserted += _insert_rows(chunk, last)
     except UnicodeEncodeError:
         _, idx, url, _, _, _ = last[0]
         validation.invalid(
@@ -798,6 +800,47 @@ def _insert_targets(job_id: str, total: int, targets: Iterable[BatchTarget]) -> 
             validation.invalid("idx", f"target {idx} of job {job_id!r} is given twice or already stored")
         raise
     return inserted
+
+
+_INSERT_NAMES = ("job_id", "idx", "url", "options", "options", "host")
+
+
+def _insert_rows(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> int:
+    """Insert ``rows`` in INSERTs of many rows where the backend takes them (sizes of powers of two, so a
+    few statements serve every count); a statement refused wrote nothing, and its rows go again one by one,
+    so the error names the row that failed as it always did."""
+    most = db.backend.rows_per_insert
+    if most <= 1:
+        return _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(rows, last))
+    inserted = start = 0
+    while start < len(rows):
+        size = min(most, 1 << ((len(rows) - start).bit_length() - 1))
+        part = rows[start : start + size]
+        start += size
+        if size == 1:
+            inserted += _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(part, last))
+            continue
+        try:
+            inserted += db.backend.run_sql(
+                _insert_sql(size), list(itertools.chain.from_iterable(part))
+            ).rowcount
+        except (peewee.IntegrityError, UnicodeEncodeError):
+            inserted += _INSERT_TARGET.run_many(_INSERT_NAMES, _sent(part, last))
+    return inserted
+
+
+@functools.cache
+def _insert_sql_of(sql: str, size: int) -> str:
+    head, values = sql.split(" VALUES ", 1)
+    return f"{head} VALUES {', '.join([values] * size)}"
+
+
+def _insert_sql(size: int) -> str:
+    """The INSERT of ``size`` targets: _INSERT_TARGET's row ``size`` times, its parameters in the order of
+    the rows' values."""
+    if [getattr(p, "name", p) for p in _INSERT_TARGET.template] != list(_INSERT_NAMES):
+        raise AssertionError(f"statement parameters are {_INSERT_TARGET.template}, not {_INSERT_NAMES}")
+    return _insert_sql_of(_INSERT_TARGET.sql, size)
 
 
 def _sent(rows: list[tuple[Any, ...]], last: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:

@@ -34,12 +34,17 @@ from ..dcache.clock import unix_time
 from .outcomes import Backoff, Fail, GiveBack, Retry
 from .writer import Outcome, Writer
 
-__all__ = ["IDLE_WAIT", "Progress", "Runner"]
+__all__ = ["IDLE_WAIT", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
 
 log = logging.getLogger("sift.runner")
 
 #: How long workers wait after a claim found nothing before the next claim (seconds).
 IDLE_WAIT = 0.2
+#: The most targets a claim takes beyond the free workers' count, by default (``Runner(prefetch=...)``).
+PREFETCH = 256
+#: A claim takes ahead what the workers started in about this long (seconds), measured over the last claim:
+#: slow fetches claim little beyond the free workers, so the targets left pending stay for other runners.
+PREFETCH_WINDOW = 0.25
 #: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
 DEFAULT_GRACE = 30.0
 
@@ -68,10 +73,13 @@ class Runner:
     any other exception, with its text as the error) puts it back to pending until ``after`` seconds have
     passed (None: ``backoff.delay(attempts)``), and at ``max_attempts`` fails it with that error.
 
-    ``per_job``, ``per_host``, ``weights`` and ``fair`` are ``claim_batch_targets``'s. A keeper renews the
-    claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
-    finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
-    ``sweep_ttl`` old when given. ``allow_private=True`` is passed on: ``fetch(target, allow_private=True)``.
+    A claim takes the free workers' count plus what they started in the last ``PREFETCH_WINDOW`` seconds,
+    at most ``prefetch`` more (0: none), and is made only when no claimed target waits: at most
+    ``concurrency + prefetch`` wait at once. ``per_job``, ``per_host``, ``weights`` and ``fair`` are
+    ``claim_batch_targets``'s. A keeper renews the claims every ``renew_every`` seconds, requeues other
+    runners' claims stale for ``stale_after`` seconds, finishes the jobs whose targets are all final, and
+    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given. ``allow_private=True`` is
+    passed on: ``fetch(target, allow_private=True)``.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class Runner:
         *,
         name: str | None = None,
         concurrency: int = 8,
+        prefetch: int = PREFETCH,
         per_job: int | None = None,
         per_host: int | None = None,
         weights: Mapping[str, int] | None = None,
@@ -97,6 +106,7 @@ class Runner:
         self.fetch = fetch
         self.name = runner_name() if name is None else validation.key("name", name)
         self.concurrency = validation.positive("concurrency", concurrency)
+        self.prefetch = validation.count("prefetch", prefetch)
         self.per_job = None if per_job is None else validation.positive("per_job", per_job)
         self.per_host = None if per_host is None else validation.positive("per_host", per_host)
         if type(fair) is not bool:
@@ -125,6 +135,9 @@ class Runner:
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
         self._busy = 0
         self._quiet_until = 0.0
+        self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
+        self._claiming = False
+        self._waiting_hosts: dict[str, tuple[float, str]] = {}  # host: until, error (a host-wide Retry)
         self._stop = threading.Event()  # stop claiming
         self._finished = threading.Event()  # the keeper's end: it renews the claims through the grace
         self._grace = DEFAULT_GRACE
@@ -214,10 +227,18 @@ class Runner:
             finally:
                 with self._lock:
                     self._busy -= 1
+                self._flush_if_idle()
+
+    def _flush_if_idle(self) -> None:
+        """No fetch in flight, none waiting, no claim under way: the writer need not wait for more."""
+        with self._lock:
+            idle = not self._busy and not self._ready and not self._claiming
+        if idle:
+            self._writer.flush()
 
     def _take(self) -> BatchTarget | None:
-        """The next claimed target, counted busy: from what the last claim took, or a new claim of up to the
-        free workers' count (one claimer at a time); None when nothing was claimable a moment ago."""
+        """The next claimed target, counted busy: from what the last claim took, or a new claim (one
+        claimer at a time, see ``_claim_size``); None when nothing was claimable a moment ago."""
         with self._lock:
             if self._ready:
                 self._busy += 1
@@ -229,30 +250,61 @@ class Runner:
                     return self._ready.popleft()
                 if time.monotonic() < self._quiet_until or self._stop.is_set():
                     return None
-                want = max(1, self.concurrency - self._busy)
-            claimed = claim_batch_targets(
-                want,
-                per_job=self.per_job,
-                per_host=self.per_host,
-                weights=self.weights,
-                fair=self.fair,
-                runner=self.name,
-            )
+                want = self._claim_size(time.monotonic())
+                self._claiming = True
+            try:
+                claimed = claim_batch_targets(
+                    want,
+                    per_job=self.per_job,
+                    per_host=self.per_host,
+                    weights=self.weights,
+                    fair=self.fair,
+                    runner=self.name,
+                )
+            finally:
+                with self._lock:
+                    self._claiming = False
             with self._lock:
                 self._counts["claimed"] += len(claimed)
-                if not claimed:
-                    self._quiet_until = time.monotonic() + IDLE_WAIT
-                    return None
-                self._ready.extend(claimed[1:])
-                self._wake.notify(len(claimed) - 1)  # at once: a paced target must leave by its send_by
-                self._busy += 1
-                return claimed[0]
+                if claimed:
+                    self._last_claim = (time.monotonic(), len(claimed))
+                    # a paced target first, to the claimer and then the first free workers: it must leave
+                    # by its send_by, while the others may wait their turn
+                    paced = [t for t in claimed if t.send_by is not None]
+                    ordered = paced + [t for t in claimed if t.send_by is None]
+                    self._ready.extendleft(reversed(ordered[1 : len(paced)]))
+                    self._ready.extend(ordered[max(1, len(paced)) :])
+                    self._wake.notify(len(claimed) - 1)
+                    self._busy += 1
+                    return ordered[0]
+                self._last_claim = None
+                self._quiet_until = time.monotonic() + IDLE_WAIT
+            self._flush_if_idle()  # nothing to claim: what the workers finished need not wait for more
+            return None
+
+    def _claim_size(self, now: float) -> int:
+        """The free workers' count, plus as many as the workers started in ``PREFETCH_WINDOW`` seconds at
+        the pace they took the last claim's targets (none after an empty claim), at most ``prefetch``."""
+        free = max(1, self.concurrency - self._busy)
+        if self._last_claim is None or not self.prefetch:
+            return free
+        at, count = self._last_claim
+        elapsed = now - at
+        if elapsed * self.prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
+            return free + self.prefetch
+        return free + int(count * PREFETCH_WINDOW / elapsed)
 
     def _outcome(self, target: BatchTarget) -> Outcome:
-        """What ``fetch`` says of ``target``, as the writer writes it."""
+        """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
+        runner to wait is not fetched, but given back untried to wait as that answer asked (see
+        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
         job_id, idx = str(target.job_id), int(target.idx)
         if target.send_by is not None and unix_time() > target.send_by:
             return self._give_back(target)  # a paced host's next request may already be on its way
+        if self._waiting_hosts:
+            asked = self._host_waiting(target)
+            if asked is not None:  # not tried: back untried, to wait as that answer asked
+                return self._give_back(target, not_before=math.ceil(asked[0]), error=_clip(asked[1]))
         try:
             # a fetch given allow_private must accept it; others are called as users write them
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
@@ -281,15 +333,31 @@ class Runner:
         wait = self.backoff.delay(int(target.attempts)) if retry.after is None else retry.after
         host = url_host(str(target.url))
         if host and wait > 0:
+            with self._lock:  # the targets claimed ahead are not fetched before then either
+                self._waiting_hosts[host] = (unix_time() + wait, retry.error)
             try:
                 back_off_host(host, unix_time() + wait)
             except BatchError:  # the target's own retry still waits; the other targets are only early
                 log.exception("sift runner %s: could not back off %s", self.name, host)
         return self._retry(target, retry.error, wait)
 
-    def _give_back(self, target: BatchTarget) -> Outcome:
-        """Back to pending at once, untried: its attempt given back, its error as it was."""
-        return Outcome(str(target.job_id), int(target.idx), "pending", attempted=False)
+    def _give_back(
+        self, target: BatchTarget, *, not_before: int | None = None, error: str | None = None
+    ) -> Outcome:
+        """Back to pending untried, its attempt given back: at once, its error as it was, or not before
+        ``not_before`` with ``error``."""
+        job_id, idx = str(target.job_id), int(target.idx)
+        return Outcome(job_id, idx, "pending", error=error, not_before=not_before, attempted=False)
+
+    def _host_waiting(self, target: BatchTarget) -> tuple[float, str] | None:
+        """Until when, and with what error, ``target``'s host asked this runner to wait (None: no wait)."""
+        host = url_host(str(target.url))
+        with self._lock:
+            asked = self._waiting_hosts.get(host)
+            if asked is not None and asked[0] <= unix_time():
+                del self._waiting_hosts[host]
+                asked = None
+        return asked
 
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed

@@ -3,7 +3,8 @@
 Workers hand each outcome to :class:`Writer`; its thread takes whatever has arrived (up to
 :data:`WRITE_BATCH` outcomes, waiting at most :data:`WRITE_WAIT` seconds for more once one is there) and
 writes each job's results and failures in one ``update_batch_targets`` call, then its retries, then finishes
-the jobs whose targets are all final.
+the jobs whose targets are all final. It writes at once, not waiting, when its runner has no fetch in flight
+(:meth:`Writer.flush`): no more outcomes are on their way.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Outcome:
 RETRY_WAIT = 1.0
 
 _STOP = object()
+_FLUSH = object()
 
 
 class Writer:
@@ -73,6 +75,10 @@ class Writer:
 
     def put(self, outcome: Outcome) -> None:
         self.queue.put(outcome)
+
+    def flush(self) -> None:
+        """Nothing more is on its way for now: write what has arrived without waiting for more."""
+        self.queue.put(_FLUSH)
 
     def close(self, timeout: float) -> bool:
         """Write what has arrived, then stop; False if it was still writing after ``timeout`` seconds."""
@@ -98,9 +104,13 @@ class Writer:
                 if item is _STOP:
                     stopping = True
                     break
-                batch.append(item)
-                if len(batch) >= WRITE_BATCH:
-                    break
+                if item is _FLUSH:
+                    if batch:
+                        break
+                else:
+                    batch.append(item)
+                    if len(batch) >= WRITE_BATCH:
+                        break
                 item = self._next(max(0.0, deadline - time.monotonic()))
             if batch:
                 try:

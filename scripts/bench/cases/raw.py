@@ -20,6 +20,7 @@ from sift.dcache import manager, statements, tables
 
 # The baselines send the store's own statement texts (manager's compiled statements, the total's read), so
 # that only the package's own work differs; no public API exposes them.
+from sift.dcache.backends.sqlite import writes as sqlite_writes
 from sift.dcache.backends.sqlite.schema import BASE_SCHEMA, TOTAL_NBYTES_SQL
 from sift.dcache.hosts import url_host
 from sift.testing import make_job, make_targets
@@ -152,35 +153,28 @@ class Baseline:
             raise
 
     def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
-        """``update_target_done`` of several targets in one transaction, the job's lease ``now`` already
-        (so each job update is the form that leaves it alone)."""
+        """The package's write of several results in one transaction, its statements sent plainly: the set's
+        check (its rows padded to a power of two, as the package pads them), the job's update by what the
+        check counted, the targets' write."""
         size = len(result.encode("utf-8"))
+        rows = 1 << (len(idxs) - 1).bit_length()
+        pad = rows - len(idxs)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            check: list[Any] = [job_id, None]
             for idx in idxs:
-                params = (
-                    1,
-                    1,
-                    0,
-                    job_id,
-                    idx,
-                    size,
-                    0,
-                    job_id,
-                    idx,
-                    job_id,
-                    now,
-                    job_id,
-                    idx,
-                    1,
-                    1,
-                    None,
-                    None,
-                )
-                if conn.execute(self.finish_at_lease_sql, params).rowcount != 1:
-                    raise LookupError(f"no target {job_id}/{idx} in a job whose lease is {now}")
-                conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+                check += (idx, 1, size)
+            check += (-1, 0, 0) * pad
+            found, done, moved = conn.execute(sqlite_writes._check_sql(rows), check).fetchone()
+            if found != len(idxs):
+                raise LookupError(f"only {found} of the targets {idxs} may be written")
+            conn.execute(sqlite_writes._MOVE_JOB, (done, moved, now, job_id))
+            write: list[Any] = [job_id]
+            for idx in idxs:
+                write += (idx, "done", result, None, None)
+            write += (-1, "pending", None, None, None) * pad
+            conn.execute(sqlite_writes._write_sql(rows), write)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -162,12 +162,27 @@ class Transactions(Protocol):
 
     #: Whether :meth:`write_targets` may write a call's target writes in one statement.
     one_statement_writes: bool
+    #: The most rows one INSERT of targets carries (``VALUES (…), (…)``); 1: one statement a row, sent by
+    #: :meth:`executemany`.
+    rows_per_insert: int
 
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:
         """A call's checked target writes in one statement, if every one passes the per-target rule and the
         backend can; False, having written nothing, otherwise."""
+
+    def write_target_set(
+        self,
+        execute: Callable[[str, Sequence[Any]], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
+        """Inside the call's :meth:`direct_write`: its checked target writes (no idx twice) in a few
+        statements for all of them, if every one passes the per-target rule and the backend can; False,
+        having written nothing, otherwise."""
 
     def direct_write(self) -> AbstractContextManager[Callable[[str, Sequence[Any]], Any]]:
         """The write transaction of a hot path that sends its statements itself: the block is given an

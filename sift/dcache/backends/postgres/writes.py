@@ -160,6 +160,8 @@ class PostgresWrites(PostgresBase):
 
     #: A call's target writes go as one statement (see :meth:`write_targets`).
     one_statement_writes = True
+    #: Targets go one row a statement: psycopg's executemany pipelines them.
+    rows_per_insert = 1
 
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
@@ -188,6 +190,18 @@ class PostgresWrites(PostgresBase):
             "now": now,
         }
         return int(self.run_sql(_WRITE_TARGETS, values).rowcount) == len(idx)
+
+    @staticmethod
+    def write_target_set(
+        execute: Callable[[str, Sequence[Any]], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
+        """Never: :meth:`write_targets` is the one-statement path; inside a caller's transaction the
+        per-target statements run (a refusal there must leave it usable)."""
+        return False
 
     def byte_total(self) -> int:
         row = self.fetch_one(self.total_nbytes_sql, ())

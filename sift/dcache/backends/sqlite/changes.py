@@ -1,7 +1,8 @@
 """The SQLite store's change feed for :func:`sift.dcache.wait_for_batch_job`: while anyone in the process
 waits, one thread reads ``PRAGMA data_version`` on a private read-only connection every
-:data:`POLL_SECONDS`; when another connection (of any process, this one's shared connection included) has
-committed, it reads the waited jobs' status and count there and wakes the waits of those that moved.
+:data:`POLL_SECONDS`, and at once after each write of this process's shared connection; when another
+connection (of any process, this one's shared connection included) has committed, it reads the waited
+jobs' status and count there and wakes the waits of those that moved.
 
 An in-memory store has only the shared connection: the thread watches its ``total_changes`` and wakes every
 wait, each reading its job again.
@@ -42,6 +43,7 @@ class DataVersionFeed:
         self._lock = threading.Lock()  # the private connection is used by the thread and by arm()
         self._stopped = threading.Event()
         self._busy = threading.Event()  # set while anyone waits: the thread sleeps otherwise
+        self._poke = threading.Event()  # set by a write of this process: look now
         self._seen: dict[str, tuple[str, int] | None] = {}
         self._last: Any = None
         self._thread: threading.Thread | None = None
@@ -55,9 +57,14 @@ class DataVersionFeed:
                 self._thread = threading.Thread(target=self._run, name="sift change feed", daemon=True)
                 self._thread.start()
 
+    def nudge(self) -> None:
+        """This process has just written: look now rather than at the end of the interval."""
+        self._poke.set()
+
     def stop(self) -> None:
         self._stopped.set()
         self._busy.set()
+        self._poke.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -69,7 +76,9 @@ class DataVersionFeed:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._busy.wait()
-            if self._stopped.wait(POLL_SECONDS):
+            self._poke.wait(POLL_SECONDS)
+            self._poke.clear()  # a write after this is seen by the look below, or pokes again
+            if self._stopped.is_set():
                 return
             try:
                 moved = self._look()
@@ -119,6 +128,7 @@ class SqliteChanges(SqliteBase):
     """The waits of this process on the open SQLite store, and their change feed."""
 
     _waiters: JobWaiters | None = None
+    _feed: DataVersionFeed | None = None
 
     def job_waiters(self) -> JobWaiters:
         """This process's waits on the open store (made at the first wait)."""
@@ -129,15 +139,24 @@ class SqliteChanges(SqliteBase):
 
     def stop_waits(self) -> None:
         """Stop the change feed: the store is closing."""
-        waiters, self._waiters = self._waiters, None
+        waiters, self._waiters, self._feed = self._waiters, None, None
         if waiters is not None and waiters.pid == os.getpid():
             waiters.close()
+
+    def nudge_waits(self) -> None:
+        """After a write of the shared connection: the feed, if any, looks now."""
+        feed = self._feed
+        if feed is not None:
+            feed.nudge()
 
     def _change_feed(self, waiters: JobWaiters) -> ChangeFeed:
         if self.deferred:
             self.connect()  # raises the store's error when nothing is open
         if self.file in (None, ":memory:"):
             shared = self.connection()
-            return DataVersionFeed(waiters, lambda: shared.total_changes)
-        conn = self.private_reader()
-        return DataVersionFeed(waiters, lambda: conn.execute("PRAGMA data_version").fetchone()[0], conn)
+            feed = DataVersionFeed(waiters, lambda: shared.total_changes)
+        else:
+            conn = self.private_reader()
+            feed = DataVersionFeed(waiters, lambda: conn.execute("PRAGMA data_version").fetchone()[0], conn)
+        self._feed = feed
+        return feed

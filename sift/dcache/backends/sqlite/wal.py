@@ -33,7 +33,7 @@ class WalPolicy(SqliteBase):
     #: could not be read).
     _wal_index_path: str | None
     _wal_index: int | None
-    _changes_seen: int  # the connection's total_changes at the last look at the -wal file
+    _changes_seen: int  # the connection's total_changes when its last write transaction ended
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
 
@@ -47,15 +47,17 @@ class WalPolicy(SqliteBase):
     def settle_writers(self) -> None:
         """Leave the writers' queue once the connection is out of its transaction, however it ended
         (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``); then, if
-        something was written, checkpoint if due."""
+        something was written, wake the change feed and checkpoint if due."""
         conn = self._state.conn
         if conn is not None and conn.in_transaction:
             return
         if self.writers.held:
             self.writers.release()
-        if self._wal_index_path is not None and conn is not None and conn.total_changes != self._changes_seen:
+        if conn is not None and conn.total_changes != self._changes_seen:
             self._changes_seen = conn.total_changes
-            self.checkpoint_if_due()
+            self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
+            if self._wal_index_path is not None:
+                self.checkpoint_if_due()
 
     def checkpoint_if_due(self) -> None:
         """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal

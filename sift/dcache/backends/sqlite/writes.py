@@ -8,6 +8,8 @@ transaction meets a deadlock: the row and key locks are no-ops here (PostgreSQL'
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -36,11 +38,42 @@ class SqliteWrites(SqliteBase):
 
     #: A call's target writes go one statement at a time, in one hold of the lock (see :meth:`direct_write`).
     one_statement_writes = False
+    #: Targets go in INSERTs of many rows: SQLite steps one statement, not one a row.
+    rows_per_insert = 128
 
     @staticmethod
     def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
         """Never: the caller sends the statements itself, on the connection :meth:`direct_write` gives."""
         return False
+
+    @staticmethod
+    def write_target_set(
+        execute: Callable[[str, Sequence[Any]], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
+        """Inside the call's transaction, its target writes (idx, status, final, size, result, error, hint)
+        as a set: the targets' old values read and checked in one statement a chunk, the job moved once, the
+        targets written in one statement a chunk. False, having written nothing, when an idx comes twice or a
+        write fails the per-target rule (the caller's statements then find which, and why)."""
+        if len({write[0] for write in writes}) != len(writes):  # each write must see the one before
+            return False
+        chunks = [writes[start : start + SET_ROWS] for start in range(0, len(writes), SET_ROWS)]
+        found = done = moved = 0
+        for chunk in chunks:
+            rows = _padded(chunk)
+            params = (job_id, runner, *itertools.chain.from_iterable((w[0], int(w[2]), w[3]) for w in rows))
+            count, delta, size = execute(_check_sql(len(rows)), params).fetchone()
+            found, done, moved = found + count, done + (delta or 0), moved + (size or 0)
+        if found != len(writes) or not execute(_MOVE_JOB, (done, moved, now, job_id)).rowcount:
+            return False
+        for chunk in chunks:
+            rows = _padded(chunk)
+            params = (job_id, *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows))
+            execute(_write_sql(len(rows)), params)
+        return True
 
     def direct_write(self) -> DirectWrite:
         """The write transaction of a hot path: :meth:`write`, giving the block the connection's
@@ -133,3 +166,56 @@ class SqliteWrites(SqliteBase):
     def retry(self, conflict: BaseException, run: Callable[[], Any]) -> Any:
         """SQLite raises no StoreConflict; should one arrive, it is not retried."""
         raise conflict
+
+
+#: The most target writes one statement of a set write carries (at 5 parameters each, far below SQLite's
+#: 32,766); a chunk is padded to a power of two, so a few statements, each prepared once, serve every size.
+SET_ROWS = 256
+#: A padding row: idx -1 is no target's (idx is at least 0), so it matches nothing.
+_PAD = (-1, "pending", False, 0, None, None, None)
+_FINAL = "('done', 'failed')"
+_UNCLAIMED = "('pending', 'failed')"
+# The job moved by the set's count and bytes, computed from the targets before they change.
+_MOVE_JOB = (
+    "UPDATE batch_job SET targets_done = targets_done + ?, nbytes = nbytes + ?, lease = ? WHERE id = ?"
+)
+
+
+def _padded(chunk: Sequence[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
+    """``chunk`` and padding rows, a power of two rows in all."""
+    size = 1 << (len(chunk) - 1).bit_length()
+    return chunk if size == len(chunk) else [*chunk, *itertools.repeat(_PAD, size - len(chunk))]
+
+
+def _values(rows: int, width: int, first: int) -> str:
+    """``rows`` rows of ``width`` numbered parameters, from ``?first``: a VALUES list to bind by position."""
+    numbers = iter(range(first, first + rows * width))
+    return ", ".join(
+        "(" + ", ".join(f"?{n}" for n in itertools.islice(numbers, width)) + ")" for _ in range(rows)
+    )
+
+
+@functools.cache
+def _check_sql(rows: int) -> str:
+    """How many of the chunk's writes pass the per-target rule (the target exists, a write other than done or
+    failed does not move it back from them, and with ``?2`` the runner holds it), and what they move the
+    job's count and bytes by: each write's (new - old) of the target, as the per-target statements add."""
+    return (
+        f"WITH w(idx, final, size) AS (VALUES {_values(rows, 3, 3)}) "
+        f"SELECT count(*), sum(w.final - (t.status IN {_FINAL})), "
+        "sum(w.size - COALESCE(length(CAST(t.result AS BLOB)), 0)) "
+        "FROM batch_target AS t JOIN w ON t.job_id = ?1 AND t.idx = w.idx "
+        f"WHERE (w.final = 1 OR t.status NOT IN {_FINAL}) AND (CAST(?2 AS TEXT) IS NULL OR t.runner = ?2)"
+    )
+
+
+@functools.cache
+def _write_sql(rows: int) -> str:
+    """The chunk's targets written; pending and failed also end the claim, as the per-target write does."""
+    unclaim = f"CASE WHEN w.status IN {_UNCLAIMED} THEN NULL ELSE batch_target."
+    return (
+        f"WITH w(idx, status, result, error, hint) AS (VALUES {_values(rows, 5, 2)}) "
+        "UPDATE batch_target SET status = w.status, result = w.result, error = w.error, hint = w.hint, "
+        f"runner = {unclaim}runner END, heartbeat = {unclaim}heartbeat END "
+        "FROM w WHERE batch_target.job_id = ?1 AND batch_target.idx = w.idx"
+    )

@@ -1,0 +1,163 @@
+"""How a Runner claims and writes, pinned by what it does: a claim takes the free workers' count plus what
+they started in ``PREFETCH_WINDOW`` at most ``prefetch`` more, so a batch of instant fetches takes few
+claims and slow fetches claim no further ahead than the workers; claimed targets waiting are held by the
+runner (renewed, released on stop); the writer does not wait for more once nothing is in flight."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_job, make_targets
+from test_runner import WAIT, held_claims, job_final, running, running_targets, wait_for
+
+from sift import dcache
+from sift.runner import Retry, Runner
+from sift.runner import runner as runner_module
+from sift.runner import writer as writer_module
+
+CONCURRENCY = 16
+
+
+def counted_claims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every claim the runner makes from now on: (its limit, how many it took)."""
+    claims: list[tuple[int, int]] = []
+    claim = dcache.claim_batch_targets
+
+    def counting(limit: int, **kwargs: Any) -> list[dcache.BatchTarget]:
+        taken = claim(limit, **kwargs)
+        claims.append((limit, len(taken)))
+        return taken
+
+    monkeypatch.setattr(runner_module, "claim_batch_targets", counting)
+    return claims
+
+
+def submit_job(job_id: str, targets: int) -> None:
+    dcache.create_batch_job(make_job(job_id, targets_total=targets), make_targets(targets))
+
+
+def instant(target: dcache.BatchTarget) -> str:
+    return f"result {target.idx}"
+
+
+def test_instant_fetches_take_few_claims(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a window no pace falls short of, however busy the machine: the claim after the first takes the most
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    claims = counted_claims(monkeypatch)
+    submit_job("big", 1000)
+    with running(Runner(instant, name="r", concurrency=CONCURRENCY)):
+        wait_for(lambda: job_final("big"), "the job to finish")
+    taken = [took for _, took in claims if took]
+    assert sum(taken) == 1000
+    # the first claim: the free workers; each later one up to CONCURRENCY + PREFETCH (272): 16 + 4 * 272
+    assert taken[0] == CONCURRENCY and len(taken) <= 5, claims
+    assert all(limit <= CONCURRENCY + runner_module.PREFETCH for limit, _ in claims), claims
+    targets = dcache.batch_targets("big") or []
+    assert [t.result for t in targets] == [f"result {i}" for i in range(1000)]
+    assert {t.attempts for t in targets} == {1}
+
+
+def test_slow_fetches_claim_no_further_ahead_than_the_free_workers(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a window every pace falls short of: nothing is claimed ahead
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 1e-12)
+    claims = counted_claims(monkeypatch)
+    submit_job("slow", 60)
+    with running(Runner(instant, name="r", concurrency=4)):
+        wait_for(lambda: job_final("slow"), "the job to finish")
+    assert sum(took for _, took in claims) == 60
+    assert all(limit <= 4 for limit, _ in claims), claims
+
+
+def test_prefetch_0_claims_only_for_free_workers(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    claims = counted_claims(monkeypatch)
+    submit_job("none", 40)
+    with running(Runner(instant, name="r", concurrency=4, prefetch=0)):
+        wait_for(lambda: job_final("none"), "the job to finish")
+    assert all(limit <= 4 for limit, _ in claims), claims
+
+
+def blocking_after(first: int, release: threading.Event) -> Callable[[dcache.BatchTarget], str]:
+    """A fetch that returns at once for idx below ``first``, then waits for ``release``."""
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        if target.idx >= first and not release.wait(WAIT):
+            raise AssertionError("never released")
+        return "ok"
+
+    return fetch
+
+
+def test_a_runner_holds_at_most_concurrency_plus_prefetch_and_releases_them_on_stop(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    submit_job("held", 200)
+    release = threading.Event()
+    runner = Runner(blocking_after(30, release), name="r", concurrency=4, prefetch=10, renew_every=0.2)
+    with running(runner):
+        wait_for(lambda: runner.progress().running == 4, "every worker to wait in its fetch")
+        # the workers' targets and what waits for them: at most concurrency + prefetch, however long
+        for _ in range(5):
+            assert running_targets() <= 4 + 10
+            threading.Event().wait(0.1)
+        waiting = running_targets() - 4
+        assert waiting > 0  # claimed ahead, held under the runner's name and renewed by its keeper
+        renewed = dcache.renew_claims("r")
+        assert renewed == running_targets()
+        runner.stop(grace=0)  # the fetches in flight are abandoned at once; the rest is released
+        release.set()
+    assert held_claims() == 0 and running_targets() == 0
+    targets = dcache.batch_targets("held") or []
+    pending = [t for t in targets if t.status == "pending"]
+    assert pending and all(t.attempts == 0 for t in pending)  # the attempts of released claims given back
+
+
+def test_the_writer_writes_at_once_when_nothing_is_in_flight(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a writer that would wait a minute for more: the runner's last outcome is written all the same
+    monkeypatch.setattr(writer_module, "WRITE_WAIT", 60.0)
+    submit_job("tail", 50)
+    with running(Runner(instant, name="r", concurrency=4)):
+        wait_for(lambda: job_final("tail"), "the job to finish", timeout=30)
+    job = dcache.batch_job("tail")
+    assert job is not None and job.status == "done" and job.targets_done == 50
+
+
+def test_targets_claimed_ahead_of_a_host_that_asked_to_wait_are_not_fetched(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the site answers 30 requests, then "wait an hour" (a 429 with Retry-After): by then the runner holds
+    # targets claimed ahead; they are given back untried (their attempts given back) to wait as that
+    # answer asked, without a request. Only the fetches already under way when the answer came reach the
+    # site.
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    submit_job("polite", 200)
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        with lock:
+            calls.append(int(target.idx))
+            answered = len(calls) <= 30
+        if not answered:
+            raise Retry("429", after=3600, host_wide=True)
+        return "ok"
+
+    with running(Runner(fetch, name="r", concurrency=4, prefetch=50)) as runner:
+        wait_for(lambda: len(calls) > 30 and running_targets() == 0, "every claimed target to be written")
+    targets = dcache.batch_targets("polite") or []
+    fetched = set(calls)
+    given_back = [t for t in targets if t.idx not in fetched and t.error == "429"]
+    assert len(given_back) == runner.progress().given_back > 0, "targets were claimed ahead and given back"
+    assert all((t.status, t.attempts) == ("pending", 0) for t in given_back)  # never tried
+    assert len(calls) <= 30 + 2 * 4, calls
+    asked = [t for t in targets if t.idx in fetched and t.status == "pending"]
+    assert asked and all((t.error, t.attempts) == ("429", 1) for t in asked)
