@@ -153,7 +153,7 @@ class Runner:
             if self._started:
                 raise RuntimeError("a Runner runs once")
             self._started = True
-        restore = self._handle_sigterm()
+        restore = _stop_on_sigterm(self.stop)
         writer = Writer(self.name, self._tally)
         self._writer = writer
         workers = [
@@ -198,12 +198,6 @@ class Runner:
             return Progress(running=self._busy, **self._counts)
 
     # -- the threads ----------------------------------------------------------------------------------------
-
-    def _handle_sigterm(self) -> Any:
-        """On the main thread, SIGTERM stops the runner; returns the handler to put back (None: none set)."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.signal(signal.SIGTERM, lambda signum, frame: self.stop())
 
     def _tally(self, name: str, n: int) -> None:
         with self._lock:
@@ -300,16 +294,16 @@ class Runner:
         ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
         job_id, idx = str(target.job_id), int(target.idx)
         if target.send_by is not None and unix_time() > target.send_by:
-            return self._give_back(target)  # a paced host's next request may already be on its way
+            return _untried(target)  # a paced host's next request may already be on its way
         if self._waiting_hosts:
             asked = self._host_waiting(target)
             if asked is not None:  # not tried: back untried, to wait as that answer asked
-                return self._give_back(target, not_before=math.ceil(asked[0]), error=_clip(asked[1]))
+                return _untried(target, not_before=math.ceil(asked[0]), error=_clip(asked[1]))
         try:
             # a fetch given allow_private must accept it; others are called as users write them
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
         except GiveBack:
-            return self._give_back(target)
+            return _untried(target)
         except Fail as fail:
             return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)
         except Retry as retry:
@@ -341,14 +335,6 @@ class Runner:
                 log.exception("sift runner %s: could not back off %s", self.name, host)
         return self._retry(target, retry.error, wait)
 
-    def _give_back(
-        self, target: BatchTarget, *, not_before: int | None = None, error: str | None = None
-    ) -> Outcome:
-        """Back to pending untried, its attempt given back: at once, its error as it was, or not before
-        ``not_before`` with ``error``."""
-        job_id, idx = str(target.job_id), int(target.idx)
-        return Outcome(job_id, idx, "pending", error=error, not_before=not_before, attempted=False)
-
     def _host_waiting(self, target: BatchTarget) -> tuple[float, str] | None:
         """Until when, and with what error, ``target``'s host asked this runner to wait (None: no wait)."""
         host = url_host(str(target.url))
@@ -375,20 +361,36 @@ class Runner:
         """The keeper: at once, then every ``renew_every`` seconds until the runner has stopped."""
         while True:
             try:
-                self._keep_once()
+                _keeper_round(self)
             except Exception:
                 log.exception("sift runner %s: the keeper's round failed", self.name)
             if self._finished.wait(self.renew_every):
                 return
 
-    def _keep_once(self) -> None:
-        renew_claims(self.name)
-        requeue_stale_claims(self.stale_after, max_attempts=self.max_attempts)
-        finish_complete_jobs()
-        if self.budget is not None:
-            evict_batch_oldest(self.budget)
-        if self.sweep_ttl is not None:
-            sweep_batch(self.sweep_ttl)
+
+def _keeper_round(runner: Runner) -> None:
+    """One round of ``runner``'s keeper: renew, requeue stale claims, finish, evict and sweep."""
+    renew_claims(runner.name)
+    requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
+    finish_complete_jobs()
+    if runner.budget is not None:
+        evict_batch_oldest(runner.budget)
+    if runner.sweep_ttl is not None:
+        sweep_batch(runner.sweep_ttl)
+
+
+def _stop_on_sigterm(stop: Callable[[], None]) -> Any:
+    """On the main thread, SIGTERM calls ``stop``; returns the handler to put back (None: none set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda signum, frame: stop())
+
+
+def _untried(target: BatchTarget, *, not_before: int | None = None, error: str | None = None) -> Outcome:
+    """Back to pending untried, its attempt given back: at once, its error as it was, or not before
+    ``not_before`` with ``error``."""
+    job_id, idx = str(target.job_id), int(target.idx)
+    return Outcome(job_id, idx, "pending", error=error, not_before=not_before, attempted=False)
 
 
 def _seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
