@@ -134,6 +134,7 @@ SLOT_VALUES: dict[str, Any] = {
     "now_ms": 10_000_000,
     "after": "caller-1",
     "not_before": 12_000,
+    "given_back": 0,
     "count": 1,
     "job_ids": '["old-00001", "runner"]',  # SQLite's list: a JSON array (backend.listed)
     "turns": 1,
