@@ -372,10 +372,12 @@ class FairClaimMachine(RuleBasedStateMachine):
         self.jobs: dict[str, Any] = {}
         self.seq = 0
         self.ring: tuple[str | None, int] = (None, 0)
-        # what the model reads of politeness: nothing paused, no host backed off
+        # what the model reads of politeness: nothing paused, no host backed off, paced or capped
         self.paused_jobs: set[str] = set()
         self.paused_callers: set[str] = set()
         self.backed_off: dict[str, int] = {}
+        self.policies: dict[str, tuple[int | None, int | None]] = {}
+        self.next_due: dict[str, int] = {}
 
     def teardown(self) -> None:
         dcache.close_db()

@@ -167,6 +167,12 @@ CLAIM_WEIGHTS: dict[str, dict[str, int] | None] = {
 }
 
 
+def host_setting(policies: dict[str, tuple[int | None, int | None]], host: str, which: int) -> int | None:
+    """``host``'s max_running (``which`` 0) or min_interval in ms (1): its own, else the default's."""
+    own = policies.get(host, (None, None))[which]
+    return own if own is not None else policies.get("*", (None, None))[which]
+
+
 class ModelClaim:
     """The claim's order, turn by turn: the ring of callers with a live job holding a pending target (byte
     order), from the machine's cursor; each caller's turn hands out up to its weight (the class of its
@@ -225,7 +231,8 @@ class ModelClaim:
             held_until = max(self.machine.backed_off.get(host, 0), self.machine.next_due.get(host, 0))
             if held_until > self.now_ms or host in self.paced:
                 continue
-            caps = [cap for cap in (self.per_host, self.machine.setting(host, 0)) if cap is not None]
+            limit = host_setting(self.machine.policies, host, 0)
+            caps = [cap for cap in (self.per_host, limit) if cap is not None]
             if not caps or self.running[host] < min(caps):
                 return idx
         return None
@@ -236,7 +243,7 @@ class ModelClaim:
         host = dcache.url_host(self.jobs[job_id].targets[idx].url)
         self.running[host] += 1
         self.claimed.append((job_id, idx))
-        if self.machine.setting(host, 1):
+        if host_setting(self.machine.policies, host, 1):
             self.paced.add(host)
 
     def next_of_caller(self, caller: str) -> tuple[str, int] | None:
@@ -304,11 +311,6 @@ class StoreMachine(RuleBasedStateMachine):
 
     def path(self) -> str | Path:
         return ":memory:"
-
-    def setting(self, host: str, which: int) -> int | None:
-        """``host``'s max_running (``which`` 0) or min_interval in ms (1): its own, else the default's."""
-        own = self.policies.get(host, (None, None))[which]
-        return own if own is not None else self.policies.get("*", (None, None))[which]
 
     def teardown(self) -> None:
         dcache.close_db()
@@ -618,9 +620,10 @@ class StoreMachine(RuleBasedStateMachine):
         )
         assert [(t.job_id, t.idx) for t in claimed] == expected
         assert all(t.status == "running" and (t.runner, t.heartbeat) == (runner, now) for t in claimed)
-        paced = {host for host in model.paced}
+        paced = set(model.paced)
         for host in paced:
-            self.next_due[host] = now * 1000 + (self.setting(host, 1) or 0) + round(PACING_SLACK * 1000)
+            interval = host_setting(self.policies, host, 1) or 0
+            self.next_due[host] = now * 1000 + interval + round(PACING_SLACK * 1000)
         send_by = (now * 1000 + round(SEND_WINDOW * 1000)) / 1000
         assert [t.send_by for t in claimed] == [
             send_by if dcache.url_host(t.url) in paced else None for t in claimed
@@ -854,7 +857,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def host_rows_match_the_model(self) -> None:
-        hosts = sorted(set(self.policies) | set(self.backed_off) | set(self.next_due), key=lambda h: h != "*")
+        hosts = set(self.policies) | set(self.backed_off) | set(self.next_due)
+        in_order = sorted(hosts, key=lambda h: (h != "*", h.encode()))  # as host_policies() lists them
         want = [
             dcache.HostPolicy(
                 host=host,
@@ -864,7 +868,7 @@ class StoreMachine(RuleBasedStateMachine):
                 next_due=self.next_due[host] / 1000 if self.next_due.get(host) else None,
                 backed_off_until=self.backed_off[host] / 1000 if self.backed_off.get(host) else None,
             )
-            for host in hosts
+            for host in in_order
         ]
         assert dcache.host_policies() == want
 
