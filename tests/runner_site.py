@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sift import dcache
-from sift.runner import Fail, Retry, Runner
+from sift.runner import Fail, GiveBack, Retry, Runner
 
 
 class Site:
@@ -107,6 +107,21 @@ def fetch_private(target: dcache.BatchTarget, *, allow_private: bool = False) ->
     """``fetch``, for a runner made with ``allow_private=True``: it refuses to run without it."""
     if not allow_private:
         raise Fail("private addresses are not allowed")
+    return fetch(target)
+
+
+_GIVEN_BACK: set[str] = set()
+_GIVEN_BACK_LOCK = threading.Lock()
+
+
+def fetch_give_back_once(target: dcache.BatchTarget) -> str:
+    """``fetch``, but each URL is given back untried (``GiveBack``) the first time this process sees it."""
+    with _GIVEN_BACK_LOCK:
+        url = str(target.url)
+        first = url not in _GIVEN_BACK
+        _GIVEN_BACK.add(url)
+    if first:
+        raise GiveBack("not this time")
     return fetch(target)
 
 

@@ -1,5 +1,6 @@
 """``sift run``: a runner process from the command line, on every backend, fetching from a real site on
-127.0.0.1; SIGTERM stops it with exit 0 and no claim held; bad options exit 1 naming them."""
+127.0.0.1; SIGTERM stops it with exit 0 and no claim held; bad options exit 1 naming them; its log lines
+count what it did, the targets given back untried too."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import run, sift_script
+from cli_helpers import populate, run, sift_script, snapshot_of
 from docs_pages import block
 from runner_site import serving
 
@@ -72,7 +73,7 @@ def test_sift_run_fetches_a_job_and_stops_on_sigterm(shared_store: str) -> None:
         assert job is not None and (job.status, job.targets_done) == ("partial", 3)
         count = db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0]
         assert count == 0
-        assert "stopped; 2 done, 1 failed, 1 retried" in err
+        assert "stopped; 2 done, 1 failed, 1 retried, 0 given back" in err
         assert dcache.check_store().ok
 
 
@@ -103,6 +104,68 @@ def test_the_guides_one_line_runs(shared_store: str) -> None:
         wait_for(lambda: final(job_id), "the job to finish")
         stop(proc)
         assert [t.result for t in dcache.batch_targets(job_id) or []] == [f"page /ok/0 by {proc.pid}"]
+
+
+@pytest.mark.slow
+def test_sift_run_prefetch_0_claims_only_for_the_free_workers(shared_store: str) -> None:
+    """One worker: a target fetched at once, then targets that hang. After the quick one, a claim with the
+    default prefetch takes targets ahead; with ``--prefetch 0`` it takes one, for the one free worker."""
+    with serving() as site:
+        urls = [f"{site.base}/ok/0", *(f"{site.base}/hang/{i}" for i in range(1, 10))]
+        job_id = dcache.submit("alice", urls, idem_key="").job_id
+        # the last --concurrency given is the one argparse keeps
+        proc = start(shared_store, "--fetch", "runner_site:fetch", "--concurrency", "1", "--prefetch", "0")
+
+        def statuses() -> list[str]:
+            return [t.status for t in dcache.batch_targets(job_id) or []]
+
+        wait_for(lambda: statuses()[0] == "done" and site.asked("/hang/") == 1, "a target to hang")
+        held = statuses()
+        site.release.set()
+        stop(proc)
+    assert held == ["done", "running", *["pending"] * 8]
+    assert site.asked("/hang/1") == 1
+
+
+@pytest.mark.slow
+def test_sift_run_logs_the_targets_given_back(shared_store: str) -> None:
+    with serving() as site:
+        job_id = dcache.submit("alice", [f"{site.base}/ok/0", f"{site.base}/ok/1"], idem_key="").job_id
+        proc = start(shared_store, "--fetch", "runner_site:fetch_give_back_once")
+        lines: list[str] = []
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: final(job_id), "the job to finish")
+        # a log line comes every LOG_EVERY seconds: wait for one written after the job finished
+        logged = "2 done, 0 failed, 0 retried, 2 given back, 0 running"
+        wait_for(lambda: any(logged in line for line in lines), "a log line with the targets given back")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0
+        reader.join(WAIT)
+        targets = dcache.batch_targets(job_id) or []
+        # each was given back once, untried: its one attempt is the fetch that wrote it
+        assert [(t.status, t.attempts) for t in targets] == [("done", 1), ("done", 1)]
+        assert site.asked() == 2
+    assert lines[-1].endswith(": stopped; 2 done, 0 failed, 0 retried, 2 given back\n")
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "2.5", "", "9223372036854775808"])
+def test_sift_run_refuses_a_bad_prefetch_and_leaves_the_store_as_it_was(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "store.db"
+    populate(path)
+    before = snapshot_of(path)
+    argv = [str(sift_script()), "--db", str(path), "run", "--fetch", "runner_site:fetch", "--prefetch", value]
+    # accepted, the runner would run until stopped: the timeout fails the test
+    done = subprocess.run(argv, cwd=TESTS, capture_output=True, text=True, timeout=WAIT)
+    message = f"sift: --prefetch: must be a whole number from 0 to 2**63-1, got {value!r}\n"
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
+    assert snapshot_of(path) == before
 
 
 @pytest.mark.parametrize(
@@ -166,3 +229,4 @@ def test_sift_run_on_a_terminal_shows_a_live_line(file_store: Path) -> None:
         os.close(master)
     shown = b"".join(chunks).decode(errors="replace")
     assert "sift run" in shown and "target/s" in shown and "running=" in shown and "failed=0" in shown
+    assert "given back=0" in shown

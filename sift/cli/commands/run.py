@@ -9,17 +9,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from typing import Any
 
+from sift.dcache.validation import MAX_INT
 from sift.runner import Backoff, Runner
+from sift.runner.runner import PREFETCH
 
 from ..progress import bars_enabled, make_bar
 from ..store import CommandError
-from ..units import parse_duration, parse_size
+from ..units import BadValue, parse_duration, parse_size
 from . import Command
 
 __all__ = ["COMMAND"]
@@ -40,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", help="the runner's name in its claims (default: host name and process id)")
     parser.add_argument("--concurrency", type=int, default=8, metavar="N", help="fetches at once (8)")
+    parser.add_argument(
+        "--prefetch",
+        default=str(PREFETCH),
+        metavar="N",
+        help=f"the most a claim takes beyond the free workers ({PREFETCH}; 0: none)",
+    )
     parser.add_argument("--per-job", type=int, metavar="N", help="at most N targets of one job per claim")
     parser.add_argument("--per-host", type=int, metavar="N", help="at most N targets of one host running")
     parser.add_argument(
@@ -81,6 +90,14 @@ def _fetch(spec: str) -> Any:
     return fetch
 
 
+def _count(text: str, option: str) -> int:
+    """A whole number from 0 (``--prefetch``): anything else is refused naming ``option``."""
+    cleaned = text.strip()
+    if re.fullmatch(r"[0-9]+", cleaned) is None or int(cleaned) > MAX_INT:
+        raise BadValue(f"{option}: must be a whole number from 0 to 2**63-1, got {text!r}")
+    return int(cleaned)
+
+
 def _weights(given: list[str]) -> dict[str, int] | None:
     weights: dict[str, int] = {}
     for item in given:
@@ -99,14 +116,15 @@ def _report(runner: Runner, stopped: threading.Event) -> None:
             while not stopped.wait(DRAW_EVERY):
                 p = runner.progress()
                 bar.update(p.done + p.failed - bar.n)
-                bar.set_postfix(running=p.running, retried=p.retried, failed=p.failed, refresh=True)
+                counts = {"running": p.running, "retried": p.retried, "failed": p.failed}
+                bar.set_postfix({**counts, "given back": p.given_back}, refresh=True)
         return
     while not stopped.wait(LOG_EVERY):
         p = runner.progress()
         rate = (p.done + p.failed) / max(time.monotonic() - start, 1e-9)
         print(
             f"sift run {runner.name}: {p.done} done, {p.failed} failed, {p.retried} retried, "
-            f"{p.running} running, {rate:.1f} targets/s",
+            f"{p.given_back} given back, {p.running} running, {rate:.1f} targets/s",
             file=sys.stderr,
             flush=True,
         )
@@ -118,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         _fetch(args.fetch),
         name=args.name,
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
         per_job=args.per_job,
         per_host=args.per_host,
         weights=_weights(args.weight),
@@ -143,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         reporter.join(5)
     p = runner.progress()
     print(
-        f"sift run {runner.name}: stopped; {p.done} done, {p.failed} failed, {p.retried} retried",
+        f"sift run {runner.name}: stopped; {p.done} done, {p.failed} failed, {p.retried} retried, "
+        f"{p.given_back} given back",
         file=sys.stderr,
     )
     return 0
@@ -156,6 +176,7 @@ COMMAND = Command(
     add_arguments=add_arguments,
     json=False,
     values={
+        "prefetch": _count,
         "stale_after": parse_duration,
         "renew_every": parse_duration,
         "grace": parse_duration,
