@@ -228,3 +228,27 @@ def test_the_backend_protocol_is_its_three_parts() -> None:
     assert {"statement_key", "param", "bytewise"} <= members[0]
     assert {"write", "lock_job", "raise_store_error"} <= members[1]
     assert {"missing_schema", "page_stats", "copy_into"} <= members[2]
+
+
+#: Every place whose SQL moves a job's ``targets_done``, and why. The counting rule (a target write moves its
+#: job's count, bytes and lease by the target's change, read in the same statement) is written once per
+#: backend; the other moves count targets whose change they know without reading it.
+COUNT_MOVES = {
+    "dcache/backends/sqlite/writes.py": "the counting rule, SQLite's statements",
+    "dcache/backends/postgres/queries.sql": "the counting rule, PostgreSQL's statement",
+    "dcache/claims.py": "a stale claim's last attempt: running targets fail, each counted once",
+    "dcache/client.py": "a cancel: the job's open targets fail, each counted once",
+    "dcache/retries.py": "an operator's reopen: failed targets go back to pending, each leaving the count",
+}
+#: SQL or a Peewee update that sets targets_done from itself (``targets_done = targets_done + …``,
+#: ``J.targets_done: J.targets_done - …``, ``SET (targets_done, …) = (SELECT batch_job.targets_done + …``).
+COUNT_MOVE = re.compile(r"targets_done\s*[:=]\s*(?:\w+\.)?targets_done\s*[-+]|SET \(targets_done\b")
+
+
+def test_the_counting_rule_is_written_once_per_backend() -> None:
+    moving = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.sql")]
+        if COUNT_MOVE.search(path.read_text(encoding="utf-8"))
+    }
+    assert moving == set(COUNT_MOVES)

@@ -372,17 +372,18 @@ def test_server_errors_become_package_errors(pg: str, sqlstate: str, error: type
 
 
 def _conflicts(times: int) -> Any:
-    """A lock_target that meets a deadlock the first ``times`` calls."""
+    """A write_target_run (a run of a call's writes, in its transaction) that meets a deadlock the first
+    ``times`` calls."""
     calls = {"n": 0}
-    original = db.backend.lock_target
+    original = db.backend.write_target_run
 
-    def lock_target(job_id: str, idx: int) -> None:
+    def write_target_run(*args: Any) -> bool:
         calls["n"] += 1
         if calls["n"] <= times:
             db.backend.run_sql("DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$", ())
-        original(job_id, idx)
+        return original(*args)
 
-    return lock_target, calls
+    return write_target_run, calls
 
 
 def _conflicting_writes(times: int) -> Any:
@@ -399,23 +400,23 @@ def _conflicting_writes(times: int) -> Any:
     return write_targets, calls
 
 
-@pytest.mark.parametrize("path", ["one statement", "statement by statement"])
+@pytest.mark.parametrize("path", ["one statement", "in a transaction"])
 def test_a_deadlock_is_retried_and_counts_once(pg: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
     if path == "one statement":
         write_targets, calls = _conflicting_writes(CONFLICT_RETRIES)
         monkeypatch.setattr(db.backend, "write_targets", write_targets)
     else:
-        monkeypatch.setattr(db.backend, "one_statement_writes", False)
-        lock_target, calls = _conflicts(CONFLICT_RETRIES)
-        monkeypatch.setattr(db.backend, "lock_target", lock_target)
+        monkeypatch.setattr(db.backend, "write_targets", lambda *args: False)
+        write_target_run, calls = _conflicts(CONFLICT_RETRIES)
+        monkeypatch.setattr(db.backend, "write_target_run", write_target_run)
     dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
     assert calls["n"] == CONFLICT_RETRIES + 1
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (1, 3)
 
 
-@pytest.mark.parametrize("path", ["one statement", "statement by statement"])
+@pytest.mark.parametrize("path", ["one statement", "in a transaction"])
 def test_a_deadlock_past_the_retries_is_store_conflict(
     pg: str, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -424,9 +425,9 @@ def test_a_deadlock_past_the_retries_is_store_conflict(
         write_targets, calls = _conflicting_writes(CONFLICT_RETRIES + 1)
         monkeypatch.setattr(db.backend, "write_targets", write_targets)
     else:
-        monkeypatch.setattr(db.backend, "one_statement_writes", False)
-        lock_target, calls = _conflicts(CONFLICT_RETRIES + 1)
-        monkeypatch.setattr(db.backend, "lock_target", lock_target)
+        monkeypatch.setattr(db.backend, "write_targets", lambda *args: False)
+        write_target_run, calls = _conflicts(CONFLICT_RETRIES + 1)
+        monkeypatch.setattr(db.backend, "write_target_run", write_target_run)
     before = snapshot()
     with pytest.raises(dcache.StoreConflict) as info:
         dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
@@ -437,8 +438,8 @@ def test_a_deadlock_past_the_retries_is_store_conflict(
 
 def test_no_retry_inside_a_callers_transaction(pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
     dcache.create_batch_job(make_job("job-1"), make_targets(3))
-    lock_target, calls = _conflicts(1)
-    monkeypatch.setattr(db.backend, "lock_target", lock_target)
+    write_target_run, calls = _conflicts(1)
+    monkeypatch.setattr(db.backend, "write_target_run", write_target_run)
     with pytest.raises(dcache.StoreConflict), db.atomic():
         dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
     assert calls["n"] == 1

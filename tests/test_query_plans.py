@@ -162,11 +162,6 @@ POLICY_BY_HOST = "sqlite_autoindex_batch_host_policy_1 (host=?)"
 LIVE_SCAN = ({"batch_job_live"}, {"batch_job_claim"})
 #: Each statement's index accesses, or a tuple of the sets SQLite may choose between.
 EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
-    # runner step
-    "_FINISH_ON_JOB": {JOB_BY_ID, TARGET_BY_KEY},
-    "_FINISH_AT_LEASE": {JOB_BY_ID, TARGET_BY_KEY},  # by id, the lease checked on the row: not by its index
-    "_SET_TARGET": {TARGET_BY_KEY},
-    "_SET_TARGET_UNCLAIMED": {TARGET_BY_KEY},
     # API reads
     "_SELECT_JOB": {JOB_BY_ID},
     "_IDEM": {"batch_job_idem (caller=? AND idem_key=?)"},
@@ -358,17 +353,17 @@ def test_statement_plan_uses_an_index(history: int, name: str, analyzed: str) ->
 #: claimed target has left it already).
 #: Every other index sift adds is left alone: no index keyed on the lease holds live jobs.
 RESULT_WRITE_INDEXES = {
-    "_FINISH_ON_JOB": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
+    "move": {"sqlite_autoindex_batch_job_1", "batch_job_lease", "batch_job_evictable"},
     # the lease is ``now`` already (every result but a job's first in each second): the lease's index is
     # left alone, where setting the lease to the value it holds would still move its entry
-    "_FINISH_AT_LEASE": {"sqlite_autoindex_batch_job_1", "batch_job_evictable"},
+    "move at lease": {"sqlite_autoindex_batch_job_1", "batch_job_evictable"},
     # a result leaves the pending or the running targets (a claimed target is running when written)
     # (both are opened because their filters read the status; a target is in at most one of them, before
     # and after, so only the index it leaves gets an entry written)
     # (the pending targets by host, which back-offs read, likewise)
-    "_SET_TARGET": {TARGET_PK, "batch_target_host", "batch_target_pending_host", "batch_target_running"},
+    "write": {TARGET_PK, "batch_target_host", "batch_target_pending_host", "batch_target_running"},
     # pending or failed: the same, and the claim's runner and heartbeat cleared (the running index's key)
-    "_SET_TARGET_UNCLAIMED": {
+    "write unclaimed": {
         TARGET_PK,
         "batch_target_host",
         "batch_target_pending_host",
@@ -386,9 +381,40 @@ def written_btrees(sql: str, params: tuple[Any, ...]) -> set[str]:
     return {names[row[3]] for row in program if row[1] == "OpenWrite"}
 
 
+#: SQLite's statements of one result write (``backends/sqlite/writes.py``), bound as a runner's write binds
+#: them: the job moved by the target's change (setting the lease, or where it is ``now`` already), then the
+#: target written (a claimed status, or pending or failed, which also end the claim).
+MOVE_PARAMS = ("runner", "runner-1", 10_000, 1, 0, 1, 1024)
+RESULT_WRITES = {
+    "move": (sqlite_writes._move_sql(1, False), MOVE_PARAMS),
+    "move at lease": (sqlite_writes._move_sql(1, True), MOVE_PARAMS),
+    "write": (sqlite_writes._WRITE_ONE, ("runner", 0, "done", "r", None, None)),
+    "write unclaimed": (sqlite_writes._WRITE_ONE_UNCLAIMED, ("runner", 0, "failed", None, "e", None)),
+}
+
+
+@pytest.mark.parametrize("analyzed", ["plain", "analyzed"])
+@pytest.mark.parametrize("name", sorted(RESULT_WRITES))
+def test_a_result_write_finds_its_job_and_target_by_key(history: int, name: str, analyzed: str) -> None:
+    # the job by its id (the lease checked on the row, not by its index), the target by its key, read
+    # once for the count and once for the job's move: whatever the statistics, no scan
+    if analyzed == "analyzed":
+        dcache.db.execute_sql("ANALYZE")
+    lines = plan(*RESULT_WRITES[name])
+    searches = [line for line in lines if line.startswith("SEARCH")]
+    expected = ["SEARCH batch_target USING INDEX " + TARGET_BY_KEY]
+    if name.startswith("move"):
+        expected = [
+            "SEARCH batch_job USING INDEX " + JOB_BY_ID,
+            *[f"SEARCH t USING INDEX {TARGET_BY_KEY}"] * 2,
+        ]
+    assert searches == expected, lines
+    assert all(line.startswith(("SEARCH", "SCALAR SUBQUERY", "CORRELATED SCALAR SUBQUERY")) for line in lines)
+
+
 @pytest.mark.parametrize("name", sorted(RESULT_WRITE_INDEXES))
 def test_indexes_a_result_write_touches(history: int, name: str) -> None:
-    written = written_btrees(*bound(rule_statements()[name]))
+    written = written_btrees(*RESULT_WRITES[name])
     tables = {"batch_job", "batch_target", "batch_totals"}
     assert written - tables == RESULT_WRITE_INDEXES[name]
 
@@ -396,28 +422,31 @@ def test_indexes_a_result_write_touches(history: int, name: str) -> None:
 @pytest.mark.parametrize("analyzed", ["plain", "analyzed"])
 @pytest.mark.parametrize("rows", [2, 256])
 def test_a_set_write_finds_each_target_by_its_key(history: int, rows: int, analyzed: str) -> None:
-    # update_batch_targets on SQLite: the check and the targets' write read the set's rows (constants) and
-    # find each target by its key, whatever the statistics; the write opens no index a per-target write
-    # leaves alone
+    # update_batch_targets on SQLite: the job's move (its count checking the set) and the targets' write read
+    # the set's rows (constants) and find the job by id and each target by its key, whatever the
+    # statistics; the write opens no index a one-target write leaves alone
     if analyzed == "analyzed":
         dcache.db.execute_sql("ANALYZE")
-    check = sqlite_writes._check_sql(rows)
+    move = sqlite_writes._move_sql(rows, True)
     write = sqlite_writes._write_sql(rows)
-    check_params = ("runner", None, *[0, 1, 10] * rows)
+    move_params = ("runner", None, 10_000, rows, *[0, 1, 10] * rows)
     write_params = ("runner", *[0, "done", "r", None, None] * rows)
-    for sql, params in ((check, check_params), (write, write_params)):
+    for sql, params in ((move, move_params), (write, write_params)):
         lines = plan(sql, params)
         searched = {line for line in lines if line.startswith("SEARCH")}
-        assert {re.sub(r"^SEARCH \w+ USING INDEX ", "", line) for line in searched} == {TARGET_BY_KEY}, lines
+        keys = {re.sub(r"^SEARCH \w+ USING INDEX ", "", line) for line in searched}
+        assert keys == ({TARGET_BY_KEY, JOB_BY_ID} if sql is move else {TARGET_BY_KEY}), lines
         rest = {
             "MATERIALIZE w",
             f"SCAN {rows} CONSTANT ROWS",
             "SCAN w",
             "BLOOM FILTER ON t (job_id=? AND idx=?)",
+            "SCALAR SUBQUERY",
+            "CORRELATED SCALAR SUBQUERY",
         }
-        assert set(lines) - searched <= rest, lines
+        assert {re.sub(r" \d+$", "", line) for line in lines} - searched <= rest, lines
     tables = {"batch_job", "batch_target", "batch_totals"}
-    assert written_btrees(write, write_params) - tables <= RESULT_WRITE_INDEXES["_SET_TARGET"]
+    assert written_btrees(write, write_params) - tables <= RESULT_WRITE_INDEXES["write"]
 
 
 #: Every UPDATE of one row by its key that the store or another program may run, changing every column a
@@ -442,12 +471,11 @@ def test_a_row_write_builds_no_temporary_table(history: int, table: str) -> None
 
 @pytest.mark.parametrize(
     "name",
-    ["_FINISH_ON_JOB", "_SET_TARGET", "_SET_TARGET_UNCLAIMED", "_SET_JOB_STATUS", "_TOUCH", "_DELETE_JOB"],
+    [*RESULT_WRITES, "_SET_JOB_STATUS", "_TOUCH", "_DELETE_JOB"],
 )
 def test_a_rule_writing_one_row_builds_no_temporary_table(history: int, name: str) -> None:
-    program = dcache.db.execute_sql(
-        "EXPLAIN " + bound(rule_statements()[name])[0], bound(rule_statements()[name])[1]
-    )
+    sql, params = RESULT_WRITES[name] if name in RESULT_WRITES else bound(rule_statements()[name])
+    program = dcache.db.execute_sql("EXPLAIN " + sql, params)
     assert "OpenEphemeral" not in {row[1] for row in program.fetchall()}
 
 
@@ -610,7 +638,7 @@ def second_result() -> None:
 
 
 #: A set write's statements as sqlite3 reports them: the job's update twice more (its batch_totals trigger).
-RAW_SET = 7
+RAW_SET = 6
 
 
 #: name: (the call, the statements it issues, how many statement starts sqlite3 reports in all).
@@ -629,19 +657,19 @@ CALLS: dict[str, tuple[Callable[[], object], list[str], int]] = {
         [BEGIN, "UPDATE batch_job", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         7,
     ),
-    "update_batch_targets of 10 results: one transaction, three statements for the set": (
+    "update_batch_targets of 10 results: one transaction, two statements for the set": (
         lambda: dcache.update_batch_targets(
             "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=9_000
         ),
-        [BEGIN, "SELECT batch_target", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
+        [BEGIN, "UPDATE batch_job", "UPDATE batch_target", COMMIT],
         RAW_SET,
     ),
     "update_batch_targets of 10 results in a new second: the job's one write moves the lease": (
         lambda: dcache.update_batch_targets(
             "runner", [{"idx": i, "status": "done", "result": ONE_KB} for i in range(10)], now=10_000
         ),
-        [BEGIN, "SELECT batch_target", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
-        RAW_SET,
+        [BEGIN, "UPDATE batch_job", "UPDATE batch_job", "UPDATE batch_target", COMMIT],
+        RAW_SET + 1,
     ),
     "runner step: no-op evict_batch_oldest": (
         lambda: dcache.evict_batch_oldest(10**15),

@@ -1,7 +1,7 @@
 """The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
 hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
-themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results a few statements
-for the set, however many; the no-op eviction is one hold and one read.
+themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results two statements
+a chunk of them; the no-op eviction is one hold and one read.
 On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
 """
 
@@ -20,7 +20,6 @@ from conftest import open_empty_postgres
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache import manager
 from sift.dcache.backends.sqlite import writes as sqlite_writes
 from sift.dcache.database import db
 
@@ -107,8 +106,8 @@ def test_a_runner_step_is_its_statements_in_one_hold_each(seen: Seen) -> None:
     # the lease is 100 already: the form that leaves it alone
     assert seen.statements == [
         "BEGIN IMMEDIATE",
-        manager._FINISH_AT_LEASE.sql,
-        manager._SET_TARGET.sql,
+        sqlite_writes._move_sql(1, True),
+        sqlite_writes._WRITE_ONE,
         "COMMIT",
     ]
     assert seen.lock.taken == 1
@@ -124,9 +123,9 @@ def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> 
     dcache.update_batch_target("job-1", 0, "done", result="r", now=101)
     assert seen.statements == [
         "BEGIN IMMEDIATE",
-        manager._FINISH_AT_LEASE.sql,  # matches nothing: the lease is 100
-        manager._FINISH_ON_JOB.sql,
-        manager._SET_TARGET.sql,
+        sqlite_writes._move_sql(1, True),  # matches nothing: the lease is 100
+        sqlite_writes._move_sql(1, False),
+        sqlite_writes._WRITE_ONE,
         "COMMIT",
     ]
     assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
@@ -137,11 +136,11 @@ def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> 
 def test_ten_results_are_one_hold_and_one_turn_in_the_queue(seen: Seen) -> None:
     results = [{"idx": i, "status": "done", "result": "x" * i} for i in range(10)]
     assert dcache.update_batch_targets("job-1", results, now=100) == 10
-    # the set: its targets read and checked, the job moved once, the targets written (10 rows padded to 16)
+    # the job moved once by the set, its targets checked in the same statement, then the targets written
+    # (10 rows padded to 16)
     assert seen.statements == [
         "BEGIN IMMEDIATE",
-        sqlite_writes._check_sql(16),
-        sqlite_writes._MOVE_JOB,
+        sqlite_writes._move_sql(16, True),
         sqlite_writes._write_sql(16),
         "COMMIT",
     ]
@@ -151,45 +150,54 @@ def test_ten_results_are_one_hold_and_one_turn_in_the_queue(seen: Seen) -> None:
 
 
 @pytest.mark.parametrize("size", [3, 200, 2 * sqlite_writes.SET_ROWS + 2])
-def test_a_calls_statements_do_not_grow_with_its_size(file_store: Path, size: int) -> None:
-    # one statement per chunk of SET_ROWS to check, one for the job, one per chunk to write
+def test_a_calls_statements_do_not_grow_with_its_size(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    # per chunk of SET_ROWS: one statement moves the job, one writes the targets
     dcache.create_batch_job(make_job("job-1", status="running", targets_total=size), make_targets(size))
     dcache.update_batch_target("job-1", size - 1, "done", result="warm", now=100)
-    sent: list[str] = []
-    db.connection().set_trace_callback(sent.append)
-    try:
-        results = [{"idx": i, "status": "done", "result": "x" * (i % 7)} for i in range(size - 1)]
-        assert dcache.update_batch_targets("job-1", results, now=100) == size - 1
-    finally:
-        db.connection().set_trace_callback(None)
+    sent = Seen(monkeypatch).statements
+    results = [{"idx": i, "status": "done", "result": "x" * (i % 7)} for i in range(size - 1)]
+    assert dcache.update_batch_targets("job-1", results, now=100) == size - 1
     chunks = -(-(size - 1) // sqlite_writes.SET_ROWS)
-    statements = [sql for sql in sent if sql.startswith(("WITH", "UPDATE batch_job"))]
-    assert len(dict.fromkeys(statements)) == 2 * chunks + 1  # the trigger's repeats are one
+    moves = [sql for sql in sent if sql.startswith("UPDATE batch_job SET (targets_done")]
+    writes = [sql for sql in sent if sql.startswith(("WITH w(idx, status", "UPDATE batch_target SET status"))]
+    assert (len(moves), len(writes)) == (chunks, chunks)
     job = dcache.batch_job("job-1")
     assert job is not None and job.targets_done == size
     assert job.nbytes == 4 + sum(i % 7 for i in range(size - 1))
     assert dcache.batch_nbytes() == job.nbytes
 
 
-def test_a_set_that_breaks_a_rule_falls_back_to_the_per_target_statements(seen: Seen) -> None:
-    # target 3 is done: going back to pending is refused, by the per-target statements, which name it
+def test_a_set_that_breaks_a_rule_writes_nothing_and_names_the_target(seen: Seen) -> None:
+    # target 3 is done: going back to pending is refused; the store's reads then name it
     dcache.update_batch_target("job-1", 3, "done", result="abc", now=100)
     seen.reset()
     results: list[dict[str, Any]] = [{"idx": i, "status": "done", "result": "x"} for i in range(3)]
     results.append({"idx": 3, "status": "pending"})
     with pytest.raises(dcache.InvalidBatchInput, match="target 3 is already done"):
         dcache.update_batch_targets("job-1", results, now=100)
-    assert seen.statements[1:3] == [sqlite_writes._check_sql(4), manager._FINISH_AT_LEASE.sql]
+    assert seen.statements[1:3] == [sqlite_writes._move_sql(4, True), sqlite_writes._move_sql(4, False)]
+    assert seen.statements[-1] == "ROLLBACK"
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (2, 4 + 3)
 
 
-def test_an_idx_given_twice_is_written_target_by_target(seen: Seen) -> None:
-    results = [{"idx": 0, "status": "done", "result": "ab"}, {"idx": 0, "status": "done", "result": "c"}]
-    assert dcache.update_batch_targets("job-1", results, now=100) == 2
-    assert seen.statements[1] == manager._FINISH_AT_LEASE.sql
+def test_an_idx_given_twice_is_written_in_runs_each_seeing_the_one_before(seen: Seen) -> None:
+    results = [
+        {"idx": 0, "status": "done", "result": "ab"},
+        {"idx": 1, "status": "done", "result": "x"},
+        {"idx": 0, "status": "done", "result": "c"},
+    ]
+    assert dcache.update_batch_targets("job-1", results, now=100) == 3
+    assert seen.statements[1:-1] == [
+        sqlite_writes._move_sql(2, True),
+        sqlite_writes._write_sql(2),
+        sqlite_writes._move_sql(1, True),
+        sqlite_writes._WRITE_ONE,
+    ]
     job = dcache.batch_job("job-1")
-    assert job is not None and (job.targets_done, job.nbytes) == (2, 4 + 1)
+    assert job is not None and (job.targets_done, job.nbytes) == (3, 4 + 1 + 1)
 
 
 def test_a_refused_write_rolls_back_in_the_same_hold(seen: Seen) -> None:

@@ -39,11 +39,10 @@ from .models import (
     BatchJob,
     BatchTarget,
     JobStatus,
-    TargetStatus,
     target_host,
 )
 from .space import TRANSACTIONS_PER_CHECKPOINT
-from .statements import Positional, Slot, Statement, literal, positional
+from .statements import Slot, Statement, literal
 from .validation import Duration
 
 J = BatchJob
@@ -139,67 +138,8 @@ _LIVE_TOTAL = Statement(
 )
 
 
-# Counts and bytes move by (new - old) of the target, read in the same statement, before the target
-# row changes: a target's first move into done/failed adds 1, a rewrite adds 0, a new result adds
-# its size less the old one's. A finished target may not go back to pending or running.
-def _finish_on_job(*, at_lease: bool) -> peewee.Node:
-    """The job's count, bytes and lease moved by one target's write. ``at_lease``: only if the job's lease
-    is ``now`` already, which the statement then leaves out (see ``_FINISH_AT_LEASE``)."""
-    changes: dict[peewee.Node, Any] = {
-        J.targets_done: J.targets_done
-        + Slot("final")
-        - _target_value(peewee.Case(None, [(Inline(T.status.in_(FINAL_TARGET_STATUSES)), 1)], 0)),
-        J.nbytes: J.nbytes
-        + Slot("size")
-        - _target_value(peewee.fn.COALESCE(db.backend.byte_length(T.result), 0)),
-    }
-    job = J.id == Slot("job_id")
-    if at_lease:
-        job = job & (J.lease == Slot("now"))
-    else:
-        changes[J.lease] = Slot("now")
-    return J.update(changes).where(
-        job
-        & peewee.fn.EXISTS(
-            T.select(peewee.SQL("1")).where(
-                (T.job_id == Slot("job_id"))
-                & (T.idx == Slot("idx"))
-                & ((Slot("final") == 1) | Inline(T.status.not_in(FINAL_TARGET_STATUSES)))
-                # a runner's write: only while it holds the target (a requeued claim's late write is refused)
-                & (peewee.Cast(Slot("runner"), "TEXT").is_null() | (T.runner == Slot("runner")))
-            )
-        )
-    )
-
-
-_FINISH_ON_JOB = Statement(lambda: _finish_on_job(at_lease=False))
-# SQLite rewrites the index entries of every column an UPDATE sets, even to the value it holds, and the
-# lease is in batch_job_lease (and batch_job_evictable): the results a runner writes within one second
-# would move the job's lease entry each time. Where the backend does so, a result write first tries this
-# form, which leaves the lease alone when it is ``now`` already, and falls back to _FINISH_ON_JOB.
-_FINISH_AT_LEASE = Statement(lambda: _finish_on_job(at_lease=True))
-
-
-def _set_target(*, unclaim: bool) -> peewee.Node:
-    """The target's write; ``unclaim`` (pending, failed) also ends its claim: back in the pool or failed,
-    it is no runner's, so a late write with ``runner=`` is refused and no renewal or requeue sees it."""
-    changes: dict[peewee.Node, Any] = {
-        T.status: Slot("status"),
-        T.result: Slot("result"),
-        T.error: Slot("error"),
-        T.hint: Slot("hint"),
-    }
-    if unclaim:
-        changes.update({T.runner: None, T.heartbeat: None})
-    return T.update(changes).where((T.job_id == Slot("job_id")) & (T.idx == Slot("idx")))
-
-
-_SET_TARGET = Statement(lambda: _set_target(unclaim=False))
-_SET_TARGET_UNCLAIMED = Statement(lambda: _set_target(unclaim=True))
 #: The final statuses as plain str, for the result write's quick check.
 FINAL_STATUS_VALUES = frozenset(status.value for status in FINAL_TARGET_STATUSES)
-#: The statuses whose write ends the target's claim.
-UNCLAIMED_STATUSES = frozenset({TargetStatus.PENDING, TargetStatus.FAILED})
 _TARGET_STATUS = Statement(lambda: _target_value(T.status))
 _TARGET_RUNNER = Statement(lambda: _target_value(T.runner))
 _SET_JOB_STATUS = Statement(
@@ -448,42 +388,54 @@ def _target_write_of(position: int, entry: Any) -> TargetWrite:
         raise InvalidBatchInput(f"{where}.{exc.field}", exc.problem) from None
 
 
-#: The values a target write's statements bind, by position (see ``statements.positional``).
-_WRITE_VALUES = ("job_id", "idx", "final", "size", "runner", "now", "status", "result", "error", "hint")
-_DIRECT: dict[str, tuple[tuple[Positional, ...], tuple[Any, ...]]] = {}
-
-
 def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | None, now: int) -> None:
-    """The target writes of one call, in one write transaction, each by the per-target rule: the job's
-    count, bytes and lease move by the target's change, then the target is written; a missing target, a
-    move back or (with ``runner``) a claim the runner no longer holds raises. PostgreSQL first tries all of
-    them in one statement, SQLite in a few statements for the set (``write_target_set``). Otherwise the
-    per-target statements go straight to the backend's connection, bound by
-    position; on SQLite the whole call is one hold of its lock."""
+    """The target writes of one call, in one write transaction, each by the per-target rule, which each
+    backend's statements hold (``Transactions.write_target_run``): the job's count, bytes and lease move by
+    the targets' change, then the targets are written. A write naming a target written before it in the call
+    sees that write. A missing target, a move back or (with ``runner``) a claim the runner no longer holds
+    writes nothing and raises; the store's reads then name which write, and why."""
     backend = db.backend
-    if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
+    if backend.write_targets(job_id, writes, runner, now):  # PostgreSQL: one statement, when it can
         return
-    key = backend.statement_key
-    if key not in _DIRECT:
-        _DIRECT[key] = positional(
-            backend, (_FINISH_AT_LEASE, _FINISH_ON_JOB, _SET_TARGET, _SET_TARGET_UNCLAIMED), _WRITE_VALUES
-        )
-    (at_lease, on_job, claimed, unclaimed), constants = _DIRECT[key]
-    rewrites, row_locks = backend.rewrites_set_keys, backend.row_locks
     with backend.direct_write() as execute:
-        if len(writes) > 1 and backend.write_target_set(execute, job_id, writes, runner, now):
-            return
-        for idx, status, final, size, result, error, hint in writes:
-            if row_locks:
-                backend.lock_target(job_id, idx)  # so the statements below read the target as it is now
-            values = (job_id, idx, int(final), size, runner, now, status, result, error, hint, *constants)
-            if not (
-                (rewrites and execute(at_lease.sql, at_lease.params(values)).rowcount)
-                or execute(on_job.sql, on_job.params(values)).rowcount
-            ):
-                _explain_target_miss(job_id, idx, status, runner)
-            written = unclaimed if status in UNCLAIMED_STATUSES else claimed
-            execute(written.sql, written.params(values))
+        for run in (writes,) if len(writes) == 1 else _runs(writes):
+            if not backend.write_target_run(execute, job_id, run, runner, now):
+                _explain_refusal(job_id, run, runner)
+
+
+def _runs(writes: Sequence[TargetWrite]) -> Iterator[Sequence[TargetWrite]]:
+    """``writes`` cut, in order, into runs that name no target twice: each run's statements read the
+    targets as the runs before it left them."""
+    if len({write[0] for write in writes}) == len(writes):  # the usual call: one run
+        yield writes
+        return
+    start, seen = 0, set[int]()
+    for at, write in enumerate(writes):
+        if write[0] in seen:
+            yield writes[start:at]
+            start, seen = at, set()
+        seen.add(write[0])
+    yield writes[start:]
+
+
+def _explain_refusal(job_id: str, run: Sequence[TargetWrite], runner: str | None) -> NoReturn:
+    """Raise what refused a run of target writes, read in the call's transaction (which the backend's
+    statements left as it was, locks held): the first write, in order, that the per-target rule refuses."""
+    if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
+        _write_miss(JobNotFound(job_id))
+    for idx, status, final, *_ in run:
+        current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
+        if current is None:
+            _write_miss(TargetNotFound(job_id, idx))
+        holder = _TARGET_RUNNER.scalar(job_id=job_id, idx=idx)
+        if runner is not None and holder != runner:
+            counters.add("late_writes_refused")
+            raise ClaimLost(job_id, idx, runner, holder)
+        if not final and current in FINAL_STATUS_VALUES:
+            validation.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
+    # Every write passes as the store is now: nothing here explains the refusal. Not expected while the
+    # transaction holds the targets; the call runs again (PostgreSQL) or fails as a conflict.
+    raise StoreConflict(f"the writes to job {job_id!r} were refused, and then passed the rule")
 
 
 @retried
@@ -703,19 +655,6 @@ def _read_id(job_id: Any) -> str:
 def _write_miss(exc: LookupError) -> NoReturn:
     counters.add("batch_write_miss")
     raise exc
-
-
-def _explain_target_miss(job_id: str, idx: int, status: str, runner: str | None) -> None:
-    if _TARGETS_TOTAL.scalar(job_id=job_id) is None:
-        _write_miss(JobNotFound(job_id))
-    current = _TARGET_STATUS.scalar(job_id=job_id, idx=idx)
-    if current is None:
-        _write_miss(TargetNotFound(job_id, idx))
-    holder = _TARGET_RUNNER.scalar(job_id=job_id, idx=idx)
-    if runner is not None and holder != runner:
-        counters.add("late_writes_refused")
-        raise ClaimLost(job_id, idx, runner, holder)
-    validation.invalid("status", f"target {idx} is already {current} and cannot go back to {status}")
 
 
 def _job_values(job: Any) -> dict[str, Any]:

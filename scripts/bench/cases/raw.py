@@ -34,45 +34,6 @@ from .hot_paths import RUNNER_JOB, runner_step
 # The baseline runs the package's own SQL text, with parameters written out by hand. These are the
 # parameter layouts that hand-written code assumes; check_layouts() fails loudly if the package changes.
 LAYOUTS: dict[str, list[object]] = {
-    "_FINISH_ON_JOB": [
-        "final",
-        1,
-        0,
-        "job_id",
-        "idx",
-        "now",
-        "size",
-        0,
-        "job_id",
-        "idx",
-        "job_id",
-        "job_id",
-        "idx",
-        "final",
-        1,
-        "runner",
-        "runner",
-    ],
-    "_FINISH_AT_LEASE": [
-        "final",
-        1,
-        0,
-        "job_id",
-        "idx",
-        "size",
-        0,
-        "job_id",
-        "idx",
-        "job_id",
-        "now",
-        "job_id",
-        "idx",
-        "final",
-        1,
-        "runner",
-        "runner",
-    ],
-    "_SET_TARGET": ["status", "result", "error", "hint", "job_id", "idx"],
     "_INSERT_JOB": list(tables.JOB_COLUMNS),
     "_INSERT_TARGET": ["job_id", "idx", "url", "options", "options", "host"],
     "_TARGETS_TOTAL": ["job_id"],
@@ -115,9 +76,6 @@ class Baseline:
 
     def __init__(self, path: Path) -> None:
         self.conn = raw_connect(path)
-        self.finish_sql = manager._FINISH_ON_JOB.sql
-        self.finish_at_lease_sql = manager._FINISH_AT_LEASE.sql
-        self.set_target_sql = manager._SET_TARGET.sql
         self.insert_job_sql = manager._INSERT_JOB.sql
         self.insert_target_sql = manager._INSERT_TARGET.sql
         self.targets_total_sql = manager._TARGETS_TOTAL.sql
@@ -132,44 +90,39 @@ class Baseline:
         """The package's result write, its statements sent plainly: the job's update, then the target's.
         ``at_lease``: the job's lease is ``now`` already, and the form that leaves it alone is sent."""
         size = len(result.encode("utf-8"))
-        params: tuple[object, ...]
-        if at_lease:
-            sql = self.finish_at_lease_sql
-            params = (1, 1, 0, job_id, idx, size, 0, job_id, idx, job_id, now, job_id, idx, 1, 1, None, None)
-        else:
-            sql = self.finish_sql
-            params = (1, 1, 0, job_id, idx, now, size, 0, job_id, idx, job_id, job_id, idx, 1, 1, None, None)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute(sql, params).rowcount != 1:
+            move = conn.execute(sqlite_writes._move_sql(1, at_lease), (job_id, None, now, 1, idx, 1, size))
+            if move.rowcount != 1:
                 raise LookupError(
                     f"no target {job_id}/{idx}" + (f" in a job whose lease is {now}" if at_lease else "")
                 )
-            conn.execute(self.set_target_sql, ("done", result, None, None, job_id, idx))
+            conn.execute(sqlite_writes._WRITE_ONE, (job_id, idx, "done", result, None, None))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
 
     def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
-        """The package's write of several results in one transaction, its statements sent plainly: the set's
-        check (its rows padded to a power of two, as the package pads them), the job's update by what the
-        check counted, the targets' write."""
+        """The package's write of several results in one transaction, its statements sent plainly: the job
+        moved by the set's change, its targets checked in the same statement (its rows padded to a power of
+        two, as the package pads them), then the targets' write."""
         size = len(result.encode("utf-8"))
         rows = 1 << (len(idxs) - 1).bit_length()
         pad = rows - len(idxs)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            check: list[Any] = [job_id, None]
+            move: list[Any] = [job_id, None, now, len(idxs)]
             for idx in idxs:
-                check += (idx, 1, size)
-            check += (-1, 0, 0) * pad
-            found, done, moved = conn.execute(sqlite_writes._check_sql(rows), check).fetchone()
-            if found != len(idxs):
-                raise LookupError(f"only {found} of the targets {idxs} may be written")
-            conn.execute(sqlite_writes._MOVE_JOB, (done, moved, now, job_id))
+                move += (idx, 1, size)
+            move += (-1, 0, 0) * pad
+            if not (
+                conn.execute(sqlite_writes._move_sql(rows, True), move).rowcount
+                or conn.execute(sqlite_writes._move_sql(rows, False), move).rowcount
+            ):
+                raise LookupError(f"not every one of the targets {idxs} may be written")
             write: list[Any] = [job_id]
             for idx in idxs:
                 write += (idx, "done", result, None, None)

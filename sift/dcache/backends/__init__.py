@@ -84,14 +84,6 @@ class Dialect(Protocol):
     #: A row's address in its table (ctid, rowid): stable while the transaction holds the row.
     row_address: peewee.ColumnBase
 
-    #: Whether an UPDATE rewrites the index entries of every column it sets, even to the value the row holds
-    #: (SQLite). PostgreSQL compares the values: a column set to its own value keeps a HOT update possible.
-    rewrites_set_keys: bool
-
-    #: Whether a rule locks the rows it reads before it writes them (PostgreSQL); SQLite's write
-    #: transaction holds the whole file.
-    row_locks: bool
-
     def byte_length(self, expr: peewee.Node) -> peewee.Node:
         """The UTF-8 byte length of a text expression (NULL stays NULL)."""
 
@@ -160,8 +152,6 @@ class Transactions(Protocol):
     def write(self) -> AbstractContextManager[None]:
         """The store's write transaction; driver errors leaving it become the package's errors."""
 
-    #: Whether :meth:`write_targets` may write a call's target writes in one statement.
-    one_statement_writes: bool
     #: The most rows one INSERT of targets carries (``VALUES (…), (…)``); 1: one statement a row, sent by
     #: :meth:`executemany`.
     rows_per_insert: int
@@ -169,22 +159,22 @@ class Transactions(Protocol):
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:
-        """A call's checked target writes in one statement, if every one passes the per-target rule and the
-        backend can; False, having written nothing, otherwise."""
+        """A call's checked target writes in one statement of its own, outside any transaction, if every one
+        passes the per-target rule and the backend can; False, having written nothing, otherwise."""
 
-    def write_target_set(
+    def write_target_run(
         self,
-        execute: Callable[[str, Sequence[Any]], Any],
+        execute: Callable[[str, Any], Any],
         job_id: str,
         writes: Sequence[tuple[Any, ...]],
         runner: str | None,
         now: int,
     ) -> bool:
-        """Inside the call's :meth:`direct_write`: its checked target writes (no idx twice) in a few
-        statements for all of them, if every one passes the per-target rule and the backend can; False,
-        having written nothing, otherwise."""
+        """The counting rule, inside the call's :meth:`direct_write`: checked target writes (idx, status,
+        final, size, result, error, hint) naming no idx twice, each moving its job's count, bytes and lease
+        by its target's change, then written; False, when one fails the per-target rule."""
 
-    def direct_write(self) -> AbstractContextManager[Callable[[str, Sequence[Any]], Any]]:
+    def direct_write(self) -> AbstractContextManager[Callable[[str, Any], Any]]:
         """The write transaction of a hot path that sends its statements itself: the block is given an
         ``execute(sql, params)`` returning a cursor (its ``rowcount``), parameters bound by position."""
 

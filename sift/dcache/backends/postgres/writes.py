@@ -94,10 +94,6 @@ class PostgresWrites(PostgresBase):
     insertion_order = peewee.SQL("seq")
     #: A row's address in its table: stable while the transaction holds the row's lock.
     row_address = peewee.SQL("ctid")
-    #: An UPDATE compares the values it sets: a column set to its own value keeps a HOT update possible.
-    rewrites_set_keys = False
-    #: A target write locks its job, then its target (see above).
-    row_locks = True
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -158,24 +154,42 @@ class PostgresWrites(PostgresBase):
     def checkpoint(self) -> None:
         """Nothing to do: PostgreSQL checkpoints and vacuums on its own."""
 
-    #: A call's target writes go as one statement (see :meth:`write_targets`).
-    one_statement_writes = True
     #: Targets go one row a statement: psycopg's executemany pipelines them.
     rows_per_insert = 1
 
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:
-        """Write a call's checked target writes (idx, status, final, size, result, error, hint) in one
-        statement, a round trip, when every one passes the per-target rule; False, having written nothing,
-        when one does not (the caller's statements then find which, and why), when an idx comes twice (each
-        write must see the one before), or inside a caller's transaction (a refusal there must leave it
-        usable)."""
-        if self.in_transaction():
+        """A call's checked target writes (idx, status, final, size, result, error, hint) as one statement
+        run on its own, a round trip, when every one passes the per-target rule; False, having written
+        nothing, when one does not, when an idx comes twice, or inside a caller's transaction (the caller
+        then writes them in a transaction of its own, :meth:`write_target_run` a run)."""
+        if self.in_transaction() or len({write[0] for write in writes}) != len(writes):
             return False
+        return self._write_target_run(self.run_sql, job_id, writes, runner, now)
+
+    def write_target_run(
+        self,
+        execute: Callable[[str, Any], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
+        """Inside the call's :meth:`direct_write`: checked target writes naming no idx twice, in the one
+        statement (``write_targets`` in queries.sql); False, having written nothing and holding the job's
+        and targets' locks, when one fails the per-target rule."""
+        return self._write_target_run(execute, job_id, writes, runner, now)
+
+    @staticmethod
+    def _write_target_run(
+        execute: Callable[[str, Any], Any],
+        job_id: str,
+        writes: Sequence[tuple[Any, ...]],
+        runner: str | None,
+        now: int,
+    ) -> bool:
         idx, status, final, size, result, error, hint = (list(column) for column in zip(*writes, strict=True))
-        if len(set(idx)) != len(idx):
-            return False
         values = {
             "idx": idx,
             "status": status,
@@ -189,19 +203,7 @@ class PostgresWrites(PostgresBase):
             "n": len(idx),
             "now": now,
         }
-        return int(self.run_sql(_WRITE_TARGETS, values).rowcount) == len(idx)
-
-    @staticmethod
-    def write_target_set(
-        execute: Callable[[str, Sequence[Any]], Any],
-        job_id: str,
-        writes: Sequence[tuple[Any, ...]],
-        runner: str | None,
-        now: int,
-    ) -> bool:
-        """Never: :meth:`write_targets` is the one-statement path; inside a caller's transaction the
-        per-target statements run (a refusal there must leave it usable)."""
-        return False
+        return int(execute(_WRITE_TARGETS, values).rowcount) == len(idx)
 
     def byte_total(self) -> int:
         row = self.fetch_one(self.total_nbytes_sql, ())

@@ -36,43 +36,61 @@ class SqliteWrites(SqliteBase):
         one of its subclasses."""
         return WriteTransaction(self)
 
-    #: A call's target writes go one statement at a time, in one hold of the lock (see :meth:`direct_write`).
-    one_statement_writes = False
     #: Targets go in INSERTs of many rows: SQLite steps one statement, not one a row.
     rows_per_insert = 128
 
     @staticmethod
     def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
-        """Never: the caller sends the statements itself, on the connection :meth:`direct_write` gives."""
+        """Never: a call's writes are :meth:`write_target_run` inside its :meth:`direct_write`."""
         return False
 
     @staticmethod
-    def write_target_set(
+    def write_target_run(
         execute: Callable[[str, Sequence[Any]], Any],
         job_id: str,
         writes: Sequence[tuple[Any, ...]],
         runner: str | None,
         now: int,
     ) -> bool:
-        """Inside the call's transaction, its target writes (idx, status, final, size, result, error, hint)
-        as a set: the targets' old values read and checked in one statement a chunk, the job moved once, the
-        targets written in one statement a chunk. False, having written nothing, when an idx comes twice or a
-        write fails the per-target rule (the caller's statements then find which, and why)."""
-        if len({write[0] for write in writes}) != len(writes):  # each write must see the one before
-            return False
-        chunks = [writes[start : start + SET_ROWS] for start in range(0, len(writes), SET_ROWS)]
-        found = done = moved = 0
-        for chunk in chunks:
+        """Inside the call's :meth:`direct_write`: checked target writes (idx, status, final, size, result,
+        error, hint) naming no idx twice, a chunk at a time: the job moved by the chunk's targets' change if
+        every write passes the per-target rule, then the targets written. False when one does not (the
+        call's transaction then rolls back what earlier chunks wrote)."""
+        if len(writes) == 1:  # a runner's step: its statements prepared once, bound straight away
+            idx, status, final, size, result, error, hint = writes[0]
+            moves: tuple[Any, ...] = (job_id, runner, now, 1, idx, final, size)
+            if not (execute(_MOVE_ONE_AT_LEASE, moves).rowcount or execute(_MOVE_ONE, moves).rowcount):
+                return False
+            one = _WRITE_ONE_UNCLAIMED if status in _UNCLAIMING else _WRITE_ONE
+            execute(one, (job_id, idx, status, result, error, hint))
+            return True
+        for start in range(0, len(writes), SET_ROWS):
+            chunk = writes[start : start + SET_ROWS]
             rows = _padded(chunk)
-            params = (job_id, runner, *itertools.chain.from_iterable((w[0], int(w[2]), w[3]) for w in rows))
-            count, delta, size = execute(_check_sql(len(rows)), params).fetchone()
-            found, done, moved = found + count, done + (delta or 0), moved + (size or 0)
-        if found != len(writes) or not execute(_MOVE_JOB, (done, moved, now, job_id)).rowcount:
-            return False
-        for chunk in chunks:
-            rows = _padded(chunk)
-            params = (job_id, *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows))
-            execute(_write_sql(len(rows)), params)
+            moves = (
+                job_id,
+                runner,
+                now,
+                len(chunk),
+                *itertools.chain.from_iterable((w[0], int(w[2]), w[3]) for w in rows),
+            )
+            # The lease is left alone when it is ``now`` already: SQLite rewrites the index entries of every
+            # column an UPDATE sets, and the lease is in batch_job_lease and batch_job_evictable.
+            if not (
+                execute(_move_sql(len(rows), True), moves).rowcount
+                or execute(_move_sql(len(rows), False), moves).rowcount
+            ):
+                return False
+            if len(rows) == 1:
+                idx, status, _, _, result, error, hint = chunk[0]
+                one = _WRITE_ONE_UNCLAIMED if status in _UNCLAIMING else _WRITE_ONE
+                execute(one, (job_id, idx, status, result, error, hint))
+            else:
+                targets = (
+                    job_id,
+                    *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows),
+                )
+                execute(_write_sql(len(rows)), targets)
         return True
 
     def direct_write(self) -> DirectWrite:
@@ -88,10 +106,6 @@ class SqliteWrites(SqliteBase):
     insertion_order = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
     #: A row's address in its table: its rowid.
     row_address = cast(peewee.ColumnBase, peewee.SQL("_rowid_"))
-    #: An UPDATE rewrites the index entries of every column it sets, changed or not.
-    rewrites_set_keys = True
-    #: BEGIN IMMEDIATE holds the whole file: no rule locks rows.
-    row_locks = False
 
     @staticmethod
     def byte_length(expr: peewee.Node) -> peewee.Node:
@@ -168,17 +182,14 @@ class SqliteWrites(SqliteBase):
         raise conflict
 
 
-#: The most target writes one statement of a set write carries (at 5 parameters each, far below SQLite's
+#: The most target writes one statement of a run carries (at 5 parameters each, far below SQLite's
 #: 32,766); a chunk is padded to a power of two, so a few statements, each prepared once, serve every size.
 SET_ROWS = 256
 #: A padding row: idx -1 is no target's (idx is at least 0), so it matches nothing.
 _PAD = (-1, "pending", False, 0, None, None, None)
 _FINAL = "('done', 'failed')"
 _UNCLAIMED = "('pending', 'failed')"
-# The job moved by the set's count and bytes, computed from the targets before they change.
-_MOVE_JOB = (
-    "UPDATE batch_job SET targets_done = targets_done + ?, nbytes = nbytes + ?, lease = ? WHERE id = ?"
-)
+_UNCLAIMING = frozenset({"pending", "failed"})
 
 
 def _padded(chunk: Sequence[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
@@ -196,22 +207,44 @@ def _values(rows: int, width: int, first: int) -> str:
 
 
 @functools.cache
-def _check_sql(rows: int) -> str:
-    """How many of the chunk's writes pass the per-target rule (the target exists, a write other than done or
-    failed does not move it back from them, and with ``?2`` the runner holds it), and what they move the
-    job's count and bytes by: each write's (new - old) of the target, as the per-target statements add."""
+def _move_sql(rows: int, at_lease: bool) -> str:
+    """The counting rule: the job's count and bytes move by each write's (new - old) of its target, read
+    before the targets change (a target's first move into done or failed adds 1, a rewrite 0; a result
+    adds its size less the old one's), and only if all ``?4`` writes pass the per-target rule: the target
+    exists, a write other than done or failed does not move it back from them, and with ``?2`` the runner
+    holds it. ``at_lease``: only if the job's lease is ``?3`` already, left as it is; else set to ``?3``."""
+    # No WITH: Python's sqlite3 gives the rowcount only of a statement that starts UPDATE. A VALUES
+    # subquery names its columns column1, column2, ...: here idx, final and size. One write binds them
+    # itself, which spares SQLite the subquery's rows (a fifth of a runner step's instructions).
+    if rows == 1:
+        final, size, targets = "?6", "?7", "batch_target AS t WHERE t.job_id = ?1 AND t.idx = ?5"
+    else:
+        final, size = "w.column2", "w.column3"
+        targets = (
+            f"(VALUES {_values(rows, 3, 5)}) AS w, batch_target AS t "
+            "WHERE t.job_id = ?1 AND t.idx = w.column1"
+        )
     return (
-        f"WITH w(idx, final, size) AS (VALUES {_values(rows, 3, 3)}) "
-        f"SELECT count(*), sum(w.final - (t.status IN {_FINAL})), "
-        "sum(w.size - COALESCE(length(CAST(t.result AS BLOB)), 0)) "
-        "FROM batch_target AS t JOIN w ON t.job_id = ?1 AND t.idx = w.idx "
-        f"WHERE (w.final = 1 OR t.status NOT IN {_FINAL}) AND (CAST(?2 AS TEXT) IS NULL OR t.runner = ?2)"
+        "UPDATE batch_job SET (targets_done, nbytes) = (SELECT "
+        f"batch_job.targets_done + sum({final} - (t.status IN {_FINAL})), "
+        f"batch_job.nbytes + sum({size} - COALESCE(length(CAST(t.result AS BLOB)), 0)) FROM {targets})"
+        f"{'' if at_lease else ', lease = ?3'} "
+        f"WHERE id = ?1{' AND lease = ?3' if at_lease else ''} AND ?4 = (SELECT count(*) FROM {targets} "
+        f"AND ({final} = 1 OR t.status NOT IN {_FINAL}) AND (CAST(?2 AS TEXT) IS NULL OR t.runner = ?2))"
     )
+
+
+# One target written, by its key; pending and failed also end its claim (its runner and heartbeat, which
+# the other statuses leave unset, so their index entries stay).
+_SET_ONE = "UPDATE batch_target SET status = ?3, result = ?4, error = ?5, hint = ?6"
+_WRITE_ONE = f"{_SET_ONE} WHERE job_id = ?1 AND idx = ?2"
+_WRITE_ONE_UNCLAIMED = f"{_SET_ONE}, runner = NULL, heartbeat = NULL WHERE job_id = ?1 AND idx = ?2"
+_MOVE_ONE, _MOVE_ONE_AT_LEASE = _move_sql(1, False), _move_sql(1, True)
 
 
 @functools.cache
 def _write_sql(rows: int) -> str:
-    """The chunk's targets written; pending and failed also end the claim, as the per-target write does."""
+    """A chunk's targets written; pending and failed also end the claim, as the one target's write does."""
     unclaim = f"CASE WHEN w.status IN {_UNCLAIMED} THEN NULL ELSE batch_target."
     return (
         f"WITH w(idx, status, result, error, hint) AS (VALUES {_values(rows, 5, 2)}) "
