@@ -263,8 +263,9 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
     counters.add("targets_put", put)
 
 
-#: One target's write, checked: (idx, status, final, size, result, error, hint).
-TargetWrite = tuple[int, str, bool, int, str | None, str | None, str | None]
+#: One target's write, checked: (idx, status, final, size, result, error, hint); ``final`` is 1 or 0, an int,
+#: which sqlite3 binds as it is (a bool goes through its adaptation first).
+TargetWrite = tuple[int, str, int, int, str | None, str | None, str | None]
 #: The keys of one entry of update_batch_targets' results.
 TARGET_WRITE_KEYS = frozenset({"idx", "status", "result", "error", "hint"})
 
@@ -339,7 +340,7 @@ def _quick_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> T
         and error is None
         and hint is None
     ):
-        return idx, status, True, len(result), result, None, None
+        return idx, status, 1, len(result), result, None, None
     return None
 
 
@@ -347,7 +348,7 @@ def _target_write(idx: Any, status: Any, result: Any, error: Any, hint: Any) -> 
     """One target's write, checked: what update_batch_target and update_batch_targets refuse alike."""
     idx = validation.count("idx", idx)
     status = validation.target_status(status)
-    final = status in FINAL_TARGET_STATUSES
+    final = int(status in FINAL_TARGET_STATUSES)
     if not final and (result is not None or error is not None or hint is not None):
         field = "result" if result is not None else "error" if error is not None else "hint"
         validation.invalid(field, f"may only be given with status done or failed, not {status}")

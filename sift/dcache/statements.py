@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import peewee
 
 from .backends import Dialect
 from .database import db
 
-__all__ = ["Positional", "Slot", "Statement", "literal", "positional"]
+__all__ = ["Slot", "Statement", "literal"]
 
 
 class _SlotValue:
@@ -134,21 +134,6 @@ class Statement:
         row = backend.fetch_one(compiled.sql, compiled.getter(values))
         return None if row is None else row[0]
 
-    def params_getter(self, backend: Dialect, names: Sequence[str]) -> tuple[str, list[int], list[Any]]:
-        """The SQL for ``backend``, and each parameter's source: an index into ``names``, or (counting on
-        past ``names``) one of the returned constants."""
-        compiled = self._for(backend)
-        where = {name: i for i, name in enumerate(names)}
-        indices: list[int] = []
-        constants: list[Any] = []
-        for p in compiled.template:
-            if type(p) is _SlotValue:
-                indices.append(where[p.name])
-            else:
-                indices.append(len(names) + len(constants))
-                constants.append(p)
-        return compiled.sql, indices, constants
-
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
         """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
         backend = db.backend
@@ -156,37 +141,3 @@ class Statement:
         if [getattr(p, "name", p) for p in compiled.template] != list(names):
             raise AssertionError(f"statement parameters are {compiled.template}, not {names}")
         return backend.executemany(compiled.sql, rows)
-
-
-class Positional(NamedTuple):
-    """A statement's SQL, and the getter of its parameters from one tuple of values by position."""
-
-    sql: str
-    params: Callable[[Sequence[Any]], tuple[Any, ...]]
-
-
-def positional(
-    backend: Dialect, statements: Sequence[Statement], names: Sequence[str]
-) -> tuple[tuple[Positional, ...], tuple[Any, ...]]:
-    """``statements`` for ``backend``, each binding its parameters by position from one tuple: the values
-    of ``names`` in order, then the constants returned here. A hot path builds that tuple once a call and
-    sends each statement to the connection itself, with no dict of slot values."""
-    constants: list[Any] = []
-    bound: list[Positional] = []
-    for statement in statements:
-        sql, indices, own = statement.params_getter(backend, names)
-        shift = len(constants)
-        indices = [i + shift if i >= len(names) else i for i in indices]
-        constants.extend(own)
-        bound.append(Positional(sql, _getter(indices)))
-    return tuple(bound), tuple(constants)
-
-
-def _getter(indices: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    # itemgetter of one index returns the bare value, not a 1-tuple, and of none is an error
-    if len(indices) > 1:
-        return operator.itemgetter(*indices)
-    if indices:
-        only = indices[0]
-        return lambda values: (values[only],)
-    return lambda values: ()

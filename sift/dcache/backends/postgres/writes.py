@@ -193,7 +193,7 @@ class PostgresWrites(PostgresBase):
         values = {
             "idx": idx,
             "status": status,
-            "final": [int(f) for f in final],
+            "final": final,
             "size": size,
             "result": result,
             "error": error,

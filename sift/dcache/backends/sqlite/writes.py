@@ -72,7 +72,7 @@ class SqliteWrites(SqliteBase):
                 runner,
                 now,
                 len(chunk),
-                *itertools.chain.from_iterable((w[0], int(w[2]), w[3]) for w in rows),
+                *itertools.chain.from_iterable((w[0], w[2], w[3]) for w in rows),
             )
             # The lease is left alone when it is ``now`` already: SQLite rewrites the index entries of every
             # column an UPDATE sets, and the lease is in batch_job_lease and batch_job_evictable.
@@ -186,7 +186,7 @@ class SqliteWrites(SqliteBase):
 #: 32,766); a chunk is padded to a power of two, so a few statements, each prepared once, serve every size.
 SET_ROWS = 256
 #: A padding row: idx -1 is no target's (idx is at least 0), so it matches nothing.
-_PAD = (-1, "pending", False, 0, None, None, None)
+_PAD = (-1, "pending", 0, 0, None, None, None)
 _FINAL = "('done', 'failed')"
 _UNCLAIMED = "('pending', 'failed')"
 _UNCLAIMING = frozenset({"pending", "failed"})
