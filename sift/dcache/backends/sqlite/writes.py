@@ -81,16 +81,8 @@ class SqliteWrites(SqliteBase):
                 or execute(_move_sql(len(rows), False), moves).rowcount
             ):
                 return False
-            if len(rows) == 1:
-                idx, status, _, _, result, error, hint = chunk[0]
-                one = _WRITE_ONE_UNCLAIMED if status in _UNCLAIMING else _WRITE_ONE
-                execute(one, (job_id, idx, status, result, error, hint))
-            else:
-                targets = (
-                    job_id,
-                    *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows),
-                )
-                execute(_write_sql(len(rows)), targets)
+            targets = (job_id, *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows))
+            execute(_write_sql(len(rows)), targets)
         return True
 
     def direct_write(self) -> DirectWrite:
