@@ -1,10 +1,12 @@
 """A claim on PostgreSQL is one statement, the server function of claim.sql: three round trips (BEGIN, the
 call, COMMIT) whatever it walks, and the same targets, in the same order, as SQLite's in-process claim
-(``ClaimOrder``). Its cost stays flat in the targets waiting: the function's buffers, which count its
-nested statements', nearly the same with 100 times as many pending and delayed targets."""
+(``ClaimOrder``), in named cases and in random ones. Its cost stays flat in the targets waiting: the
+function's buffers, which count its nested statements', nearly the same with 100 times as many pending and
+delayed targets; and its statements' plans read the indexes."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from typing import Any
@@ -229,3 +231,93 @@ def test_the_claim_functions_statements_read_the_indexes(postgres_schema: str, p
         assert not re.search(r"Seq Scan on batch_(job|target)\b", plan), plan
         if "UPDATE batch_target t SET status = 'running'" in plan:
             assert "Tid Scan on batch_target" in plan, plan
+
+
+# -- The two backends claim alike: random stores and claims, run on each -------------------------------
+
+
+def random_case(seed: int) -> tuple[list[tuple[Any, ...]], list[tuple[int, dict[str, Any], int, bool]]]:
+    """A store (jobs of callers and classes on a few hosts, maybe host policies, a back-off, a paused job or
+    caller) and a run of claims (limit, arguments, time, whether the first target claimed is then done)."""
+    draw = random.Random(seed)
+    callers = [f"c{i}" for i in range(draw.randint(1, 5))]
+    hosts = [f"h{i}.example" for i in range(draw.randint(1, 4))]
+    steps: list[tuple[Any, ...]] = []
+    for n in range(draw.randint(1, 8)):
+        caller, count = draw.choice(callers), draw.randint(1, 12)
+        urls = [f"https://{draw.choice(hosts)}/{i}" for i in range(count)]
+        steps.append(
+            ("job", f"{caller}/j{n}", caller, draw.choice(["fleet", "restricted"]), draw.randint(0, 3), urls)
+        )
+    if draw.random() < 0.5:
+        steps.append(
+            ("policy", draw.choice([*hosts, "*"]), draw.choice([None, 1, 2]), draw.choice([None, 0, 1]))
+        )
+    if draw.random() < 0.3:
+        steps.append(("policy", draw.choice(hosts), draw.choice([None, 1, 3]), draw.choice([None, 1])))
+    if draw.random() < 0.3:
+        steps.append(("back off", draw.choice(hosts)))
+    if draw.random() < 0.3:
+        steps.append(("pause job", steps[0][1]))
+    if draw.random() < 0.3:
+        steps.append(("pause caller", draw.choice(callers)))
+    claims, now = [], 5
+    for _ in range(draw.randint(1, 5)):
+        kwargs: dict[str, Any] = {"per_job": draw.choice([None, 1, 2, 5])}
+        if draw.random() < 0.3:
+            kwargs["per_host"] = draw.choice([1, 2, 3])
+        if draw.random() < 0.2:
+            kwargs["fair"] = False
+        elif draw.random() < 0.5:
+            kwargs["weights"] = {"fleet": draw.randint(1, 3), "restricted": draw.randint(1, 4)}
+        now += draw.choice([0, 1, 2])
+        claims.append((draw.randint(1, 40), kwargs, now, draw.random() < 0.3))
+    return steps, claims
+
+
+def run_case(steps: list[tuple[Any, ...]], claims: list[tuple[int, dict[str, Any], int, bool]]) -> list[Any]:
+    """The case on the open store: each claim's targets (job, idx, send_by), then the ring, the hosts' rows
+    and every target's and job's state."""
+    for step in steps:
+        if step[0] == "job":
+            _, job_id, caller, caller_class, created_at, urls = step
+            job = make_job(job_id, caller=caller, caller_class=caller_class, targets_total=len(urls))
+            job.created_at = created_at
+            targets = [dcache.BatchTarget(idx=i, url=url, options="{}") for i, url in enumerate(urls)]
+            dcache.create_batch_job(job, targets)
+        elif step[0] == "policy":
+            dcache.set_host_policy(step[1], max_running=step[2], min_interval=step[3])
+        elif step[0] == "back off":
+            dcache.back_off_host(step[1], 10_000, now=5)
+        elif step[0] == "pause job":
+            dcache.pause_batch_job(step[1], now=5)
+        else:
+            dcache.pause_caller(step[1], now=5)
+    seen: list[Any] = []
+    for limit, kwargs, now, finish in claims:
+        got = dcache.claim_batch_targets(limit, runner="r", now=now, **kwargs)
+        seen.append([(t.job_id, t.idx, t.send_by) for t in got])
+        if finish and got:
+            dcache.update_batch_target(got[0].job_id, got[0].idx, "done", result="x", now=now)
+    for sql in (
+        "SELECT caller, turns FROM batch_claim_ring",
+        "SELECT host, next_due_ms FROM batch_host_policy ORDER BY host",
+        "SELECT job_id, idx, status, runner, heartbeat, attempts FROM batch_target ORDER BY job_id, idx",
+        "SELECT id, status, lease FROM batch_job ORDER BY id",
+    ):
+        seen.append([tuple(row) for row in db.execute_sql(sql).fetchall()])
+    return seen
+
+
+@pytest.mark.slow
+def test_random_stores_claim_alike_on_both_backends(postgres_schema: str) -> None:
+    """60 random cases: the claims, and the store they leave, are the same on SQLite (ClaimOrder) and on
+    PostgreSQL (the server function)."""
+    for seed in range(60):
+        steps, claims = random_case(seed)
+        dcache.open_db(":memory:")
+        expected = run_case(steps, claims)
+        dcache.close_db()
+        open_empty_postgres(postgres_schema)
+        assert run_case(steps, claims) == expected, seed
+        dcache.close_db()
