@@ -12,7 +12,9 @@
 -- the hosts' policies (cap, pacing, back-off), paused jobs and callers skipped. Its queries are
 -- claimorder.py's statements as PostgreSQL runs them, on the same indexes. The times are the caller's
 -- (p_now in seconds, p_now_ms in milliseconds): the package reads the clock in one place. Returns the
--- claimed targets in the claim's order, each with its host and whether this claim paced that host.
+-- claimed targets, each with its host, whether this claim paced that host, and its place in the claim's
+-- order (whole rounds are taken member by member but handed out round by round: the call sorts by place).
+-- Its search_path is the store's schema, fixed when it is made, as batch_totals_track's.
 CREATE OR REPLACE FUNCTION sift_claim_batch(p_limit BIGINT, p_per_job BIGINT, p_per_host BIGINT, p_fair BOOLEAN, p_classes TEXT[], p_weights BIGINT[], p_runner TEXT, p_now BIGINT, p_now_ms BIGINT, p_slack_ms BIGINT)
     RETURNS TABLE (o_job_id TEXT, o_idx BIGINT, o_url TEXT, o_options JSON, o_status TEXT, o_result TEXT,
         o_error TEXT, o_hint TEXT, o_runner TEXT, o_heartbeat BIGINT, o_attempts BIGINT, o_host TEXT,
