@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing
 import os
 import signal
@@ -185,6 +186,39 @@ def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
         monkeypatch.setattr(Statement, name, counted)
     return seen
+
+
+def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """PostgreSQL: every statement sent to the server from now on, one a round trip."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    return sent
+
+
+def claim_buffers() -> int:
+    """PostgreSQL: the shared buffers ``claim_batch_targets(10, runner="r", now=5)`` reads (hit or read),
+    its function's nested statements included, planning left out: EXPLAIN (ANALYZE, BUFFERS) of the call,
+    rolled back; the third of three, once the session has compiled the function and cached its plans."""
+    sql = (
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM sift_claim_batch(10, 10, NULL, TRUE, "
+        "ARRAY[]::text[], ARRAY[]::bigint[], 'r', 5, 5000, 100)"
+    )
+    blocks = 0
+    for _ in range(3):
+        with db.atomic() as transaction:
+            plan = db.execute_sql(sql).fetchone()[0]
+            transaction.rollback()
+        node = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+        blocks = int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+    return blocks
 
 
 def one_of_two_targets_waiting() -> None:

@@ -9,7 +9,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import SITE_SPELLINGS, count_statements, make_job, refuse_each, snapshot
+from helpers import (
+    SITE_SPELLINGS,
+    claim_buffers,
+    count_round_trips,
+    count_statements,
+    make_job,
+    refuse_each,
+    snapshot,
+)
 
 from sift import dcache
 from sift.dcache import HostPolicy, clock
@@ -387,16 +395,28 @@ def test_a_claims_statements_do_not_grow_with_targets_behind_paused_work_or_held
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same statements with 100 or 5,000 targets waiting behind each paused caller, paused job,
-    backed-off host and host not due; at most twice those of the same claim with none waiting."""
-    counts = []
+    backed-off host and host not due; at most twice those of the same claim with none waiting. On
+    PostgreSQL, where they run inside the claim's server function: three round trips each, and the
+    function's buffers (its nested statements' included) nearly the same with 100 or 5,000 waiting."""
+    on_postgres = store.backend.statement_key == "postgres"
+    counts, buffers = [], []
     for waiting in (0, 100, 5_000):
         held_back_store(waiting)
-        seen = count_statements(monkeypatch)
+        if on_postgres:
+            # The back-off's move left its old index entries to VACUUM, as autovacuum would take them: the
+            # claim's own reads are measured, not the setup's dead rows.
+            dcache.db.execute_sql("VACUUM ANALYZE batch_target")
+            buffers.append(claim_buffers())
+        seen = count_round_trips(monkeypatch) if on_postgres else count_statements(monkeypatch)
         got = dcache.claim_batch_targets(10, runner="r", now=5)
         monkeypatch.undo()
         assert hosts_of(got) == ["z.com"] * 10
         counts.append(len(seen))
-    assert counts[1] == counts[2] <= 2 * counts[0], counts
+    if on_postgres:
+        assert counts == [3, 3, 3], counts
+        assert buffers[2] <= 1.5 * buffers[1], buffers
+    else:
+        assert counts[1] == counts[2] <= 2 * counts[0], counts
 
 
 # -- Pacing from 4 runner processes at once -----------------------------------------------------------------

@@ -237,7 +237,7 @@ def claim_indexes() -> set[str]:
 
 
 def test_opening_a_version_1_store_migrates_it(pg: str) -> None:
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
     stored_job(make_job("job-1", targets_total=2), make_targets(2), nbytes=5)  # bytes of pending targets
     make_version_1(pg)
     dcache.open_db(pg, readonly=True)  # an older store reads as it is, its targets unclaimed
@@ -293,6 +293,28 @@ def test_opening_a_version_4_store_drops_its_index_of_pending_targets_by_idx(pg:
     assert dcache.check_store().ok
     claimed = dcache.claim_batch_targets(3, now=9)
     assert [(t.job_id, t.idx) for t in claimed] == [("job-1", 1), ("job-1", 3), ("job-1", 0)]
+
+
+def test_opening_a_version_10_store_makes_the_claims_function(pg: str) -> None:
+    """Version 11's upgrade: the claim's server function. A read-only open reads the version 10 store as it
+    is, its check naming the function missing; the first writable open makes it, and claims work."""
+    dcache.create_batch_job(make_job("job-1", targets_total=2), make_targets(2))
+    db.execute_sql("DROP FUNCTION sift_claim_batch")
+    db.execute_sql("UPDATE sift_schema SET version = 10")
+    dcache.close_db()
+    dcache.open_db(pg, readonly=True)
+    assert {v.kind for v in dcache.check_store().violations} == {"schema_version", "schema"}
+    assert [t.status for t in dcache.batch_targets("job-1") or []] == ["pending", "pending"]
+    with pytest.raises(dcache.StoreReadOnly):
+        dcache.claim_batch_targets(1)
+    dcache.open_db(pg)
+    assert db.execute_sql("SELECT id, version FROM sift_schema").fetchall() == [(0, SCHEMA_VERSION)]
+    assert dcache.check_store().ok
+    claimed = dcache.claim_batch_targets(5, runner="r", now=9)
+    assert [(t.job_id, t.idx, t.runner, t.attempts) for t in claimed] == [
+        ("job-1", 0, "r", 1),
+        ("job-1", 1, "r", 1),
+    ]
 
 
 @pytest.mark.slow

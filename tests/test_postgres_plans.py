@@ -97,7 +97,8 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: by primary key, is pinned above), as are the cancel's two, and the claim's move of due targets.
 NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS", "_PROMOTE_DUE"}
 #: The claim's searches (the ring's next caller with its oldest job, a caller's next job, a job's next host;
-#: fair=False's next job), as a runner's claim_batch_targets runs them (their plans: test_claim.py).
+#: fair=False's next job), as ClaimOrder runs them (their plans: test_claim.py). On PostgreSQL a claim runs
+#: the same queries inside its server function (claim.sql): test_claim_round_trips.py reads those plans.
 CLAIM_READS: dict[str, dict[str, Any]] = {
     "_NEXT_JOB": {"after_created": -1, "after_order": -1},
     "_CALLER_JOB": {"caller": "alice", "after_created": -1, "after_order": -1},

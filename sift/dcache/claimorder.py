@@ -5,6 +5,10 @@ docs/how-to/runners.md).
 
 Everything here runs inside the claim's one transaction, after the ring's row is locked: on PostgreSQL
 claims take turns, so the ring is global and the per-host counts read at the start stay exact.
+
+SQLite runs this walk in-process. PostgreSQL runs the same walk, statement for statement, in the server
+function of backends/postgres/claim.sql (one round trip, not one a statement): a change of the order or
+the rules here is made there too, and tests/test_claim_round_trips.py compares the two backends' claims.
 """
 
 from __future__ import annotations

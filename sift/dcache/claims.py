@@ -21,7 +21,7 @@ from .counters import counters
 from .database import db, retried
 from .errors import JobNotFound
 from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
-from .politeness import SEND_WINDOW
+from .politeness import PACING_SLACK, SEND_WINDOW
 from .statements import Slot, Statement
 from .validation import Duration
 
@@ -155,20 +155,39 @@ def claim_batch_targets(
     given = None if now is None else validation.now(now)
     db.backend.require_claims()
     with db.write():
-        now, now_ms = _claim_clock(given)  # read holding the write lock: a paced host's time is its claim's
-        order = ClaimOrder(
-            per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now, now_ms=now_ms
+        # One time for the whole claim, read in its transaction: on SQLite holding the write lock; on
+        # PostgreSQL just before the statement that waits for the ring's lock (the server never reads the
+        # clock for a rule). A wait there only makes the time early, which is sound: a host is due, and a
+        # delayed target comes due, at the time or later (an early time holds more back), and a paced host's
+        # send_by (time + SEND_WINDOW) and next due time (time + interval + PACING_SLACK) come from the same
+        # time, so the gap between two claims' requests to it stays at least interval + PACING_SLACK -
+        # SEND_WINDOW, whatever the wait.
+        now, now_ms = _claim_clock(given)
+        claimed = db.backend.claim_targets(
+            limit=limit,
+            per_job=per_job,
+            per_host=per_host,
+            weights=checked,
+            fair=fair,
+            runner=runner,
+            now=now,
+            now_ms=now_ms,
+            slack_ms=_PACING_SLACK_MS,
         )
-        claimed = order.run(limit, fair)
+        if claimed is None:  # the backend runs the claim's statements in-process
+            order = ClaimOrder(
+                per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now, now_ms=now_ms
+            )
+            claimed = [(*row, row[-1] in order.hosts.paced) for row in order.run(limit, fair)]
     if claimed:
         counters.add("claims")
         counters.add("targets_claimed", len(claimed))
+    # Each row: the target's columns, its host, whether this claim paced that host.
     targets = [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
-    if order.hosts.paced:
-        send_by = (now_ms + _SEND_WINDOW_MS) / 1000
-        for target, row in zip(targets, claimed, strict=True):
-            if row[-1] in order.hosts.paced:  # each row's host comes last
-                target.send_by = send_by
+    send_by = (now_ms + _SEND_WINDOW_MS) / 1000
+    for target, row in zip(targets, claimed, strict=True):
+        if row[-1]:
+            target.send_by = send_by
     return targets
 
 
@@ -185,6 +204,7 @@ def _claim_clock(now: int | None) -> tuple[int, int]:
 #: The latest pacing time: a paced host's next due time, after it, still fits a 64-bit integer.
 _LAST_MS = 2**62
 _SEND_WINDOW_MS = round(SEND_WINDOW * 1000)
+_PACING_SLACK_MS = round(PACING_SLACK * 1000)
 
 
 def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | None:

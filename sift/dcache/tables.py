@@ -75,7 +75,7 @@ CLAIM_COLUMNS = ("runner", "heartbeat", "attempts")
 
 #: The schema's version: PostgreSQL's ``sift_schema`` row, SQLite's ``PRAGMA user_version``. An older store
 #: is upgraded by its first writable open, in one transaction.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: A target's host (``url_host(url)``), which per-host claim limits count. Added by schema version 4 as
 #: ``TEXT NOT NULL DEFAULT ''``: a target another program inserts counts as host "".

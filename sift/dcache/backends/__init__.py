@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -217,6 +217,23 @@ class Transactions(Protocol):
 
     def require_claims(self) -> None:
         """Raise StoreUnavailable if this backend's engine cannot run a claim's statement."""
+
+    def claim_targets(
+        self,
+        *,
+        limit: int,
+        per_job: int,
+        per_host: int | None,
+        weights: Mapping[str, int] | None,
+        fair: bool,
+        runner: str,
+        now: int,
+        now_ms: int,
+        slack_ms: int,
+    ) -> list[Any] | None:
+        """Inside the claim's write: the whole claim, in the order and by the rules of ``ClaimOrder``, run by
+        the server in one statement; its rows are the target's columns, its host, and whether the claim paced
+        that host. None: the backend runs ``ClaimOrder`` in-process instead."""
 
     def removals(self) -> AbstractContextManager[None]:
         """A sweep or eviction chunk's write transaction: one at a time per store, where that matters."""

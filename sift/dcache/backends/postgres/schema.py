@@ -51,6 +51,9 @@ VERSION_9_DELAYED = _DDL["version_9"]
 #: Version 10: the pending targets by host, which a host's back-off moves out of the claims' index and back.
 VERSION_10_HELD_HOSTS = _DDL["version_10"]
 
+#: Version 11: the claim as a server function (claim.sql, made as written: its body is no format string).
+VERSION_11_CLAIM = load_sql(__package__, "claim.sql")["version_11"]
+
 #: What takes a store from the version given to the next one, in the transaction that records the next.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: VERSION_2_INDEXES,
@@ -62,6 +65,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: VERSION_8_PACING,
     8: VERSION_9_DELAYED,
     9: VERSION_10_HELD_HOSTS,
+    10: VERSION_11_CLAIM,
 }
 
 #: The schema, created in one transaction under an advisory lock (see :meth:`PostgresSchema.create_schema`).
@@ -76,6 +80,7 @@ SCHEMA = (
     + VERSION_8_PACING
     + VERSION_9_DELAYED
     + VERSION_10_HELD_HOSTS
+    + VERSION_11_CLAIM
     + _DDL["totals"]
 )
 

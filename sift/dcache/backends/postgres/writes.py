@@ -12,7 +12,7 @@ taking its jobs ``FOR UPDATE SKIP LOCKED`` (a job a writer holds is being refres
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import peewee
@@ -30,6 +30,7 @@ _LOCK_JOB, _LOCK_TARGET, _LOCK_KEY, _LOCK_REMOVALS, _WRITE_TARGETS = (
     load_sql(__package__, "queries.sql")[name][0]
     for name in ("lock_job", "lock_target", "lock_key", "lock_removals", "write_targets")
 )
+_CLAIM = load_sql(__package__, "claim.sql")["claim"][0]
 
 
 class Write:
@@ -138,6 +139,26 @@ class PostgresWrites(PostgresBase):
     @staticmethod
     def require_claims() -> None:
         """Every PostgreSQL that sift supports can claim."""
+
+    def claim_targets(
+        self,
+        *,
+        limit: int,
+        per_job: int,
+        per_host: int | None,
+        weights: Mapping[str, int] | None,
+        fair: bool,
+        runner: str,
+        now: int,
+        now_ms: int,
+        slack_ms: int,
+    ) -> list[Any]:
+        """The claim as one statement, schema version 11's function (claim.sql): the ring's lock, the move
+        of due targets, every search and take of ``ClaimOrder``, one round trip instead of one each."""
+        classes = list(weights or {})
+        turns = [weights[name] for name in classes] if weights else []
+        values = (limit, per_job, per_host, fair, classes, turns, runner, now, now_ms, slack_ms)
+        return self.fetch_all(_CLAIM, values)
 
     def write(self) -> Write:
         return Write(self)

@@ -40,6 +40,11 @@ class SqliteWrites(SqliteBase):
     rows_per_insert = 128
 
     @staticmethod
+    def claim_targets(**request: Any) -> None:
+        """None: the claim's statements run in-process (``ClaimOrder``), each a call, not a round trip."""
+        return None
+
+    @staticmethod
     def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
         """Never: a call's writes are :meth:`write_target_run` inside its :meth:`direct_write`."""
         return False
