@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import open_empty_postgres
-from helpers import make_job, make_targets
+from helpers import count_round_trips, make_job, make_targets
 
 from sift import dcache
 from sift.dcache.backends.sqlite import writes as sqlite_writes
@@ -243,19 +243,9 @@ def test_a_read_only_store_refuses_the_write_before_any_statement(
 def pg_sent(postgres_schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The worker's schema, open and empty, with a running job of 12 targets; yields the statements sent
     to the server from then on, one a round trip."""
-    import psycopg
-
     open_empty_postgres(postgres_schema)
     dcache.create_batch_job(make_job("job-1", status="running", targets_total=12), make_targets(12))
-    sent: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    yield sent
+    yield count_round_trips(monkeypatch)
     dcache.close_db()
 
 

@@ -187,7 +187,7 @@ class PostgresWrites(PostgresBase):
         then writes them in a transaction of its own, :meth:`write_target_run` a run)."""
         if self.in_transaction() or len({write[0] for write in writes}) != len(writes):
             return False
-        return self._write_target_run(self.run_sql, job_id, writes, runner, now)
+        return self.write_target_run(self.run_sql, job_id, writes, runner, now)
 
     def write_target_run(
         self,
@@ -197,19 +197,10 @@ class PostgresWrites(PostgresBase):
         runner: str | None,
         now: int,
     ) -> bool:
-        """Inside the call's :meth:`direct_write`: checked target writes naming no idx twice, in the one
-        statement (``write_targets`` in queries.sql); False, having written nothing and holding the job's
-        and targets' locks, when one fails the per-target rule."""
-        return self._write_target_run(execute, job_id, writes, runner, now)
-
-    @staticmethod
-    def _write_target_run(
-        execute: Callable[[str, Any], Any],
-        job_id: str,
-        writes: Sequence[tuple[Any, ...]],
-        runner: str | None,
-        now: int,
-    ) -> bool:
+        """Checked target writes naming no idx twice, in the one statement (``write_targets`` in
+        queries.sql), on ``execute``: the call's :meth:`direct_write`, or the store's own run of one
+        statement. False, having written nothing, when one fails the per-target rule; inside a transaction,
+        its locks on the job and targets then stay held."""
         idx, status, final, size, result, error, hint = (list(column) for column in zip(*writes, strict=True))
         values = {
             "idx": idx,
