@@ -41,9 +41,10 @@ TIMED: list[tuple[str, dict[str, Any]]] = [
 
 
 @contextmanager
-def store(server: str, callers: int, targets: int, hosts: int) -> Iterator[None]:
-    """An open store in a schema of its own with one job a caller, dropped afterwards."""
-    schema = f"sift_claims_{secrets.token_hex(4)}"
+def store(server: str, prefix: str, callers: int, targets: int, hosts: int) -> Iterator[None]:
+    """An open store in a schema of its own (``prefix`` and a random part) with one job a caller, dropped
+    afterwards."""
+    schema = f"{prefix}_{secrets.token_hex(4)}"
     dcache.open_db(f"{server}{'&' if '?' in server else '?'}schema={schema}")
     try:
         for c in range(callers):
@@ -85,15 +86,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=os.environ.get("SIFT_TEST_POSTGRES", DEFAULT_SERVER))
     parser.add_argument("--claims", type=int, default=100, help="timed claims a shape (100)")
+    parser.add_argument("--schema-prefix", default="sift_claims", help="the schemas' names start so")
     args = parser.parse_args(argv)
     print("| claim | targets | round trips |\n|---|--:|--:|")
     for label, callers, targets, hosts, limit, keywords in COUNTED:
-        with store(args.server, callers, targets, hosts):
+        with store(args.server, args.schema_prefix, callers, targets, hosts):
             claimed, sent = round_trips(limit=limit, **keywords)
         print(f"| {label} | {claimed} | {sent} |")
     print("\n| 20 from 20 callers' jobs of 500 targets on 50 hosts | ms a claim |\n|---|--:|")
     for label, keywords in TIMED:
-        with store(args.server, 20, 500, 50):
+        with store(args.server, args.schema_prefix, 20, 500, 50):
             dcache.claim_batch_targets(10, runner="warm", now=100, **keywords)
             start = time.perf_counter()
             for _ in range(args.claims):
