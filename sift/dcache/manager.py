@@ -295,7 +295,10 @@ def update_batch_target(
     write = _quick_write(idx, status, result, error, hint) or _target_write(idx, status, result, error, hint)
     if runner is not None:
         runner = validation.optional_key("runner", runner)
-    now = unix_now() if now is None else validation.count("now", now)
+    if now is None:
+        now = unix_now()
+    elif type(now) is not int or not 0 <= now <= validation.MAX_INT:
+        now = validation.count("now", now)  # which refuses it
     writes = (write,)
     try:  # what @retried does, written out: the hot path spares a call
         _write_targets(job_id, writes, runner, now)
@@ -396,7 +399,7 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     sees that write. A missing target, a move back or (with ``runner``) a claim the runner no longer holds
     writes nothing and raises; the store's reads then name which write, and why."""
     backend = db.backend
-    if backend.write_targets(job_id, writes, runner, now):  # PostgreSQL: one statement, when it can
+    if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
         return
     with backend.direct_write() as execute:
         for run in (writes,) if len(writes) == 1 else _runs(writes):

@@ -156,6 +156,9 @@ class Transactions(Protocol):
     #: :meth:`executemany`.
     rows_per_insert: int
 
+    #: Whether :meth:`write_targets` may write a call's target writes in one statement of its own.
+    one_statement_writes: bool
+
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:

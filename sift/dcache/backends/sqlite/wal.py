@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
+import struct
 import threading
 
 from ...driver_errors import is_busy
@@ -23,6 +23,9 @@ from .settings import WAL_AUTOCHECKPOINT_PAGES
 from .transactions import BulkWrites
 
 __all__ = ["WalPolicy"]
+
+#: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
+_WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
 
 
 class WalPolicy(SqliteBase):
@@ -62,32 +65,23 @@ class WalPolicy(SqliteBase):
     def checkpoint_if_due(self) -> None:
         """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
         file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint. It never
-        fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself again."""
-        pending = self._wal_frames_pending()
-        if pending is None:
-            self._wal_index_path = None
-            with contextlib.suppress(Exception):
-                self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
-        elif pending >= WAL_AUTOCHECKPOINT_PAGES:
-            with contextlib.suppress(BatchError):  # retried after the next write
-                self.checkpoint()
-
-    def _wal_frames_pending(self) -> int | None:
-        """Frames in the -wal file not yet checkpointed, from the WAL index header (sqlite.org/walformat:
-        ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order), or None if unreadable."""
+        fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself again.
+        The frames come from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16,
+        ``nBackfill`` at byte 96, native byte order), read once after every write: in this one function."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
                 flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # only the store's own
                 self._wal_index = os.open(self._wal_index_path, flags)
-            header = os.pread(self._wal_index, 100, 0)
-        except OSError:
-            return None
-        if len(header) < 100:
-            return None
-        max_frame = int.from_bytes(header[16:20], sys.byteorder)
-        backfilled = int.from_bytes(header[96:100], sys.byteorder)
-        return max_frame - backfilled if max_frame >= backfilled else max_frame
+            max_frame, backfilled = _WAL_INDEX_FRAMES.unpack_from(os.pread(self._wal_index, 100, 0))
+        except (OSError, struct.error):  # unreadable, or shorter than its header
+            self._wal_index_path = None
+            with contextlib.suppress(Exception):
+                self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
+            return
+        if (max_frame - backfilled if max_frame >= backfilled else max_frame) >= WAL_AUTOCHECKPOINT_PAGES:
+            with contextlib.suppress(BatchError):  # retried after the next write
+                self.checkpoint()
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""

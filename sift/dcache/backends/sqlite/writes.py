@@ -44,6 +44,9 @@ class SqliteWrites(SqliteBase):
         """None: the claim's statements run in-process (``ClaimOrder``), each a call, not a round trip."""
         return None
 
+    #: A call's writes are always :meth:`write_target_run` inside its :meth:`direct_write`.
+    one_statement_writes = False
+
     @staticmethod
     def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
         """Never: a call's writes are :meth:`write_target_run` inside its :meth:`direct_write`."""
