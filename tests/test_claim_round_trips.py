@@ -190,7 +190,7 @@ PLANNED_CLAIMS = (
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
 def test_the_claim_functions_statements_read_the_indexes(postgres_schema: str, plan_mode: str) -> None:
     """Every statement the function runs, as PostgreSQL plans it there (auto_explain's nested plans, sent
-    to this session as notices), under custom and generic plans: never a scan of batch_job or
+    to this connection as notices), under custom and generic plans: never a scan of batch_job or
     batch_target, and the picked targets updated by their address (a TID scan)."""
     import psycopg
     from conftest import POSTGRES_URL
