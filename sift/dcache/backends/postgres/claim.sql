@@ -290,7 +290,9 @@ CREATE OR REPLACE FUNCTION sift_claim_batch(p_limit BIGINT, p_per_job BIGINT, p_
                     END IF;
                 ELSE
                     -- ClaimOrder._take_by_host: the job's hosts walked in order past the held ones, each
-                    -- taking what its rules leave room for.
+                    -- taking what its rules leave room for. Two walks, as claimorder.py's two statements:
+                    -- from the job's host itself, or past it. One walk with "host <> it" would read every
+                    -- pending entry of the host just taken before reaching the next one.
                     WHILE v_took < v_ask LOOP
                         IF v_job_inclusive[v_cur] THEN
                             WITH RECURSIVE walk (host) AS ((SELECT (SELECT t.host FROM batch_target t
