@@ -13,8 +13,10 @@ the rules here is made there too, and tests/test_claim_round_trips.py compares t
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import peewee
@@ -43,12 +45,14 @@ _RING = peewee.Table(RING_TABLE, ("id", "caller", "turns"))
 _P: Any = HOST_POLICY
 _IDX = TARGET_COLUMNS.index("idx")
 _HOST = len(TARGET_COLUMNS)  # a claim's rows end with the target's host, after the model's columns
+#: The claim's write transaction's ``execute`` (``backend.direct_write``): every statement of the walk goes
+#: to it, which holds the lock already and turns driver errors into the package's as the claim ends.
+Execute = Callable[[str, Sequence[Any]], Any]
 
 
-def _claim_key(row: Any) -> tuple[str, int]:
-    """Where a claimed row comes in the claim's order within its job: its host, then its idx (RETURNING
-    promises no order; Python compares text by code point, which is UTF-8's byte order)."""
-    return row[_HOST], row[_IDX]
+#: Where a claimed row comes in the claim's order within its job: its host, then its idx (RETURNING promises
+#: no order; Python compares text by code point, which is UTF-8's byte order).
+_claim_key = operator.itemgetter(_HOST, _IDX)
 
 
 def _pending(target: Any) -> peewee.Node:
@@ -346,7 +350,8 @@ class HostRules:
     claim, and is next due ``interval`` plus ``PACING_SLACK`` after it: claims take turns on the ring's
     row, so every runner sees the due time the last claim wrote."""
 
-    def __init__(self, per_host: int | None, now_ms: int) -> None:
+    def __init__(self, execute: Execute, per_host: int | None, now_ms: int) -> None:
+        self.execute = execute
         self.per_host = per_host
         self.now_ms = now_ms
         self.active = per_host is not None
@@ -357,17 +362,17 @@ class HostRules:
 
     def load(self) -> None:
         """Inside the claim, after the ring's lock: whether any host has a row, and the default policy."""
-        if not _ANY_POLICY.rows():
+        if not _ANY_POLICY.rows_in(self.execute):
             return
         self.active = True
-        row = _HOST_POLICY.rows(host=DEFAULT_HOST)
+        row = _HOST_POLICY.rows_in(self.execute, host=DEFAULT_HOST)
         if row:
             self.default = (row[0][0], row[0][1] or 0)
 
     def _rule(self, host: str) -> _HostRule:
         rule = self.rules.get(host)
         if rule is None:
-            row = _HOST_POLICY.rows(host=host) if host != DEFAULT_HOST else []
+            row = _HOST_POLICY.rows_in(self.execute, host=host) if host != DEFAULT_HOST else []
             limit, interval, due, until = row[0] if row else (None, None, 0, 0)
             rule = self._add(host, limit, interval, self.now_ms < max(due, until))
         return rule
@@ -393,7 +398,7 @@ class HostRules:
         room = _NO_CAP
         if rule.cap is not None:
             if self.running is None:  # read once, where a cap first applies: bounded by what runners hold
-                self.running = Counter(row[0] for row in _RUNNING_HOSTS.rows())
+                self.running = Counter(row[0] for row in _RUNNING_HOSTS.rows_in(self.execute))
             room = rule.cap - self.running[host]
         return min(room, 1) if rule.interval else room
 
@@ -408,8 +413,8 @@ class HostRules:
     def save(self) -> None:
         """The paced hosts' next due times, written in the claim's transaction."""
         for host, due in self.paced.items():
-            _ADD_HOST.run(host=host)
-            _SET_NEXT_DUE.run(host=host, due=due)
+            _ADD_HOST.run_in(self.execute, host=host)
+            _SET_NEXT_DUE.run_in(self.execute, host=host, due=due)
 
 
 #: No cap: more than any claim takes.
@@ -450,6 +455,7 @@ class ClaimOrder:
 
     def __init__(
         self,
+        execute: Execute,
         *,
         per_job: int,
         per_host: int | None,
@@ -458,8 +464,9 @@ class ClaimOrder:
         now: int,
         now_ms: int,
     ) -> None:
+        self.execute = execute
         self.per_job = per_job
-        self.hosts = HostRules(per_host, now_ms)
+        self.hosts = HostRules(execute, per_host, now_ms)
         self.weights = weights or {}
         self.runner = runner
         self.now = now
@@ -472,15 +479,16 @@ class ClaimOrder:
         """Claim up to ``limit`` targets; return their rows (TARGET_COLUMNS, then the host), in the order
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
-        ring = _LOCK_RING.rows()
-        _PROMOTE_DUE.run(now=self.now)
+        execute = self.execute
+        ring = _LOCK_RING.rows_in(execute)
+        _PROMOTE_DUE.run_in(execute, now=self.now)
         self.hosts.load()
         if not fair:
             self._oldest_first(limit)
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
         if self.taken_from:
-            _CLAIM_JOBS.run(job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
+            _CLAIM_JOBS.run_in(execute, job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
         self.hosts.save()
         return self.claimed
 
@@ -489,7 +497,7 @@ class ClaimOrder:
     def _oldest_first(self, limit: int) -> None:
         after = (-1, -1)
         while len(self.claimed) < limit:
-            row = _NEXT_JOB.rows(after_created=after[0], after_order=after[1])
+            row = _NEXT_JOB.rows_in(self.execute, after_created=after[0], after_order=after[1])
             if not row:
                 return
             job = _Job(row[0])
@@ -530,14 +538,14 @@ class ClaimOrder:
                     break  # full: no need to find, and lock the job of, the member that would come next
                 current, used = self._following(current.name), 0
         if self.claimed:
-            _SAVE_RING.run(caller=last, turns=last_used)
+            _SAVE_RING.run_in(self.execute, caller=last, turns=last_used)
 
     def _rounds(self, start: _Caller, remaining: int) -> tuple[str, int] | None:
         """k = remaining // (sum of weights) whole rounds, from ``start`` through every member in ring order;
         None when not even one fits. Returns the cursor after them: the last member served in the last round
         that served anyone, and the turns it used there."""
         members = self._in_order(start)
-        rounds = remaining // sum(member.weight for member in members)
+        rounds = remaining // sum([member.weight for member in members])
         if rounds == 0:
             return None
         got, taken = [], []
@@ -561,7 +569,7 @@ class ClaimOrder:
         return None  # nobody had anything: every member has left the ring
 
     def _in_order(self, start: _Caller) -> list[_Caller]:
-        names = sorted(name for name, member in self.members.items() if not member.out)
+        names = sorted([name for name, member in self.members.items() if not member.out])
         at = names.index(start.name)
         return [self.members[name] for name in names[at:] + names[:at]]
 
@@ -570,9 +578,9 @@ class ClaimOrder:
         the walk has come round the whole ring, each step is a search of batch_job_ring that finds the next
         caller and its job at once; then the members are known, and the walk goes on among them."""
         if not self.lap_closed:
-            row = _NEXT_CALLER_JOB.rows(after=name) if name is not None else []
+            row = _NEXT_CALLER_JOB.rows_in(self.execute, after=name) if name is not None else []
             if not row:
-                row = _FIRST_CALLER_JOB.rows()
+                row = _FIRST_CALLER_JOB.rows_in(self.execute)
                 if not row:
                     return None
             if row[0][4] not in self.members:
@@ -580,10 +588,11 @@ class ClaimOrder:
             # Round the whole ring once: every member is known. The job the search locked (that member's
             # oldest with a pending target) is one this claim holds already, or the one it would take next.
             self.lap_closed = True
-        names = sorted(n for n, member in self.members.items() if not member.out)
+        names = sorted([n for n, member in self.members.items() if not member.out])
         if not names:
             return None
-        return self.members[next((n for n in names if name is None or n > name), names[0])]
+        after = 0 if name is None else bisect.bisect_right(names, name)
+        return self.members[names[after] if after < len(names) else names[0]]
 
     def _join(self, row: Any) -> _Caller:
         """The caller of ``row``, its oldest live job with a pending target, as a member: its weight is that
@@ -604,7 +613,9 @@ class ClaimOrder:
 
     def _next_job(self, member: _Caller) -> _Job | None:
         """The member's next live job with a pending target; none: the member leaves the ring."""
-        row = _CALLER_JOB.rows(caller=member.name, after_created=member.after[0], after_order=member.after[1])
+        row = _CALLER_JOB.rows_in(
+            self.execute, caller=member.name, after_created=member.after[0], after_order=member.after[1]
+        )
         member.job = _Job(row[0]) if row else None
         member.out = not row
         return member.job
@@ -626,7 +637,9 @@ class ClaimOrder:
         host rules apply, a host they hold back (at its limit, paced, backed off) is skipped."""
         rows: list[Any] = []
         if not self.hosts.active:
-            rows = _CLAIM_TARGETS.rows(job_id=job.id, take=want, runner=self.runner, now=self.now)
+            rows = _CLAIM_TARGETS.rows_in(
+                self.execute, job_id=job.id, take=want, runner=self.runner, now=self.now
+            )
             rows.sort(key=_claim_key)
             if len(rows) < want:
                 job.done = True
@@ -645,7 +658,7 @@ class ClaimOrder:
         rows: list[Any] = []
         while len(rows) < want:
             probe = _HOST_FROM if job.host_inclusive else _HOST_AFTER
-            found = probe.rows(job_id=job.id, host=job.host, now_ms=self.hosts.now_ms)
+            found = probe.rows_in(self.execute, job_id=job.id, host=job.host, now_ms=self.hosts.now_ms)
             if not found:
                 job.done = True
                 break
@@ -655,8 +668,8 @@ class ClaimOrder:
             room = self.hosts.room(host)
             if room > 0:
                 ask = min(room, want - len(rows))
-                got = _CLAIM_HOST_TARGETS.rows(
-                    job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
+                got = _CLAIM_HOST_TARGETS.rows_in(
+                    self.execute, job_id=job.id, host=host, take=ask, runner=self.runner, now=self.now
                 )
                 self.hosts.took(host, len(got))
                 rows += sorted(got, key=_claim_key)

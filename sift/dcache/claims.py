@@ -154,7 +154,7 @@ def claim_batch_targets(
     runner = _runner(runner)
     given = None if now is None else validation.now(now)
     db.backend.require_claims()
-    with db.write():
+    with db.backend.direct_write() as execute:
         # One time for the whole claim, read in its transaction: on SQLite holding the write lock; on
         # PostgreSQL just before the statement that waits for the ring's lock (the server never reads the
         # clock for a rule). A wait there only makes the time early, which is sound: a host is due, and a
@@ -176,34 +176,45 @@ def claim_batch_targets(
         )
         if claimed is None:  # the backend runs the claim's statements in-process
             order = ClaimOrder(
-                per_job=per_job, per_host=per_host, weights=checked, runner=runner, now=now, now_ms=now_ms
+                execute,
+                per_job=per_job,
+                per_host=per_host,
+                weights=checked,
+                runner=runner,
+                now=now,
+                now_ms=now_ms,
             )
-            claimed = [(*row, row[-1] in order.hosts.paced) for row in order.run(limit, fair)]
-    if claimed:
-        counters.add("claims")
-        counters.add("targets_claimed", len(claimed))
-    # Each row: the target's columns, its host, whether this claim paced that host.
+            claimed, paced = order.run(limit, fair), set(order.hosts.paced)
+        else:  # each row ends with whether the claim paced its host
+            paced = {row[_HOST] for row in claimed if row[-1]}
+    if not claimed:
+        return []
+    counters.add("claims")
+    counters.add("targets_claimed", len(claimed))
+    # Each row: the target's columns, then its host (and whatever the backend adds, which from_row leaves).
     targets = [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
-    send_by = (now_ms + _SEND_WINDOW_MS) / 1000
-    for target, row in zip(targets, claimed, strict=True):
-        if row[-1]:
-            target.send_by = send_by
+    if paced:  # their requests must leave by send_by, for the hosts' intervals to hold
+        send_by = (now_ms + _SEND_WINDOW_MS) / 1000
+        for target, row in zip(targets, claimed, strict=True):
+            if row[_HOST] in paced:
+                target.send_by = send_by
     return targets
 
 
 def _claim_clock(now: int | None) -> tuple[int, int]:
     """The claim's time in whole seconds (heartbeats, leases) and in milliseconds (host pacing): a ``now``
-    given is its second's start; otherwise the clock's, read once."""
+    given (checked already) is its second's start; otherwise the clock's, read once."""
     if now is None:
         now_ms = unix_now_ms()
         return now_ms // 1000, now_ms
-    now = validation.now(now)
     return now, min(now * 1000, _LAST_MS)
 
 
 #: The latest pacing time: a paced host's next due time, after it, still fits a 64-bit integer.
 _LAST_MS = 2**62
 _SEND_WINDOW_MS = round(SEND_WINDOW * 1000)
+#: Where a claimed row's host is: after the target's columns.
+_HOST = len(TARGET_COLUMNS)
 _PACING_SLACK_MS = round(PACING_SLACK * 1000)
 
 

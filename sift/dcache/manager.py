@@ -300,8 +300,9 @@ def update_batch_target(
     elif type(now) is not int or not 0 <= now <= validation.MAX_INT:
         now = validation.count("now", now)  # which refuses it
     writes = (write,)
-    try:  # what @retried does, written out: the hot path spares a call
-        _write_targets(job_id, writes, runner, now)
+    try:  # what @retried and _write_targets do, written out: the hot path spares two calls
+        if not db.backend.write_targets(job_id, writes, runner, now):
+            _write_in_transaction(job_id, writes, runner, now)
     except StoreConflict as conflict:
         db.backend.retry(conflict, lambda: _write_targets(job_id, writes, runner, now))
     counters.add("target_writes")
@@ -398,9 +399,13 @@ def _write_targets(job_id: str, writes: Sequence[TargetWrite], runner: str | Non
     the targets' change, then the targets are written. A write naming a target written before it in the call
     sees that write. A missing target, a move back or (with ``runner``) a claim the runner no longer holds
     writes nothing and raises; the store's reads then name which write, and why."""
+    if not db.backend.write_targets(job_id, writes, runner, now):
+        _write_in_transaction(job_id, writes, runner, now)
+
+
+def _write_in_transaction(job_id: str, writes: Sequence[TargetWrite], runner: str | None, now: int) -> None:
+    """``_write_targets`` in the call's own write transaction, a run of writes at a time."""
     backend = db.backend
-    if backend.one_statement_writes and backend.write_targets(job_id, writes, runner, now):
-        return
     with backend.direct_write() as execute:
         for run in (writes,) if len(writes) == 1 else _runs(writes):
             if not backend.write_target_run(execute, job_id, run, runner, now):

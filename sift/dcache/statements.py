@@ -134,6 +134,21 @@ class Statement:
         row = backend.fetch_one(compiled.sql, compiled.getter(values))
         return None if row is None else row[0]
 
+    def rows_in(self, execute: Callable[[str, Sequence[Any]], Any], **values: Any) -> list[Any]:
+        """Execute once with ``execute``, a hot path's write transaction's (``direct_write``), which holds
+        the lock and turns errors into the package's; return every row."""
+        compiled = self._compiled.get(db.backend.statement_key) or self._for(db.backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        return execute(compiled.sql, compiled.getter(values)).fetchall()  # type: ignore[no-any-return]
+
+    def run_in(self, execute: Callable[[str, Sequence[Any]], Any], **values: Any) -> int:
+        """Execute once with ``execute``, as :meth:`rows_in`; return the number of rows changed."""
+        compiled = self._compiled.get(db.backend.statement_key) or self._for(db.backend)
+        if compiled.constants:
+            values.update(compiled.constants)
+        return int(execute(compiled.sql, compiled.getter(values)).rowcount)
+
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
         """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
         backend = db.backend

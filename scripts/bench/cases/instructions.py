@@ -1,10 +1,10 @@
 """Instructions per call, counted by callgrind (which a busy machine cannot move): the runner step of the
 package, of its statements sent plainly through sqlite3, and of the seed (the careful runner on the
-original schema); the package's claim, write of ten results (and its statements sent plainly), no-op
-sweep and no-op eviction (not in a quick run: each count runs Python under callgrind twice, about 15 s a
-run on a 2-CPU machine). Each side runs twice in a process of its own (``bench.counted``), with 0 and
-with N calls after the same warm-up; the difference over N is one call. Skipped, with a note, when
-valgrind is not installed."""
+original schema); the package's claim of ten and write of ten results (each also as its statements sent
+plainly), no-op sweep and no-op eviction (not in a quick run: each count runs Python under callgrind twice,
+about 15 s a run on a 2-CPU machine). Each side runs twice in a process of its own (``bench.counted``),
+with 0 and with N calls after the same warm-up; the difference over N is one call. Skipped, with a note,
+when valgrind is not installed."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sift import dcache
@@ -31,13 +32,14 @@ STEP_SIDES = ("runner_step/package", "runner_step/package_sql", "runner_step/sql
 #: The package's other paths, counted alone.
 PACKAGE_PATHS = (
     "claim_batch_targets/package",
+    "claim_batch_targets/package_sql",
     "update_batch_targets_10/package",
     "update_batch_targets_10/package_sql",
     "sweep_batch_noop/package",
     "evict_batch_oldest_noop/package",
 )
-#: The goal: the package's runner step, and its write of ten results, in at most this many times their
-#: statements' instructions.
+#: The goal: the package's runner step, its claim and its write of ten results, each in at most this many
+#: times its statements' instructions.
 STEP_GOAL = 1.2
 _TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
 
@@ -46,34 +48,57 @@ def valgrind() -> str | None:
     return shutil.which("valgrind")
 
 
-def counted(tool: str, case: str, source: Path, work: Path, steps: int) -> int:
-    """The instructions of one run of ``bench.counted`` on a fresh copy of ``source``."""
-    path = work / f"counted-{steps}.db"
+def fresh_copy(source: Path, path: Path) -> Path:
+    """``source`` copied to ``path``, with no -wal or -shm file of an earlier copy there."""
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     shutil.copyfile(source, path)
-    out = work / f"callgrind-{steps}.out"
+    return path
+
+
+def _counted_module(*argv: str, under: Sequence[str] = ()) -> None:
+    """``python -m bench.counted ARGV``, under ``under`` (callgrind's command line) if given."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(BENCH_DIR.parent), os.environ.get("PYTHONPATH", "")])
     )
-    env["PYTHONHASHSEED"] = "0"  # the same dicts and sets in both runs
-    command = [tool, "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bench.counted"]
+    env["PYTHONHASHSEED"] = "0"  # the same dicts and sets in every run
     subprocess.run(
-        [*command, case, str(path), str(WARM), str(steps)],
+        [*under, sys.executable, "-m", "bench.counted", *argv],
         check=True,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def counted(tool: str, case: str, source: Path, work: Path, steps: int, recorded: Path | None = None) -> int:
+    """The instructions of one run of ``bench.counted`` on a fresh copy of ``source``."""
+    path = fresh_copy(source, work / f"counted-{steps}.db")
+    out = work / f"callgrind-{steps}.out"
+    extra = [] if recorded is None else [str(recorded)]
+    under = [tool, "--tool=callgrind", f"--callgrind-out-file={out}"]
+    _counted_module(case, str(path), str(WARM), str(steps), *extra, under=under)
     match = _TOTAL.search(out.read_bytes())
     if match is None:
         raise RuntimeError(f"instructions: no total in {out}")
     return int(match.group(1))
 
 
+def record_claims(source: Path, work: Path, calls: int) -> Path:
+    """The statements of ``calls`` package claims on a fresh copy of ``source``, recorded (not counted)."""
+    out = work / "claims.pickle"
+    _counted_module("record", str(fresh_copy(source, work / "recorded.db")), str(calls), str(out))
+    return out
+
+
 def per_call(tool: str, case: str, source: Path, work: Path, steps: int) -> float:
     """One call's instructions: (the run with ``steps`` calls - the run with none) / ``steps``."""
-    return (counted(tool, case, source, work, steps) - counted(tool, case, source, work, 0)) / steps
+    recorded = (
+        record_claims(source, work, WARM + steps) if case == "claim_batch_targets/package_sql" else None
+    )
+    return (
+        counted(tool, case, source, work, steps, recorded) - counted(tool, case, source, work, 0, recorded)
+    ) / steps
 
 
 def build(tmp: Path, steps: int) -> dict[str, Path]:
@@ -132,15 +157,16 @@ def bench_instructions(tmp: Path, sizes: Sizes, report: Report) -> None:
         None,
         "x",
     )
-    if "update_batch_targets_10/package" in cases:
-        bulk, bulk_plain = (
-            cases["update_batch_targets_10/package"],
-            cases["update_batch_targets_10/package_sql"],
-        )
-        bulk.ratio, bulk_plain.ratio = bulk.median_us / bulk_plain.median_us, 1.0
-        report.goal(
-            "update_batch_targets of 10 in instructions (callgrind): the package / its statements, plainly",
-            bulk.ratio,
-            STEP_GOAL,
-            "x",
-        )
+    for path, what in (
+        ("claim_batch_targets", "claim of 10"),
+        ("update_batch_targets_10", "update_batch_targets of 10"),
+    ):
+        if f"{path}/package" in cases:
+            mine, plain = cases[f"{path}/package"], cases[f"{path}/package_sql"]
+            mine.ratio, plain.ratio = mine.median_us / plain.median_us, 1.0
+            report.goal(
+                f"{what} in instructions (callgrind): the package / its statements, plainly",
+                mine.ratio,
+                STEP_GOAL,
+                "x",
+            )

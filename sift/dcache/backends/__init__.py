@@ -156,14 +156,12 @@ class Transactions(Protocol):
     #: :meth:`executemany`.
     rows_per_insert: int
 
-    #: Whether :meth:`write_targets` may write a call's target writes in one statement of its own.
-    one_statement_writes: bool
-
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:
-        """A call's checked target writes in one statement of its own, outside any transaction, if every one
-        passes the per-target rule and the backend can; False, having written nothing, otherwise."""
+        """A call's checked target writes in a transaction of their own, outside any caller's, when the
+        backend writes such a call so (PostgreSQL: one statement; SQLite: a runner's step) and every one
+        passes the per-target rule; False, having written nothing, otherwise."""
 
     def write_target_run(
         self,

@@ -178,9 +178,6 @@ class PostgresWrites(PostgresBase):
     #: Targets go one row a statement: psycopg's executemany pipelines them.
     rows_per_insert = 1
 
-    #: A call's writes go first as one statement of their own (see :meth:`write_targets`).
-    one_statement_writes = True
-
     def write_targets(
         self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
     ) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import sqlite3
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import Any, cast
 
 import peewee
@@ -44,13 +44,49 @@ class SqliteWrites(SqliteBase):
         """None: the claim's statements run in-process (``ClaimOrder``), each a call, not a round trip."""
         return None
 
-    #: A call's writes are always :meth:`write_target_run` inside its :meth:`direct_write`.
-    one_statement_writes = False
-
-    @staticmethod
-    def write_targets(job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int) -> bool:
-        """Never: a call's writes are :meth:`write_target_run` inside its :meth:`direct_write`."""
-        return False
+    def write_targets(
+        self, job_id: str, writes: Sequence[tuple[Any, ...]], runner: str | None, now: int
+    ) -> bool:
+        """A runner's step, one target write outside any transaction: its whole transaction here, in one
+        hold of the lock and one turn in the writers' queue, when it passes the per-target rule; False,
+        having written nothing, when it does not, or for any other call (which :meth:`direct_write` runs)."""
+        if len(writes) != 1:
+            return False
+        state, lock = self._state, self.lock
+        lock.acquire()
+        try:
+            conn = state.conn
+            if conn is None or state.closed or state.transactions or self.readonly:
+                return False  # connecting, a savepoint or a refusal: the general path says which
+            # DirectWrite's steps, written out: a runner makes this call once a target
+            self.writers.acquire()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except BaseException as exc:
+                self.settle_writers()
+                self.raise_store_error(exc)
+                raise
+            try:
+                idx, status, final, size, result, error, hint = writes[0]
+                moves = (job_id, runner, now, 1, idx, final, size)
+                if (
+                    conn.execute(_MOVE_ONE_AT_LEASE, moves).rowcount
+                    or conn.execute(_MOVE_ONE, moves).rowcount
+                ):
+                    one = _WRITE_ONE_UNCLAIMED if status in _UNCLAIMING else _WRITE_ONE
+                    conn.execute(one, (job_id, idx, status, result, error, hint))
+                    conn.execute("COMMIT")
+                    return True
+                conn.execute("ROLLBACK")
+                return False
+            except BaseException as exc:
+                self.rollback_if_open()
+                self.raise_store_error(exc, constraints=True)
+                raise
+            finally:
+                self.settle_writers()
+        finally:
+            lock.release()
 
     @staticmethod
     def write_target_run(
@@ -152,7 +188,7 @@ class SqliteWrites(SqliteBase):
     @staticmethod
     def listed(values: Sequence[str]) -> str:
         """``values`` as a JSON array, for :meth:`one_of`."""
-        return json.dumps(list(values))
+        return "[" + ",".join(map(encode_basestring_ascii, values)) + "]"  # json.dumps's, without its calls
 
     @staticmethod
     def require_claims() -> None:
