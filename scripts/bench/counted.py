@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sift import dcache
+from sift.dcache.backends.sqlite.transactions import DirectWrite
 from sift.dcache.database import db
 
 from .cases.hot_paths import RUNNER_JOB, claim, evict_noop, runner_step, sweep_noop
@@ -42,17 +43,23 @@ Claim = list[tuple[str, tuple[Any, ...]]]
 
 def record_claims(path: Path, calls: int, out: Path) -> None:
     """The statements of ``calls`` package claims (``hot_paths.claim``) on the store at ``path``, pickled to
-    ``out``: each statement as the package hands it to the driver, read where every one passes."""
-    dcache.open_db(path)
-    backend = db.backend
-    send = backend.run_sql
+    ``out``: each statement as the package hands it to the driver, on its own (``run_sql``) or in a hot
+    path's write transaction (the ``execute`` of ``DirectWrite``), but for that transaction's BEGIN and
+    COMMIT, which the replay sends itself."""
     claims: list[Claim] = []
 
-    def recorded(sql: str, params: Any) -> Any:
-        claims[-1].append((sql, tuple(params)))
-        return send(sql, params)
+    def recording(send: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+        def recorded(sql: str, params: Any = ()) -> Any:
+            claims[-1].append((sql, tuple(params)))
+            return send(sql, params)
 
-    backend.run_sql = recorded  # type: ignore[method-assign]
+        return recorded
+
+    enter = DirectWrite.__enter__
+    DirectWrite.__enter__ = lambda self: recording(enter(self))  # type: ignore[method-assign]
+    dcache.open_db(path)
+    backend = db.backend
+    backend.run_sql = recording(backend.run_sql)  # type: ignore[method-assign,assignment]
     op = claim(NOW)
     try:
         for i in range(calls):
@@ -60,6 +67,7 @@ def record_claims(path: Path, calls: int, out: Path) -> None:
             op(i)
     finally:
         del backend.run_sql
+        DirectWrite.__enter__ = enter  # type: ignore[method-assign]
         dcache.close_db()
     out.write_bytes(pickle.dumps(claims))
 
