@@ -1,7 +1,8 @@
 """The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
 hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
 themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results two statements
-a chunk of them; the no-op eviction is one hold and one read.
+a chunk of them; a claim is one hold and one turn too, its walk's statements sent straight to the
+connection; the no-op eviction is one hold and one read.
 On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
 """
 
@@ -20,8 +21,10 @@ from conftest import open_empty_postgres
 from helpers import count_round_trips, make_job, make_targets
 
 from sift import dcache
+from sift.dcache import claimorder
 from sift.dcache.backends.sqlite import writes as sqlite_writes
 from sift.dcache.database import db
+from sift.dcache.statements import Statement
 
 BUDGET = 10**15
 
@@ -117,6 +120,15 @@ def test_a_runner_step_is_its_statements_in_one_hold_each(seen: Seen) -> None:
     assert dcache.evict_batch_oldest(BUDGET) == 0
     assert seen.statements == [db.backend.total_nbytes_sql]
     assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 0, 0)
+
+
+def test_a_claim_is_its_statements_in_one_hold(seen: Seen) -> None:
+    claimed = dcache.claim_batch_targets(10, runner="r", now=100)
+    assert [target.idx for target in claimed] == list(range(10))
+    assert seen.statements[0] == "BEGIN IMMEDIATE" and seen.statements[-1] == "COMMIT"
+    compiled = {statement.sql for statement in vars(claimorder).values() if isinstance(statement, Statement)}
+    assert seen.statements[1:-1] and set(seen.statements[1:-1]) <= compiled  # the walk's own, nothing more
+    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
 
 
 def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> None:
