@@ -17,6 +17,7 @@ import bisect
 import operator
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain, zip_longest
 from typing import Any
 
 import peewee
@@ -524,6 +525,8 @@ class ClaimOrder:
                 turn = self._rounds(current, remaining)
                 if turn is not None:
                     last, last_used = turn
+                    if len(self.claimed) >= limit:
+                        break
                     current, used = self._following(last), 0
                     continue
             want = min(current.weight - used, remaining)
@@ -548,19 +551,24 @@ class ClaimOrder:
         rounds = remaining // sum([member.weight for member in members])
         if rounds == 0:
             return None
-        got, taken = [], []
+        claimed = self.claimed
+        got, turns = [], []
         for member in members:
-            want = rounds * member.weight
-            before = len(self.claimed)
+            weight = member.weight
+            want = rounds * weight
+            before = len(claimed)
             took = self._serve(member, want)
             if took < want:
                 member.out = True
             got.append(took)
-            taken.append(self.claimed[before:])
-            del self.claimed[before:]
-        for round_ in range(rounds):  # handed out as turn by turn would: round by round, member by member
-            for member, rows in zip(members, taken, strict=True):
-                self.claimed += rows[round_ * member.weight : (round_ + 1) * member.weight]
+            rows = claimed[before:]
+            del claimed[before:]
+            whole = list(zip(*[iter(rows)] * weight, strict=False))  # its whole turns: a short one stops zip
+            if took % weight:  # and its last, short: it ran out
+                whole.append(tuple(rows[took - took % weight :]))
+            turns.append(whole)
+        # Handed out as turn by turn would: round by round, member by member.
+        claimed += chain.from_iterable(chain.from_iterable(zip_longest(*turns, fillvalue=())))
         for round_ in range(rounds, 0, -1):
             earlier = round_ - 1
             for member, took in zip(reversed(members), reversed(got), strict=True):

@@ -192,7 +192,7 @@ def claim_batch_targets(
     counters.add("claims")
     counters.add("targets_claimed", len(claimed))
     # Each row: the target's columns, then its host (and whatever the backend adds, which from_row leaves).
-    targets = [BatchTarget.from_row(TARGET_COLUMNS, row) for row in claimed]
+    targets = BatchTarget.from_rows(TARGET_COLUMNS, claimed)
     if paced:  # their requests must leave by send_by, for the hosts' intervals to hold
         send_by = (now_ms + _SEND_WINDOW_MS) / 1000
         for target, row in zip(targets, claimed, strict=True):
@@ -312,7 +312,7 @@ def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[Batch
     Reads only."""
     cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
     rows = sorted(_STALE_CLAIMS.rows(cutoff=cutoff), key=lambda row: (row[0], row[1]))  # job_id, idx
-    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+    return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 
 
 def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:

@@ -566,7 +566,7 @@ def _evict_chunk(max_bytes: int) -> tuple[int, list[Any]]:
 def sweep_candidates(ttl: Duration, *, now: int | None = None) -> list[BatchJob]:
     """The jobs ``sweep_batch(ttl, now=now)`` would delete, oldest lease first. Reads only."""
     cutoff = validation.cutoff(validation.now(now), ttl)
-    return [BatchJob.from_row(JOB_COLUMNS, row) for row in _SWEEP_CANDIDATES.rows(cutoff=cutoff)]
+    return BatchJob.from_rows(JOB_COLUMNS, _SWEEP_CANDIDATES.rows(cutoff=cutoff))
 
 
 def evict_candidates(max_bytes: int) -> list[BatchJob]:
@@ -614,7 +614,7 @@ def batch_targets(
     counters.add("batch_targets_hit")
     if rows[0][1] is None:  # the job's LEFT JOIN row: no targets
         return []
-    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+    return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 
 
 def _targets_page(job_id: str, after: int | None, limit: int | None) -> list[BatchTarget] | None:
@@ -625,7 +625,7 @@ def _targets_page(job_id: str, after: int | None, limit: int | None) -> list[Bat
         counters.add("batch_targets_miss")
         return None
     counters.add("batch_targets_hit")
-    return [BatchTarget.from_row(TARGET_COLUMNS, row) for row in rows]
+    return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 
 
 def batch_job_by_idem(caller: str, idem_key: str, ttl: Duration, *, now: int | None = None) -> str | None:
