@@ -37,12 +37,20 @@ def test_join_targets_to_their_jobs(store: Any) -> None:
     assert list(rows) == [(0, "ann"), (1, "ann")]
 
 
-def test_store_functions_return_targets_with_their_job_id(store: Any) -> None:
-    dcache.create_batch_job(make_job("a", targets_total=2), make_targets(2))
+def test_store_functions_return_targets_as_peewee_reads_them(store: Any) -> None:
+    """The store's own reads and claims build their targets without Peewee's row handling: each holds what
+    Peewee's own read of its row does, every column by its field's name."""
+    dcache.create_batch_job(make_job("a", targets_total=3), make_targets(3))
+    dcache.update_batch_target("a", 2, "failed", error="gone", hint="retry later", now=1_000)
+    claimed = dcache.claim_batch_targets(1, runner="r", now=1_000)
     targets = dcache.batch_targets("a")
     assert targets is not None
-    assert [(t.job_id, t.idx) for t in targets] == [("a", 0), ("a", 1)]
+    assert [(t.job_id, t.idx) for t in targets] == [("a", 0), ("a", 1), ("a", 2)]
     assert targets[1].job.id == "a"
+    peewee_reads = [t.__data__ for t in BatchTarget.select().order_by(BatchTarget.idx)]
+    assert [t.__data__ for t in targets] == peewee_reads
+    assert [t.__data__ for t in claimed] == peewee_reads[:1]
+    assert all(list(t.__data__) == list(peewee_reads[0]) for t in (*targets, *claimed))  # the fields' order
 
 
 def test_a_target_built_with_job_id_is_put(store: Any) -> None:
