@@ -177,12 +177,12 @@ def rule_statements() -> dict[str, Statement]:
 def count_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every compiled statement the store's functions run from now on, by its SQL."""
     seen: list[str] = []
-    for name in ("rows", "run", "scalar", "rows_in", "run_in"):
+    for name in ("rows", "run", "scalar", "rows_in", "run_in", "rows_at", "run_at"):
         original = getattr(Statement, name)
 
-        def counted(self: Statement, *execute: Any, original: Any = original, **values: Any) -> Any:
+        def counted(self: Statement, *given: Any, original: Any = original, **values: Any) -> Any:
             seen.append(self.sql)
-            return original(self, *execute, **values)
+            return original(self, *given, **values)
 
         monkeypatch.setattr(Statement, name, counted)
     return seen

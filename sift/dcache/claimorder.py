@@ -141,14 +141,16 @@ def _backed_off_to(host: Any) -> peewee.Node:
 _LOCK_RING = Statement(
     lambda: db.backend.lock_rows(
         _RING.select(_RING.caller, _RING.turns).where(_RING.id == literal(0)).bind(db)  # type: ignore[attr-defined]
-    )
+    ),
+    order=(),
 )
 _SAVE_RING = Statement(
     lambda: (
         _RING.update({_RING.caller: Slot("caller"), _RING.turns: Slot("turns")})  # type: ignore[attr-defined]
         .where(_RING.id == literal(0))  # type: ignore[attr-defined]
         .bind(db)
-    )
+    ),
+    order=("caller", "turns"),
 )
 
 
@@ -169,8 +171,8 @@ def _caller_job_after(after: bool) -> peewee.Node:
     )
 
 
-_NEXT_CALLER_JOB = Statement(lambda: _caller_job_after(True))
-_FIRST_CALLER_JOB = Statement(lambda: _caller_job_after(False))
+_NEXT_CALLER_JOB = Statement(lambda: _caller_job_after(True), order=("after",))
+_FIRST_CALLER_JOB = Statement(lambda: _caller_job_after(False), order=())
 # The caller's next live job with a pending target, in claim order, locked (waiting, never skipped: a result
 # write holds its job's row only briefly, and a skipped job would starve its caller) before its targets.
 _CALLER_JOB = Statement(
@@ -185,7 +187,8 @@ _CALLER_JOB = Statement(
         )
         .order_by(J.created_at, db.backend.insertion_order)
         .limit(literal(1))
-    )
+    ),
+    order=("caller", "after_created", "after_order"),
 )
 # fair=False: the next live job with a pending target across all callers, in claim order, locked.
 _NEXT_JOB = Statement(
@@ -194,7 +197,8 @@ _NEXT_JOB = Statement(
         .where(_live() & _after("after_created", "after_order") & _unpaused() & _has_pending())
         .order_by(J.created_at, db.backend.insertion_order)
         .limit(literal(1))
-    )
+    ),
+    order=("after_created", "after_order"),
 )
 
 
@@ -271,7 +275,7 @@ _RUNNING_HOSTS = Statement(
     lambda: T.select(target_host()).where(Inline(T.status == TargetStatus.RUNNING.value))
 )
 # Whether any host has a row (a policy, a back-off, a pacing time): with none, a claim walks no hosts.
-_ANY_POLICY = Statement(lambda: _P.select(_P.host).limit(literal(1)))
+_ANY_POLICY = Statement(lambda: _P.select(_P.host).limit(literal(1)), order=())
 # One host's row, by its key: the default's once a claim, each other host's as the walk reaches it.
 _HOST_POLICY = Statement(
     lambda: _P.select(_P.max_running, _P.min_interval_ms, _P.next_due_ms, _P.backed_off_until_ms).where(
@@ -323,7 +327,7 @@ def _claim_targets(by_host: bool) -> peewee.Node:
     )
 
 
-_CLAIM_TARGETS = Statement(lambda: _claim_targets(False))
+_CLAIM_TARGETS = Statement(lambda: _claim_targets(False), order=("job_id", "take", "runner", "now"))
 _CLAIM_HOST_TARGETS = Statement(lambda: _claim_targets(True))
 # Every job the claim took from, once, at its end: its lookup locked it (before its targets) and found it
 # live, so the update waits for no one and the live test changes nothing; it keeps SQLite, which would scan
@@ -331,7 +335,8 @@ _CLAIM_HOST_TARGETS = Statement(lambda: _claim_targets(True))
 _CLAIM_JOBS = Statement(
     lambda: J.update({J.status: Inline(peewee.Value(JobStatus.RUNNING.value)), J.lease: Slot("now")}).where(
         db.backend.one_of(J.id, Slot("job_ids")) & _live()
-    )
+    ),
+    order=("now", "job_ids"),
 )
 
 
@@ -363,7 +368,7 @@ class HostRules:
 
     def load(self) -> None:
         """Inside the claim, after the ring's lock: whether any host has a row, and the default policy."""
-        if not _ANY_POLICY.rows_in(self.execute):
+        if not _ANY_POLICY.rows_at(self.execute):
             return
         self.active = True
         row = _HOST_POLICY.rows_in(self.execute, host=DEFAULT_HOST)
@@ -481,7 +486,7 @@ class ClaimOrder:
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
         execute = self.execute
-        ring = _LOCK_RING.rows_in(execute)
+        ring = _LOCK_RING.rows_at(execute)
         _PROMOTE_DUE.run_in(execute, now=self.now)
         self.hosts.load()
         if not fair:
@@ -489,7 +494,7 @@ class ClaimOrder:
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
         if self.taken_from:
-            _CLAIM_JOBS.run_in(execute, job_ids=db.backend.listed(list(self.taken_from)), now=self.now)
+            _CLAIM_JOBS.run_at(execute, self.now, db.backend.listed(list(self.taken_from)))
         self.hosts.save()
         return self.claimed
 
@@ -498,7 +503,7 @@ class ClaimOrder:
     def _oldest_first(self, limit: int) -> None:
         after = (-1, -1)
         while len(self.claimed) < limit:
-            row = _NEXT_JOB.rows_in(self.execute, after_created=after[0], after_order=after[1])
+            row = _NEXT_JOB.rows_at(self.execute, *after)
             if not row:
                 return
             job = _Job(row[0])
@@ -513,7 +518,8 @@ class ClaimOrder:
         not where host rules apply, which may skip a member's targets in one round and not the next."""
         last, last_used = cursor, used
         current: _Caller | None = None
-        if cursor is not None and 0 < used < max(self.weights.values(), default=1):  # its turn may go on
+        most = max(self.weights.values()) if self.weights else 1
+        if cursor is not None and 0 < used < most:  # its turn may go on
             member = self._load(cursor)
             if not member.out and used < member.weight:
                 current = member
@@ -541,7 +547,7 @@ class ClaimOrder:
                     break  # full: no need to find, and lock the job of, the member that would come next
                 current, used = self._following(current.name), 0
         if self.claimed:
-            _SAVE_RING.run_in(self.execute, caller=last, turns=last_used)
+            _SAVE_RING.run_at(self.execute, last, last_used)
 
     def _rounds(self, start: _Caller, remaining: int) -> tuple[str, int] | None:
         """k = remaining // (sum of weights) whole rounds, from ``start`` through every member in ring order;
@@ -586,9 +592,9 @@ class ClaimOrder:
         the walk has come round the whole ring, each step is a search of batch_job_ring that finds the next
         caller and its job at once; then the members are known, and the walk goes on among them."""
         if not self.lap_closed:
-            row = _NEXT_CALLER_JOB.rows_in(self.execute, after=name) if name is not None else []
+            row = _NEXT_CALLER_JOB.rows_at(self.execute, name) if name is not None else []
             if not row:
-                row = _FIRST_CALLER_JOB.rows_in(self.execute)
+                row = _FIRST_CALLER_JOB.rows_at(self.execute)
                 if not row:
                     return None
             if row[0][4] not in self.members:
@@ -621,9 +627,7 @@ class ClaimOrder:
 
     def _next_job(self, member: _Caller) -> _Job | None:
         """The member's next live job with a pending target; none: the member leaves the ring."""
-        row = _CALLER_JOB.rows_in(
-            self.execute, caller=member.name, after_created=member.after[0], after_order=member.after[1]
-        )
+        row = _CALLER_JOB.rows_at(self.execute, member.name, *member.after)
         member.job = _Job(row[0]) if row else None
         member.out = not row
         return member.job
@@ -645,9 +649,7 @@ class ClaimOrder:
         host rules apply, a host they hold back (at its limit, paced, backed off) is skipped."""
         rows: list[Any] = []
         if not self.hosts.active:
-            rows = _CLAIM_TARGETS.rows_in(
-                self.execute, job_id=job.id, take=want, runner=self.runner, now=self.now
-            )
+            rows = _CLAIM_TARGETS.rows_at(self.execute, job.id, want, self.runner, self.now)
             rows.sort(key=_claim_key)
             if len(rows) < want:
                 job.done = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import peewee
@@ -174,6 +174,7 @@ def claim_batch_targets(
             now_ms=now_ms,
             slack_ms=_PACING_SLACK_MS,
         )
+        paced: Collection[str]
         if claimed is None:  # the backend runs the claim's statements in-process
             order = ClaimOrder(
                 execute,
@@ -184,7 +185,7 @@ def claim_batch_targets(
                 now=now,
                 now_ms=now_ms,
             )
-            claimed, paced = order.run(limit, fair), set(order.hosts.paced)
+            claimed, paced = order.run(limit, fair), order.hosts.paced
         else:  # each row ends with whether the claim paced its host
             paced = {row[_HOST] for row in claimed if row[-1]}
     if not claimed:

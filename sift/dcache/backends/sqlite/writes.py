@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any, cast
 
@@ -40,7 +40,18 @@ class SqliteWrites(SqliteBase):
     rows_per_insert = 128
 
     @staticmethod
-    def claim_targets(**request: Any) -> None:
+    def claim_targets(
+        *,
+        limit: int,
+        per_job: int,
+        per_host: int | None,
+        weights: Mapping[str, int] | None,
+        fair: bool,
+        runner: str,
+        now: int,
+        now_ms: int,
+        slack_ms: int,
+    ) -> None:
         """None: the claim's statements run in-process (``ClaimOrder``), each a call, not a round trip."""
         return None
 
