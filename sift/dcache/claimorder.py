@@ -317,7 +317,7 @@ def _claim_targets(by_host: bool) -> peewee.Node:
                 T.status: Inline(peewee.Value(TargetStatus.RUNNING.value)),
                 T.runner: Slot("runner"),
                 T.heartbeat: Slot("now"),
-                T.attempts: T.attempts + 1,
+                T.attempts: T.attempts + literal(1),
             }
         )
         # The pick locked its rows, pending targets of this job: nothing else may narrow the plan's choice.
@@ -356,8 +356,10 @@ class HostRules:
     claim, and is next due ``interval`` plus ``PACING_SLACK`` after it: claims take turns on the ring's
     row, so every runner sees the due time the last claim wrote."""
 
-    def __init__(self, execute: Execute, per_host: int | None, now_ms: int) -> None:
-        self.execute = execute
+    def __init__(
+        self, execute: Execute, sql: dict[Statement, str], per_host: int | None, now_ms: int
+    ) -> None:
+        self.execute, self.sql = execute, sql
         self.per_host = per_host
         self.now_ms = now_ms
         self.active = per_host is not None
@@ -368,7 +370,7 @@ class HostRules:
 
     def load(self) -> None:
         """Inside the claim, after the ring's lock: whether any host has a row, and the default policy."""
-        if not _ANY_POLICY.rows_at(self.execute):
+        if not self.execute(self.sql[_ANY_POLICY], ()).fetchall():
             return
         self.active = True
         row = _HOST_POLICY.rows_in(self.execute, host=DEFAULT_HOST)
@@ -456,6 +458,31 @@ class _Caller:
         self.out = False  # nothing claimable: it has left this claim's ring
 
 
+#: The walk's statements it sends itself, its values by position (the statement's ``order``): a dozen a
+#: claim, each with no call between the walk and the driver.
+_BY_POSITION = (
+    _LOCK_RING,
+    _ANY_POLICY,
+    _NEXT_CALLER_JOB,
+    _FIRST_CALLER_JOB,
+    _CALLER_JOB,
+    _NEXT_JOB,
+    _CLAIM_TARGETS,
+    _SAVE_RING,
+    _CLAIM_JOBS,
+)
+#: Their SQL for each backend (``statement_key``), read once.
+_SQL: dict[str, dict[Statement, str]] = {}
+
+
+def _walk_sql() -> dict[Statement, str]:
+    """The SQL of ``_BY_POSITION`` for the backend open now."""
+    sql = _SQL[db.backend.statement_key] = {
+        statement: statement.sql_by_position() for statement in _BY_POSITION
+    }
+    return sql
+
+
 class ClaimOrder:
     """One claim's walk: built and run inside the claim's transaction (see :meth:`run`)."""
 
@@ -471,8 +498,9 @@ class ClaimOrder:
         now_ms: int,
     ) -> None:
         self.execute = execute
+        self.sql = sql = _SQL.get(db.backend.statement_key) or _walk_sql()
         self.per_job = per_job
-        self.hosts = HostRules(execute, per_host, now_ms)
+        self.hosts = HostRules(execute, sql, per_host, now_ms)
         self.weights = weights or {}
         self.runner = runner
         self.now = now
@@ -486,7 +514,7 @@ class ClaimOrder:
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
         execute = self.execute
-        ring = _LOCK_RING.rows_at(execute)
+        ring = execute(self.sql[_LOCK_RING], ()).fetchall()
         _PROMOTE_DUE.run_in(execute, now=self.now)
         self.hosts.load()
         if not fair:
@@ -494,7 +522,7 @@ class ClaimOrder:
         elif ring:
             self._ring(limit, ring[0][0], int(ring[0][1]))
         if self.taken_from:
-            _CLAIM_JOBS.run_at(execute, self.now, db.backend.listed(list(self.taken_from)))
+            execute(self.sql[_CLAIM_JOBS], (self.now, db.backend.listed(list(self.taken_from))))
         self.hosts.save()
         return self.claimed
 
@@ -503,7 +531,7 @@ class ClaimOrder:
     def _oldest_first(self, limit: int) -> None:
         after = (-1, -1)
         while len(self.claimed) < limit:
-            row = _NEXT_JOB.rows_at(self.execute, *after)
+            row = self.execute(self.sql[_NEXT_JOB], after).fetchall()
             if not row:
                 return
             job = _Job(row[0])
@@ -547,7 +575,7 @@ class ClaimOrder:
                     break  # full: no need to find, and lock the job of, the member that would come next
                 current, used = self._following(current.name), 0
         if self.claimed:
-            _SAVE_RING.run_at(self.execute, last, last_used)
+            self.execute(self.sql[_SAVE_RING], (last, last_used))
 
     def _rounds(self, start: _Caller, remaining: int) -> tuple[str, int] | None:
         """k = remaining // (sum of weights) whole rounds, from ``start`` through every member in ring order;
@@ -592,9 +620,9 @@ class ClaimOrder:
         the walk has come round the whole ring, each step is a search of batch_job_ring that finds the next
         caller and its job at once; then the members are known, and the walk goes on among them."""
         if not self.lap_closed:
-            row = _NEXT_CALLER_JOB.rows_at(self.execute, name) if name is not None else []
+            row = self.execute(self.sql[_NEXT_CALLER_JOB], (name,)).fetchall() if name is not None else []
             if not row:
-                row = _FIRST_CALLER_JOB.rows_at(self.execute)
+                row = self.execute(self.sql[_FIRST_CALLER_JOB], ()).fetchall()
                 if not row:
                     return None
             if row[0][4] not in self.members:
@@ -627,7 +655,7 @@ class ClaimOrder:
 
     def _next_job(self, member: _Caller) -> _Job | None:
         """The member's next live job with a pending target; none: the member leaves the ring."""
-        row = _CALLER_JOB.rows_at(self.execute, member.name, *member.after)
+        row = self.execute(self.sql[_CALLER_JOB], (member.name, *member.after)).fetchall()
         member.job = _Job(row[0]) if row else None
         member.out = not row
         return member.job
@@ -649,7 +677,7 @@ class ClaimOrder:
         host rules apply, a host they hold back (at its limit, paced, backed off) is skipped."""
         rows: list[Any] = []
         if not self.hosts.active:
-            rows = _CLAIM_TARGETS.rows_at(self.execute, job.id, want, self.runner, self.now)
+            rows = self.execute(self.sql[_CLAIM_TARGETS], (job.id, want, self.runner, self.now)).fetchall()
             rows.sort(key=_claim_key)
             if len(rows) < want:
                 job.done = True

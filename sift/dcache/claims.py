@@ -190,8 +190,7 @@ def claim_batch_targets(
             paced = {row[_HOST] for row in claimed if row[-1]}
     if not claimed:
         return []
-    counters.add("claims")
-    counters.add("targets_claimed", len(claimed))
+    counters.add_event("claims", "targets_claimed", len(claimed))
     # Each row: the target's columns, then its host (and whatever the backend adds, which from_row leaves).
     targets = BatchTarget.from_rows(TARGET_COLUMNS, claimed)
     if paced:  # their requests must leave by send_by, for the hosts' intervals to hold
@@ -247,8 +246,17 @@ def _weights(weights: Mapping[str, int] | None, fair: bool) -> dict[str, int] | 
 
 
 def runner_name() -> str:
-    """The runner name a claim records when none is given: this host's name and this process's id."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """The runner name a claim records when none is given: this host's name and this process's id, read
+    once a process (a host renamed meanwhile leaves the name, and so the process's claims, as they were)."""
+    global _runner_name
+    pid = os.getpid()
+    if _runner_name is None or _runner_name[0] != pid:  # the first call, or a forked child's
+        _runner_name = pid, f"{socket.gethostname()}:{pid}"
+    return _runner_name[1]
+
+
+#: This process's id and its runner name, once asked for.
+_runner_name: tuple[int, str] | None = None
 
 
 def _runner(runner: str | None) -> str:

@@ -53,6 +53,21 @@ class Counters:
             for listener in self._listeners:
                 listener(name, amount)
 
+    def add_event(self, name: str, counted: str, amount: int) -> None:
+        """One more ``name`` and ``amount`` more ``counted`` (a claim, its targets), one hold of the lock."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            values = self._values
+            values[name] += 1
+            values[counted] += amount
+        finally:
+            lock.release()
+        if self._listeners:
+            for listener in self._listeners:
+                listener(name, 1)
+                listener(counted, amount)
+
     def listen(self, listener: Callable[[str, int], None]) -> None:
         """Call ``listener(name, amount)`` on every addition from now on (once, however often given)."""
         with self._lock:

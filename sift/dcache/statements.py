@@ -49,21 +49,16 @@ def literal(value: int) -> peewee.ValueLiterals:
 class _Compiled:
     """One statement's SQL for one backend, and how to bind its parameters from slot values."""
 
-    __slots__ = ("constants", "getter", "sql", "tail", "template")
+    __slots__ = ("constants", "getter", "ordered", "sql", "template")
 
     def __init__(self, build: Callable[[], peewee.Node], order: tuple[str, ...] | None) -> None:
         sql: str
         params: list[Any]
         sql, params = build().sql()  # type: ignore[attr-defined]
         keys = [p.name if type(p) is _SlotValue else f" constant {i}" for i, p in enumerate(params)]
-        #: With ``order``: the constants after its slots, bound after the values given by position; without,
-        #: None (its values are given by name only).
-        self.tail: tuple[Any, ...] | None = None
-        if order is not None:
-            tail = params[len(order) :]
-            if keys[: len(order)] != list(order) or any(type(p) is _SlotValue for p in tail):
-                raise AssertionError(f"statement parameters are {keys}, not {list(order)} then constants")
-            self.tail = tuple(tail)
+        if order is not None and keys != list(order):
+            raise AssertionError(f"statement parameters are {keys}, not {list(order)}")
+        self.ordered = order is not None
         self.constants = {key: p for key, p in zip(keys, params, strict=True) if type(p) is not _SlotValue}
         # itemgetter of one key returns the bare value, not a 1-tuple, and of no key is an error
         self.getter: Callable[[dict[str, Any]], tuple[Any, ...]]
@@ -91,8 +86,8 @@ class Statement:
     __slots__ = ("_build", "_compiled", "_order")
 
     def __init__(self, build: Callable[[], peewee.Node], *, order: tuple[str, ...] | None = None) -> None:
-        """``order``: the slots, each once, in the order the statement binds them (checked as it compiles), so
-        the hottest calls give their values by position (:meth:`rows_at`, :meth:`run_at`)."""
+        """``order``: the statement's parameters, each a slot named once, in the order it binds them (checked
+        as it compiles): a caller may then send :meth:`sql_by_position` itself, the values in that order."""
         self._build = build
         self._order = order
         self._compiled: dict[str, _Compiled] = {}
@@ -160,22 +155,13 @@ class Statement:
             values.update(compiled.constants)
         return int(execute(compiled.sql, compiled.getter(values)).rowcount)
 
-    def rows_at(self, execute: Callable[[str, Sequence[Any]], Any], *values: Any) -> list[Any]:
-        """:meth:`rows_in`, the values given by position, in the statement's ``order``: no mapping to build
-        and read for each run (a claim runs a dozen)."""
-        compiled = self._compiled.get(db.backend.statement_key) or self._for(db.backend)
-        tail = compiled.tail
-        if tail is None:
+    def sql_by_position(self) -> str:
+        """The SQL for the backend open now, for a caller that sends it itself, its values given in the
+        statement's ``order`` (a claim's walk: no call between it and the driver)."""
+        compiled = self._for(db.backend)
+        if not compiled.ordered:
             raise TypeError(f"a statement without an order takes its values by name: {compiled.sql}")
-        return execute(compiled.sql, values + tail if tail else values).fetchall()  # type: ignore[no-any-return]
-
-    def run_at(self, execute: Callable[[str, Sequence[Any]], Any], *values: Any) -> int:
-        """:meth:`run_in`, the values given by position, as :meth:`rows_at`."""
-        compiled = self._compiled.get(db.backend.statement_key) or self._for(db.backend)
-        tail = compiled.tail
-        if tail is None:
-            raise TypeError(f"a statement without an order takes its values by name: {compiled.sql}")
-        return int(execute(compiled.sql, values + tail if tail else values).rowcount)
+        return compiled.sql
 
     def run_many(self, names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> int:
         """Execute once per row; each row gives the slots ``names`` in order. Returns the rows changed."""
