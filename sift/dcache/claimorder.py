@@ -125,7 +125,8 @@ def _after(created: str, order: str) -> peewee.Expression:
 _PROMOTE_DUE = Statement(
     lambda: T.update({target_not_before(): _backed_off_to(target_host())}).where(
         Inline(target_not_before().is_null(False)) & (target_not_before() <= Slot("now"))
-    )
+    ),
+    order=("now", "now"),
 )
 
 
@@ -462,6 +463,7 @@ class _Caller:
 #: claim, each with no call between the walk and the driver.
 _BY_POSITION = (
     _LOCK_RING,
+    _PROMOTE_DUE,
     _ANY_POLICY,
     _NEXT_CALLER_JOB,
     _FIRST_CALLER_JOB,
@@ -515,7 +517,7 @@ class ClaimOrder:
         end."""
         execute = self.execute
         ring = execute(self.sql[_LOCK_RING], ()).fetchall()
-        _PROMOTE_DUE.run_in(execute, now=self.now)
+        execute(self.sql[_PROMOTE_DUE], (self.now, self.now))
         self.hosts.load()
         if not fair:
             self._oldest_first(limit)
@@ -523,7 +525,8 @@ class ClaimOrder:
             self._ring(limit, ring[0][0], int(ring[0][1]))
         if self.taken_from:
             execute(self.sql[_CLAIM_JOBS], (self.now, db.backend.listed(list(self.taken_from))))
-        self.hosts.save()
+        if self.hosts.paced:
+            self.hosts.save()
         return self.claimed
 
     # -- fair=False: oldest job first across callers ------------------------------------------------------

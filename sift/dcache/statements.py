@@ -86,8 +86,8 @@ class Statement:
     __slots__ = ("_build", "_compiled", "_order")
 
     def __init__(self, build: Callable[[], peewee.Node], *, order: tuple[str, ...] | None = None) -> None:
-        """``order``: the statement's parameters, each a slot named once, in the order it binds them (checked
-        as it compiles): a caller may then send :meth:`sql_by_position` itself, the values in that order."""
+        """``order``: the statement's parameters, the slots' names in the order it binds them (checked as it
+        compiles): a caller may then send :meth:`sql_by_position` itself, the values in that order."""
         self._build = build
         self._order = order
         self._compiled: dict[str, _Compiled] = {}
