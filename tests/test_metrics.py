@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sift import dcache
 from sift.dcache.backends.sqlite.schema import TOTAL_NBYTES_SQL
+from sift.dcache.counters import Counters
 from sift.dcache.metrics import CALLER_LABELS, COUNTER_HELP, HOST_LABELS, StoreCollector, register
 
 GAUGES = (
@@ -274,6 +275,17 @@ def test_register_again_returns_the_collector_it_has(file_store: Path) -> None:
     assert scrape(registry)["sift_jobs_created_total"] == ("counter", 1)
     other = register(registry, prefix="other")  # another prefix is another collector
     assert other is not first and scrape(registry)["other_jobs_created_total"] == ("counter", 1)
+
+
+def test_a_claim_reaches_the_listeners_as_its_two_counts() -> None:
+    """What feeds the multiprocess files: a claim's two counts, each an addition a listener hears."""
+    counts = Counters()
+    heard: list[tuple[str, int]] = []
+    counts.listen(lambda name, amount: heard.append((name, amount)))
+    counts.add_event("claims", "targets_claimed", 7)
+    counts.add("target_writes", 7)
+    assert heard == [("claims", 1), ("targets_claimed", 7), ("target_writes", 7)]
+    assert {name: n for name, n in counts.snapshot().items() if n} == dict(heard)
 
 
 def test_a_missing_multiprocess_directory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

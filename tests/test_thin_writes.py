@@ -104,7 +104,15 @@ def seen(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seen]:
     yield counting
 
 
-def test_a_runner_step_is_its_statements_in_one_hold_each(seen: Seen) -> None:
+def test_a_runners_calls_are_their_statements_in_one_hold_each(seen: Seen) -> None:
+    """A claim, a step (a result, then the no-op eviction): what a runner calls for every target."""
+    claimed = dcache.claim_batch_targets(10, runner="r", now=100)
+    assert [target.idx for target in claimed] == list(range(10))
+    assert seen.statements[0] == "BEGIN IMMEDIATE" and seen.statements[-1] == "COMMIT"
+    compiled = {statement.sql for statement in vars(claimorder).values() if isinstance(statement, Statement)}
+    assert seen.statements[1:-1] and set(seen.statements[1:-1]) <= compiled  # the walk's own, nothing more
+    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
+    seen.reset()
     dcache.update_batch_target("job-1", 0, "done", result="r" * 1024, now=100)
     # the lease is 100 already: the form that leaves it alone
     assert seen.statements == [
@@ -120,15 +128,6 @@ def test_a_runner_step_is_its_statements_in_one_hold_each(seen: Seen) -> None:
     assert dcache.evict_batch_oldest(BUDGET) == 0
     assert seen.statements == [db.backend.total_nbytes_sql]
     assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 0, 0)
-
-
-def test_a_claim_is_its_statements_in_one_hold(seen: Seen) -> None:
-    claimed = dcache.claim_batch_targets(10, runner="r", now=100)
-    assert [target.idx for target in claimed] == list(range(10))
-    assert seen.statements[0] == "BEGIN IMMEDIATE" and seen.statements[-1] == "COMMIT"
-    compiled = {statement.sql for statement in vars(claimorder).values() if isinstance(statement, Statement)}
-    assert seen.statements[1:-1] and set(seen.statements[1:-1]) <= compiled  # the walk's own, nothing more
-    assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
 
 
 def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> None:
