@@ -27,6 +27,7 @@ from runner_site import fetch, fetch_private, serving
 from sift import dcache
 from sift.dcache import clock, db
 from sift.runner import Backoff, GiveBack, Retry, Runner
+from sift.runner import runner as runner_module
 from sift.runner.writer import Outcome, Writer
 
 SITE_SCRIPT = Path(__file__).with_name("runner_site.py")
@@ -414,7 +415,13 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         dcache.close_db()
 
 
-def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(store: Any) -> None:
+def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its idle worker, waiting for work when the SIGTERM comes, ends at once: the stop wakes it (with an
+    idle wait of an hour, it would still be waiting when the grace ran out)."""
+    monkeypatch.setattr(runner_module, "IDLE_WAIT", 3600.0)
+    caplog.set_level(logging.WARNING, logger="sift.runner")
     job_id = submit(["https://a.example/0"])
     previous = signal.getsignal(signal.SIGTERM)
     runner = Runner(lambda target: "fetched", concurrency=1, renew_every=0.5)
@@ -430,3 +437,4 @@ def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(store
     assert signal.getsignal(signal.SIGTERM) is previous
     assert [t.result for t in dcache.batch_targets(job_id) or []] == ["fetched"]
     assert held_claims() == 0
+    assert "still running after the grace" not in caplog.text

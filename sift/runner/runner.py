@@ -169,6 +169,8 @@ class Runner:
                 worker.start()
             while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
                 pass
+            with self._wake:  # idle workers see the stop now, not at their next look
+                self._wake.notify_all()
             deadline = time.monotonic() + self._grace
             for worker in workers:
                 worker.join(max(0.0, deadline - time.monotonic()))
