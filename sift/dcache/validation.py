@@ -61,6 +61,13 @@ def positive(field: str, value: Any) -> int:
     return value
 
 
+def flag(field: str, value: Any) -> bool:
+    """True or False, nothing else (not 0 or 1)."""
+    if type(value) is not bool:
+        invalid(field, f"must be True or False, got {_show(value)}")
+    return value
+
+
 def plain(value: str) -> str:
     """The text a ``str`` (or an instance of a subclass of it) holds, as a plain ``str``: a subclass's own
     ``__str__``, ``__contains__`` or ``isascii`` never decides what is checked or stored."""

@@ -109,9 +109,7 @@ class Runner:
         self.prefetch = validation.count("prefetch", prefetch)
         self.per_job = None if per_job is None else validation.positive("per_job", per_job)
         self.per_host = None if per_host is None else validation.positive("per_host", per_host)
-        if type(fair) is not bool:
-            raise InvalidBatchInput("fair", f"must be True or False, got {fair!r}")
-        self.fair = fair
+        self.fair = validation.flag("fair", fair)
         self.weights = _weights(weights, fair)
         self.stale_after = _seconds("stale_after", stale_after)
         self.renew_every = _seconds("renew_every", renew_every)
@@ -125,9 +123,7 @@ class Runner:
         self.backoff = backoff
         self.budget = None if budget is None else validation.count("budget", budget)
         self.sweep_ttl = None if sweep_ttl is None else _seconds("sweep_ttl", sweep_ttl)
-        if type(allow_private) is not bool:
-            raise InvalidBatchInput("allow_private", f"must be True or False, got {allow_private!r}")
-        self.allow_private = allow_private
+        self.allow_private = validation.flag("allow_private", allow_private)
         self._lock = threading.Lock()
         self._claim_lock = threading.Lock()
         self._ready: deque[BatchTarget] = deque()
