@@ -219,7 +219,9 @@ class Runner:
             finally:
                 with self._lock:
                     self._busy -= 1
-                self._flush_if_idle()
+                    idle = not self._busy and not self._ready and not self._claiming
+                if idle:
+                    self._writer.flush()
 
     def _flush_if_idle(self) -> None:
         """No fetch in flight, none waiting, no claim under way: the writer need not wait for more."""

@@ -10,7 +10,7 @@ the jobs whose targets are all final. It writes at once, not waiting, when its r
 from __future__ import annotations
 
 import logging
-import queue
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -57,61 +57,82 @@ class Outcome:
 #: How long the writer waits before writing again a round the store refused (seconds).
 RETRY_WAIT = 1.0
 
-_STOP = object()
-_FLUSH = object()
+#: ``Writer._wake_at`` while the writer is writing: no arrival wakes it.
+_WRITING = sys.maxsize
 
 
 class Writer:
-    """The writer thread of one runner, writing as ``runner``; ``tally(name, n)`` counts what it wrote."""
+    """The writer thread of one runner, writing as ``runner``; ``tally(name, n)`` counts what it wrote.
+
+    Outcomes wait in a list under one lock. An arrival wakes the thread only when it is what the thread
+    waits for (the first outcome of a round, or a full round): a handoff is an append, not a queue's
+    wakeup per outcome."""
 
     def __init__(self, runner: str, tally: Any) -> None:
         self.runner = runner
         self.tally = tally
-        self.queue: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._inbox: list[Outcome] = []
+        self._wake_at = _WRITING  # how many waiting outcomes wake the thread
+        self._now = False  # write what has arrived without waiting for more
+        self._closing = False
         self.thread = threading.Thread(target=self._loop, name=f"sift-writer {runner}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def put(self, outcome: Outcome) -> None:
-        self.queue.put(outcome)
+        with self._lock:
+            self._inbox.append(outcome)
+            if len(self._inbox) >= self._wake_at:
+                self._wake_at = _WRITING
+                self._arrived.notify()
 
     def flush(self) -> None:
         """Nothing more is on its way for now: write what has arrived without waiting for more."""
-        self.queue.put(_FLUSH)
+        with self._lock:
+            self._now = True
+            self._arrived.notify()
 
     def close(self, timeout: float) -> bool:
         """Write what has arrived, then stop; False if it was still writing after ``timeout`` seconds."""
-        self.queue.put(_STOP)
+        with self._lock:
+            self._closing = True
+            self._arrived.notify()
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
-    def _next(self, wait: float | None) -> Any:
-        """The next item, or None after ``wait`` seconds without one (None: wait for one)."""
-        try:
-            return self.queue.get(timeout=wait)
-        except queue.Empty:
-            return None
+    def _gather(self, carried: list[Outcome]) -> tuple[list[Outcome], bool]:
+        """The next round: ``carried`` and what arrives, up to :data:`WRITE_BATCH` outcomes, waiting for
+        the first, then at most :data:`WRITE_WAIT` seconds for more; and whether the writer then stops
+        (closed, with nothing left to write)."""
+        with self._lock:
+            while not (self._inbox or carried or self._closing):
+                self._now = False  # a flush with nothing to write: the next outcome may wait for more
+                self._wake_at = 1
+                self._arrived.wait()
+            deadline = time.monotonic() + WRITE_WAIT
+            while len(carried) + len(self._inbox) < WRITE_BATCH and not (self._now or self._closing):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake_at = WRITE_BATCH - len(carried)
+                self._arrived.wait(left)
+            self._wake_at = _WRITING
+            take = max(0, WRITE_BATCH - len(carried))
+            batch = carried + self._inbox[:take]
+            del self._inbox[:take]
+            if not self._inbox:
+                self._now = False
+            return batch, self._closing and not self._inbox
 
     def _loop(self) -> None:
-        stopping = False
         carried: list[Outcome] = []  # a round that failed, written again first (a rewrite changes nothing)
+        stopping = False
         while not stopping:
-            batch, carried = carried, []
-            item = self._next(WRITE_WAIT if batch else None)
-            deadline = time.monotonic() + WRITE_WAIT
-            while item is not None:
-                if item is _STOP:
-                    stopping = True
-                    break
-                if item is _FLUSH:
-                    if batch:
-                        break
-                else:
-                    batch.append(item)
-                    if len(batch) >= WRITE_BATCH:
-                        break
-                item = self._next(max(0.0, deadline - time.monotonic()))
+            batch, stopping = self._gather(carried)
+            carried = []
             if batch:
                 try:
                     self.write(batch)
@@ -149,8 +170,10 @@ class Writer:
             except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
                 return 0
-            for entry in entries.values():
-                self.tally("done" if entry["status"] == "done" else "failed", 1)
+            done = sum(entry["status"] == "done" for entry in entries.values())
+            for name, count in (("done", done), ("failed", len(entries) - done)):
+                if count:
+                    self.tally(name, count)
             return written
         return 0
 
@@ -175,7 +198,10 @@ class Writer:
 
 def _entry(outcome: Outcome) -> dict[str, Any]:
     entry: dict[str, Any] = {"idx": outcome.idx, "status": outcome.status}
-    for name in ("result", "error", "hint"):
-        if getattr(outcome, name) is not None:
-            entry[name] = getattr(outcome, name)
+    if outcome.result is not None:
+        entry["result"] = outcome.result
+    if outcome.error is not None:
+        entry["error"] = outcome.error
+    if outcome.hint is not None:
+        entry["hint"] = outcome.hint
     return entry
