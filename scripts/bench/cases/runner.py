@@ -31,13 +31,6 @@ RUNNER_GOALS = {"normal": 0.5, "full": 0.2}
 VISIBLE_GOAL_MS = 50.0
 
 
-def _run_job(job_id: str, targets: int, fetch: Any) -> None:
-    """Submit the job, run a Runner until the job is done, stop it."""
-    job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
-    dcache.create_batch_job(job, make_targets(targets, options=OPTIONS))
-    _runner_until_done(job_id, fetch)
-
-
 def _runner_until_done(job_id: str, fetch: Any) -> None:
     runner = Runner(fetch, name=f"bench-{job_id}", concurrency=RUNNER_THREADS)
     thread = threading.Thread(target=runner.run, kwargs={"grace": 30})
@@ -52,8 +45,14 @@ def _runner_until_done(job_id: str, fetch: Any) -> None:
 
 
 def runner_batch(job_id: str, targets: int) -> Any:
+    """One batch: submit the job, run a Runner until the job is done, stop it, read every result. The job
+    and its targets are built before, as huey's payloads and sift's own batches are (``peers``)."""
+    job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
+    rows = make_targets(targets, options=OPTIONS)
+
     def run() -> None:
-        _run_job(job_id, targets, lambda target: RESULT_1K)
+        dcache.create_batch_job(job, rows)
+        _runner_until_done(job_id, lambda target: RESULT_1K)
         got = dcache.batch_targets(job_id)
         if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
             raise AssertionError("runner: the batch's results are not all there")
