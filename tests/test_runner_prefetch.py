@@ -119,16 +119,33 @@ def test_a_runner_holds_at_most_concurrency_plus_prefetch_and_releases_them_on_s
     assert pending and all(t.attempts == 0 for t in pending)  # the attempts of released claims given back
 
 
-def test_the_writer_writes_at_once_when_nothing_is_in_flight(
+def test_the_writer_writes_full_rounds_and_the_last_outcome_at_once_and_a_refused_round_again(
     file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a writer that would wait a minute for more: the runner's last outcome is written all the same
+    # a writer that would wait a minute for more: a full round is written when it is full, the runner's
+    # last outcome when nothing is in flight; the first round the store refuses is written again, first
     monkeypatch.setattr(writer_module, "WRITE_WAIT", 60.0)
+    monkeypatch.setattr(writer_module, "WRITE_BATCH", 8)
+    monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.05)
+    rounds: list[list[int]] = []
+    write = dcache.update_batch_targets
+
+    def refused_once(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
+        rounds.append([entry["idx"] for entry in entries])
+        if len(rounds) == 1:
+            raise dcache.StoreUnavailable("database: a write refused once")
+        return write(job_id, entries, **kwargs)
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", refused_once)
     submit_job("tail", 50)
     with running(Runner(instant, name="r", concurrency=4)):
         wait_for(lambda: job_final("tail"), "the job to finish", timeout=30)
     job = dcache.batch_job("tail")
     assert job is not None and job.status == "done" and job.targets_done == 50
+    assert all(len(idxs) <= 8 for idxs in rounds) and len(rounds) >= 1 + 50 // 8
+    assert rounds[1][: len(rounds[0])] == rounds[0]  # the refused round, first in the next
+    written = [idx for idxs in rounds[1:] for idx in idxs]
+    assert sorted(written) == list(range(50))  # each outcome written once
 
 
 def test_targets_claimed_ahead_of_a_host_that_asked_to_wait_are_not_fetched(
