@@ -217,7 +217,7 @@ class Runner:
             try:
                 self._writer.put(self._outcome(target))
             finally:
-                with self._lock:
+                with self._lock:  # the count and _flush_if_idle's check in one hold: once a target
                     self._busy -= 1
                     idle = not self._busy and not self._ready and not self._claiming
                 if idle:
