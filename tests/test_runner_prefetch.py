@@ -128,20 +128,31 @@ def test_the_writer_writes_full_rounds_and_the_last_outcome_at_once_and_a_refuse
     monkeypatch.setattr(writer_module, "WRITE_BATCH", 8)
     monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.05)
     rounds: list[list[int]] = []
+    written_once = threading.Event()  # a round written after the refused one
     write = dcache.update_batch_targets
 
     def refused_once(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
         rounds.append([entry["idx"] for entry in entries])
         if len(rounds) == 1:
             raise dcache.StoreUnavailable("database: a write refused once")
-        return write(job_id, entries, **kwargs)
+        written = write(job_id, entries, **kwargs)
+        written_once.set()
+        return written
+
+    seen: list[bool] = []
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        if target.idx == 0:  # in flight until rounds were written: no flush of an idle runner wrote them
+            seen.append(written_once.wait(WAIT))
+        return instant(target)
 
     monkeypatch.setattr(writer_module, "update_batch_targets", refused_once)
     submit_job("tail", 50)
-    with running(Runner(instant, name="r", concurrency=4)):
-        wait_for(lambda: job_final("tail"), "the job to finish", timeout=30)
+    with running(Runner(fetch, name="r", concurrency=4)):
+        wait_for(lambda: job_final("tail"), "the job to finish", timeout=WAIT * 2)
     job = dcache.batch_job("tail")
     assert job is not None and job.status == "done" and job.targets_done == 50
+    assert seen == [True]
     assert all(len(idxs) <= 8 for idxs in rounds) and len(rounds) >= 1 + 50 // 8
     assert rounds[1][: len(rounds[0])] == rounds[0]  # the refused round, first in the next
     written = [idx for idxs in rounds[1:] for idx in idxs]
