@@ -24,7 +24,7 @@ from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 
 
 def file_size(path: Path) -> int:
-    dcache.db.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")  # the file shrinks when the log is copied
+    dcache.db.checkpoint(truncate=True)  # the file shrinks when the log is copied
     return os.path.getsize(path)
 
 

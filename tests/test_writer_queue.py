@@ -30,6 +30,7 @@ from helpers import make_job, make_targets, session, snapshot
 from sift import dcache
 from sift.dcache import db
 from sift.dcache.backends.sqlite import database as sqlite_database
+from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
 pytestmark = pytest.mark.sqlite_only
@@ -645,11 +646,21 @@ def autocheckpoint() -> int:
     return value
 
 
-def frames_pending(store: Path) -> int:
-    """Frames of the -wal file not yet checkpointed, read as the store reads them (the WAL index header)."""
+def wal_index_frames(store: Path) -> tuple[int, int]:
+    """The -wal file's frames and how many are copied back, read as the store reads them (the WAL index
+    header's mxFrame and nBackfill)."""
     with open(f"{store}-shm", "rb") as f:
         header = f.read(100)
     max_frame, backfilled = (int.from_bytes(header[i : i + 4], sys.byteorder) for i in (16, 96))
+    return max_frame, backfilled
+
+
+def frames_pending(store: Path) -> int:
+    """Frames of the -wal file not yet checkpointed, once a checkpoint running aside has ended."""
+    for thread in threading.enumerate():
+        if thread.name == "sift-checkpoint":
+            thread.join()
+    max_frame, backfilled = wal_index_frames(store)
     return max_frame - backfilled
 
 
@@ -658,31 +669,53 @@ def unreadable(fd: int, length: int, offset: int) -> bytes:
     raise OSError(5, "Input/output error")
 
 
-def write_results(count: int, job_id: str = "big") -> None:
-    """``count`` write transactions of a 4 KB result each: a few -wal pages apiece."""
+def write_results(count: int, job_id: str = "big", each: Callable[[], None] = lambda: None) -> None:
+    """``count`` write transactions of a 4 KB result each: a few -wal pages apiece; ``each`` after each."""
     dcache.create_batch_job(make_job(job_id, targets_total=count), make_targets(count))
     for idx in range(count):
         dcache.update_batch_target(job_id, idx, "done", result="r" * 4096, now=2_000)
+        each()
 
 
-def test_the_checkpoint_runs_once_the_queue_is_released(
+def test_checkpoints_run_outside_the_queue_aside_while_the_wal_is_short_then_with_writes_held(
     file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite would checkpoint inside the COMMIT that fills the -wal file past 1,000 pages, with every other
     process's writer queued behind the copy and its fsyncs: the store turns that off, and checkpoints by the
-    same rule once the queue is free."""
+    same rule once the queue is free. Below WAL_RESTART_FRAMES frames on a thread of its own, the writes
+    going on; from there on the writing thread, the lock held, so the file starts again and stays short."""
     assert autocheckpoint() == 0
-    calls: list[tuple[bool, bool]] = []
+    writer = threading.current_thread()
+    calls: list[tuple[str, bool, bool, bool]] = []
     checkpoint = db.obj.checkpoint
 
     def watched() -> None:
-        calls.append((db.obj.writers.held, lock_is_free(file_store)))
+        here = threading.current_thread()
+        on_writer = here is writer
+        # the queue (process-wide) is only the writing thread's to hold: another thread writes on meanwhile
+        queue_free = not db.obj.writers.held and lock_is_free(file_store) if on_writer else True
+        long = wal_index_frames(file_store)[0] >= WAL_RESTART_FRAMES
+        calls.append((here.name if not on_writer else "writer", queue_free, db.obj.lock._is_owned(), long))
         checkpoint()
 
     monkeypatch.setattr(db.obj, "checkpoint", watched)
-    write_results(600)
-    assert calls and set(calls) == {(False, True)}
-    assert frames_pending(file_store) < 1000
+    longest = [0]
+
+    def look() -> None:
+        longest[0] = max(longest[0], wal_index_frames(file_store)[0])
+
+    write_results(3_000, each=look)  # about 9 frames each: the file is started again several times
+    aside = [c for c in calls if c[0] == "sift-checkpoint"]
+    held = [c for c in calls if c[0] == "writer"]
+    assert {c[0] for c in calls} == {"sift-checkpoint", "writer"}, calls
+    assert len(held) >= 2 and all(queue_free and owned and long for _, queue_free, owned, long in held), calls
+    assert aside and not any(owned for _, _, owned, _ in aside), calls
+    # one checkpoint due past WAL_RESTART_FRAMES, at most one round of frames on, and one write's frames
+    bound = WAL_RESTART_FRAMES + WAL_AUTOCHECKPOINT_PAGES + 8
+    assert longest[0] <= bound
+    page_size = int(db.execute_sql("PRAGMA page_size").fetchone()[0])
+    assert os.path.getsize(f"{file_store}-wal") <= 32 + bound * (24 + page_size)
+    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
 
 
 def test_without_the_queue_sqlite_checkpoints_by_itself(

@@ -10,6 +10,7 @@ import platform
 import sqlite3
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -115,6 +116,14 @@ def interleave_all(
 def alternate(rnd: int, sides: tuple[T, ...]) -> tuple[T, ...]:
     """The sides in the order round ``rnd`` runs them: as given on even rounds, reversed on odd ones."""
     return sides if rnd % 2 == 0 else sides[::-1]
+
+
+def checkpoints_settled() -> None:
+    """Wait for the store's checkpoint running on a thread of its own (``sift-checkpoint``): a batch's
+    checkpoints then count in its own time, not in the side's measured after it."""
+    for thread in threading.enumerate():
+        if thread.name == "sift-checkpoint":
+            thread.join()
 
 
 def p99(values: list[int]) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 from sift import dcache
 from sift.testing import make_job, make_targets
 
-from ..harness import Report, alternate, log
+from ..harness import Report, alternate, checkpoints_settled, log
 from ..sizes import BUDGET, OPTIONS, RESULT_1K, T0, Sizes
 from ..stores import PgServer
 
@@ -71,6 +71,7 @@ def sift_batch(job_id: str, targets: int, bulk: int | None) -> Callable[[], None
         got = dcache.batch_targets(job_id)
         if got is None or len(got) != targets or got[-1].result != RESULT_1K:
             raise AssertionError("sift: the batch's results are not all there")
+        checkpoints_settled()
 
     return run
 

@@ -20,7 +20,7 @@ from sift import dcache
 from sift.runner import Runner
 from sift.testing import make_job, make_targets
 
-from ..harness import Report, alternate
+from ..harness import Report, alternate, checkpoints_settled
 from ..sizes import OPTIONS, RESULT_1K, T0, Sizes
 from .peers import SETTINGS, huey_batch, huey_storage
 
@@ -56,6 +56,7 @@ def runner_batch(job_id: str, targets: int) -> Any:
         got = dcache.batch_targets(job_id)
         if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
             raise AssertionError("runner: the batch's results are not all there")
+        checkpoints_settled()
 
     return run
 

@@ -70,6 +70,7 @@ class SerializedSqliteDatabase(
         self._forked_in_transaction = False
         self._checkpointer = None
         self._checkpoint_lock = threading.Lock()
+        self._checkpoint_thread = None
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
         self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
@@ -96,8 +97,12 @@ class SerializedSqliteDatabase(
 
     def _before_fork(self) -> None:
         self.lock.acquire()
+        # and until no checkpoint runs on a thread of its own: the child could inherit SQLite's in-process
+        # mutexes of the file held, and its own connection wait on them for ever
+        self._checkpoint_lock.acquire()
 
     def _after_fork_in_parent(self) -> None:
+        self._checkpoint_lock.release()
         self.lock.release()
 
     def _after_fork(self) -> None:
@@ -106,6 +111,7 @@ class SerializedSqliteDatabase(
         self._checkpoint_lock = threading.Lock()
         _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
         self._checkpointer = None
+        self._checkpoint_thread = None
         self.writers.after_fork_in_child()
         self.close_wal_index()
         self._state.reset()

@@ -9,10 +9,14 @@ __all__ = [
     "READONLY_PRAGMAS",
     "SYNCHRONOUS_DURABLE",
     "WAL_AUTOCHECKPOINT_PAGES",
+    "WAL_RESTART_FRAMES",
 ]
 
 #: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
 WAL_AUTOCHECKPOINT_PAGES = 1000
+#: Frames of -wal file from which a queued store's checkpoint runs on the writing thread with the lock held,
+#: not on a thread of its own, so that the file starts again from its beginning (16 MiB of 4 KiB pages).
+WAL_RESTART_FRAMES = 4 * WAL_AUTOCHECKPOINT_PAGES
 
 #: The oldest SQLite whose library can run claim_batch_targets.
 CLAIMS_NEED_SQLITE = (3, 35, 0)

@@ -5,7 +5,10 @@ OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it wh
 the transaction again (:meth:`WalPolicy.settle_writers`, after every statement). SQLite's automatic
 checkpoint would run inside the COMMIT that takes the ``-wal`` file past 1,000 pages, with the queue still
 held: every other process's writer would wait for its copy and fsyncs. So a queued store turns it off and
-applies the same rule itself, once the queue is released (:meth:`WalPolicy.checkpoint_if_due`).
+applies the same rule itself, once the queue is released (:meth:`WalPolicy.checkpoint_if_due`): on a
+thread of its own while the ``-wal`` file is short, so this process's other threads write on meanwhile;
+on the writing thread, the store's lock held, once it is long, so that nothing is written during that
+checkpoint and the next write starts the file again from its beginning.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import threading
 from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
-from .settings import WAL_AUTOCHECKPOINT_PAGES
+from .settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 from .transactions import BulkWrites
 
 __all__ = ["WalPolicy"]
@@ -39,6 +42,7 @@ class WalPolicy(SqliteBase):
     _changes_seen: int  # the connection's total_changes when its last write transaction ended
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
+    _checkpoint_thread: threading.Thread | None
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -64,8 +68,9 @@ class WalPolicy(SqliteBase):
 
     def checkpoint_if_due(self) -> None:
         """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
-        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint. It never
-        fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself again.
+        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint; on a thread
+        of its own below WAL_RESTART_FRAMES frames, here (the lock held) from there. It never fails the
+        write before it; if the WAL index cannot be read, SQLite checkpoints by itself again.
         The frames come from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16,
         ``nBackfill`` at byte 96, native byte order), read once after every write: in this one function."""
         try:
@@ -79,9 +84,31 @@ class WalPolicy(SqliteBase):
             with contextlib.suppress(Exception):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
             return
-        if (max_frame - backfilled if max_frame >= backfilled else max_frame) >= WAL_AUTOCHECKPOINT_PAGES:
-            with contextlib.suppress(BatchError):  # retried after the next write
-                self.checkpoint()
+        if (max_frame - backfilled if max_frame >= backfilled else max_frame) < WAL_AUTOCHECKPOINT_PAGES:
+            return
+        if max_frame < WAL_RESTART_FRAMES:
+            self._checkpoint_aside()
+            return
+        # Writes during a checkpoint leave frames it did not copy, and the -wal file starts again from its
+        # beginning only once every frame is copied back: so a long file is checkpointed with this process's
+        # writes held.
+        with contextlib.suppress(BatchError):  # retried after the next write
+            self.checkpoint()
+
+    def _checkpoint_aside(self) -> None:
+        """A checkpoint on a thread of its own, unless one runs already; the writing thread goes on. Called
+        with the store's lock held, as ``close_wal_files`` is, which waits for it."""
+        running = self._checkpoint_thread
+        if running is not None and running.is_alive():
+            return
+        self._checkpoint_thread = threading.Thread(
+            target=self._checkpoint_quietly, name="sift-checkpoint", daemon=True
+        )
+        self._checkpoint_thread.start()
+
+    def _checkpoint_quietly(self) -> None:
+        with contextlib.suppress(BatchError):  # retried after a later write
+            self.checkpoint()
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -122,7 +149,10 @@ class WalPolicy(SqliteBase):
         return BulkWrites(self)
 
     def close_wal_files(self) -> None:
-        """Close the checkpoints' connection and the WAL index."""
+        """Wait for a checkpoint running aside; close the checkpoints' connection and the WAL index."""
+        running, self._checkpoint_thread = self._checkpoint_thread, None
+        if running is not None:
+            running.join()
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
