@@ -17,6 +17,7 @@ from sift.dcache.backends.sqlite.schema import BASE_SCHEMA
 from sift.dcache.backends.sqlite.settings import PRAGMAS
 from sift.dcache.tables import JOB_COLUMN_LIST
 
+from .harness import checkpoints_settled
 from .sizes import FINISHED, OPTIONS
 from .stores import PgServer
 
@@ -119,6 +120,7 @@ def wal_frames(path: Path, step: Callable[[int], object], start: int, count: int
     call: in all, and by the table or index each frame's page belongs to (SQLite's dbstat). The -wal file
     is emptied first (a TRUNCATE checkpoint), and ``count`` must keep it under the next checkpoint: a
     restart of the -wal file in between stops the run. None if this SQLite has no dbstat table."""
+    checkpoints_settled()  # a checkpoint of the store's running aside would make the TRUNCATE busy
     probe = sqlite3.connect(path, isolation_level=None)
     try:
         ((busy, _, _),) = probe.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
