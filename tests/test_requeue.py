@@ -163,13 +163,29 @@ def test_a_late_write_of_a_requeued_claim_is_refused_and_changes_nothing(store: 
     assert job_row()[3:] == (1 + 1, 3)
 
 
-def test_the_single_runners_start_requeues_its_claims_and_leaves_queued_jobs_alone(store: Any) -> None:
-    dcache.create_batch_job(make_job("started", targets_total=2, created_at=1), make_targets(2))
+def test_a_runners_restart_requeues_its_claims_and_leaves_queued_jobs_alone(store: Any) -> None:
+    dcache.create_batch_job(make_job("started", targets_total=3, created_at=1), make_targets(3))
     dcache.create_batch_job(make_job("queued", targets_total=2, created_at=2), make_targets(2))
-    dcache.claim_batch_targets(1, runner="before-restart", now=1_000)
-    assert dcache.requeue_in_flight(now=1_001) == 1
+    (first,) = dcache.claim_batch_targets(1, runner="before-restart", now=1_000)
+    (other,) = dcache.claim_batch_targets(1, runner="other", now=1_000)
+    # Among many runners, one restarted under its name takes back its own claims, however fresh, each
+    # attempt counted (a crash's, as a stale claim's); the other runners' stay theirs.
+    before = snapshot()
+    with pytest.raises(dcache.InvalidBatchInput) as caught:
+        dcache.requeue_stale_claims(0, runner="", now=1_001)
+    assert caught.value.field == "runner" and snapshot() == before
+    assert dcache.requeue_stale_claims(0, runner="before-restart", now=1_001) == 1
+    assert claims("started")[first.idx] == (first.idx, "pending", None, None, 1)
+    assert claims("started")[other.idx] == (other.idx, "running", "other", 1_000, 1)
+    (again,) = dcache.claim_batch_targets(1, runner="before-restart", now=1_002)
+    assert again.attempts == 2
+    moved = dcache.requeue_stale_claims(0, runner="before-restart", max_attempts=2, reason="r", now=1_003)
+    assert moved == 1 and job_row("started")[3] == 1  # at its last attempt: failed, counted once
+    assert claims("started")[again.idx] == (again.idx, "failed", "before-restart", 1_002, 2)
+    # A single runner's start: every running target was its previous run's.
+    assert dcache.requeue_in_flight(now=1_004) == 1
     assert job_row("started")[0] == "running" and job_row("queued")[0] == "queued"
-    assert claims("started")[0] == (0, "pending", None, None, 1)
+    assert claims("started")[other.idx] == (other.idx, "pending", None, None, 1)
     # mark_in_flight_failed keeps its contract: every live job fails, queued ones included.
     assert dcache.mark_in_flight_failed("restarted", now=1_002) == 2
     assert job_row("queued")[:2] == ("failed", "restarted")

@@ -355,6 +355,40 @@ def test_a_sigkilled_runners_targets_are_finished_by_another_after_stale_after(s
 
 
 @pytest.mark.slow
+def test_a_sigkilled_runner_restarted_under_its_name_requeues_its_claims_as_it_starts(
+    shared_store: str,
+) -> None:
+    """A runner restarted under the name it died with (a service's fixed name) finds claims under that name
+    that none of its workers hold: it requeues them before its first claim, each attempt counted, where its
+    keeper would otherwise renew them for as long as it ran (here stale_after is far longer than the wait)."""
+    with serving() as site:
+        job_id = submit([f"{site.base}/hang/{i}" for i in range(6)])
+        killed = start_runner(shared_store, "fixed", stale_after=3_600)
+        wait_for(lambda: site.asked("/hang/") >= 4, "the runner to hold four fetches")
+        killed.kill()
+        killed.communicate(timeout=WAIT)
+        assert killed.returncode == -signal.SIGKILL
+        held = {t.idx for t in dcache.batch_targets(job_id) or [] if t.runner == "fixed"}
+        assert len(held) >= 4
+        site.release.set()
+        restarted = start_runner(shared_store, "fixed", stale_after=3_600)
+        try:
+            wait_for(lambda: job_final(job_id), "the restarted runner to finish the job")
+        finally:
+            restarted.send_signal(signal.SIGTERM)
+            _, err = restarted.communicate(timeout=WAIT)
+        assert restarted.returncode == 0, err
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.runner, t.result) for t in targets] == [
+            ("done", "fixed", f"hung /hang/{t.idx} by {restarted.pid}") for t in targets
+        ]
+        assert [t.attempts for t in targets] == [2 if t.idx in held else 1 for t in targets]
+        job = dcache.batch_job(job_id)
+        assert job is not None and (job.status, job.targets_done) == ("done", 6)
+        assert dcache.check_store().ok
+
+
+@pytest.mark.slow
 def test_the_docs_runner_runs_until_sigterm(tmp_path: Path) -> None:
     """The README's and the guide's five lines, as a script of their own: they finish a job, then exit 0 on
     SIGTERM."""

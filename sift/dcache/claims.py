@@ -48,9 +48,11 @@ def _running(target: Any = T) -> peewee.Node:
 
 
 def _stale() -> peewee.Node:
-    """A running target whose claim was last renewed at ``cutoff`` or before; a target set running by a
-    program that records no heartbeat (the original service, a restore) is stale at once."""
-    return _running() & (peewee.fn.COALESCE(T.heartbeat, 0) <= Slot("cutoff"))
+    """A running target whose claim was last renewed at ``cutoff`` or before, held by ``runner`` unless it is
+    NULL (any runner); a target set running by a program that records no heartbeat (the original service, a
+    restore) is stale at once."""
+    stale = _running() & (peewee.fn.COALESCE(T.heartbeat, 0) <= Slot("cutoff"))
+    return stale & (peewee.Cast(Slot("runner"), "TEXT").is_null() | (T.runner == Slot("runner")))
 
 
 _UNCLAIM = {T.runner: None, T.heartbeat: None}
@@ -289,18 +291,25 @@ def release_claims(runner: str, *, now: int | None = None) -> int:
 
 @retried
 def requeue_stale_claims(
-    stale_after: Duration, *, max_attempts: int = 3, reason: str = "runner stopped", now: int | None = None
+    stale_after: Duration,
+    *,
+    runner: str | None = None,
+    max_attempts: int = 3,
+    reason: str = "runner stopped",
+    now: int | None = None,
 ) -> int:
     """Every running target whose claim was last renewed at least ``stale_after`` ago (``heartbeat +
-    stale_after <= now``) goes back to pending, unclaimed; one whose ``attempts`` has reached
-    ``max_attempts`` becomes failed with ``error = reason`` instead, counted once in its job's targets_done,
-    and a live job whose last target that was becomes done, partial or failed. Returns how many targets
-    moved. Safe from every host at any time; job leases move only where a target failed."""
+    stale_after <= now``), held by ``runner`` when given, goes back to pending, unclaimed; one whose
+    ``attempts`` has reached ``max_attempts`` becomes failed with ``error = reason`` instead, counted once in
+    its job's targets_done, and a live job whose last target that was becomes done, partial or failed.
+    Returns how many targets moved. Safe from every host at any time; job leases move only where a target
+    failed."""
+    runner = None if runner is None else validation.key("runner", runner)
     max_attempts = validation.positive("max_attempts", max_attempts)
     reason = validation.message("reason", reason)
     now = validation.now(now)
     cutoff = validation.cutoff(now, stale_after, "stale_after")
-    return _requeue(cutoff, max_attempts, reason, now)
+    return _requeue(cutoff, max_attempts, reason, now, runner)
 
 
 @retried
@@ -320,22 +329,27 @@ def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[Batch
     """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
     Reads only."""
     cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
-    rows = sorted(_STALE_CLAIMS.rows(cutoff=cutoff), key=lambda row: (row[0], row[1]))  # job_id, idx
+    rows = sorted(
+        _STALE_CLAIMS.rows(cutoff=cutoff, runner=None), key=lambda row: (row[0], row[1])
+    )  # job_id, idx
     return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 
 
-def _requeue(cutoff: int, max_attempts: int, reason: str, now: int) -> int:
-    """One transaction: stale targets at their last attempt fail (counted on their jobs, which finish when
-    complete); the other stale targets go back to pending."""
+def _requeue(cutoff: int, max_attempts: int, reason: str, now: int, runner: str | None = None) -> int:
+    """One transaction: stale targets (of ``runner`` when given) at their last attempt fail (counted on
+    their jobs, which finish when complete); the other stale targets go back to pending."""
     with db.write():
-        _STALE_JOBS.rows(cutoff=cutoff)  # PostgreSQL: their jobs locked before their targets
+        _STALE_JOBS.rows(cutoff=cutoff, runner=runner)  # PostgreSQL: their jobs locked before their targets
         failed = Counter(
-            row[0] for row in _FAIL_STALE.rows(reason=reason, cutoff=cutoff, max_attempts=max_attempts)
+            row[0]
+            for row in _FAIL_STALE.rows(
+                reason=reason, cutoff=cutoff, max_attempts=max_attempts, runner=runner
+            )
         )
         for job_id, count in failed.items():
             _COUNT_FAILED.run(job_id=job_id, failed=count, now=now)
             _FINISH_JOB.run(job_id=job_id, now=now)
-        requeued = _REQUEUE_STALE.run(cutoff=cutoff)
+        requeued = _REQUEUE_STALE.run(cutoff=cutoff, runner=runner)
     counters.add("targets_requeued", requeued)
     counters.add("targets_failed_stale", failed.total())
     return requeued + failed.total()

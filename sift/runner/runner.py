@@ -32,7 +32,7 @@ from ..dcache import (
 from ..dcache.claims import _weights
 from ..dcache.clock import unix_time
 from .outcomes import Backoff, Fail, GiveBack, Retry
-from .writer import Outcome, Writer
+from .writer import RETRY_WAIT, Outcome, Writer
 
 __all__ = ["IDLE_WAIT", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
 
@@ -78,7 +78,8 @@ class Runner:
     ``concurrency + prefetch`` wait at once. ``per_job``, ``per_host``, ``weights`` and ``fair`` are
     ``claim_batch_targets``'s. A keeper renews the claims every ``renew_every`` seconds, requeues other
     runners' claims stale for ``stale_after`` seconds, finishes the jobs whose targets are all final, and
-    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given. ``allow_private=True`` is
+    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given. Claims held under ``name``
+    when it starts are an earlier run's, which died: they are requeued first. ``allow_private=True`` is
     passed on: ``fetch(target, allow_private=True)``.
     """
 
@@ -159,6 +160,7 @@ class Runner:
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
         log.info("sift runner %s: started, %d workers", self.name, self.concurrency)
         try:
+            self._take_back_earlier_claims()
             writer.start()
             keeper.start()
             for worker in workers:
@@ -176,11 +178,30 @@ class Runner:
         finally:
             self._stop.set()
             self._finished.set()
-            keeper.join(self.renew_every + 5)
+            if keeper.ident is not None:  # started
+                keeper.join(self.renew_every + 5)
             released = release_claims(self.name)
             if restore is not None:
                 signal.signal(signal.SIGTERM, restore)
             log.info("sift runner %s: stopped, %d claims released; %s", self.name, released, self.progress())
+
+    def _take_back_earlier_claims(self) -> None:
+        """Claims held under this runner's name before it starts are an earlier runner's of the same name,
+        which died (a restart): requeued as stale claims are, each attempt counted, before the keeper
+        would renew them as this runner's. Until the store answers, or the runner is stopped."""
+        while True:
+            try:
+                moved = requeue_stale_claims(
+                    0, runner=self.name, max_attempts=self.max_attempts, reason="its runner restarted"
+                )
+            except BatchError:
+                log.exception("sift runner %s: requeueing an earlier run's claims failed", self.name)
+                if self._stop.wait(RETRY_WAIT):
+                    return
+                continue
+            if moved:
+                log.info("sift runner %s: %d claims of an earlier run requeued", self.name, moved)
+            return
 
     def stop(self, grace: float | None = None) -> None:
         """Stop claiming; in-flight fetches get ``grace`` seconds (default: ``run``'s) to finish and be

@@ -6,9 +6,9 @@ the transaction again (:meth:`WalPolicy.settle_writers`, after every statement).
 checkpoint would run inside the COMMIT that takes the ``-wal`` file past 1,000 pages, with the queue still
 held: every other process's writer would wait for its copy and fsyncs. So a queued store turns it off and
 applies the same rule itself, once the queue is released (:meth:`WalPolicy.checkpoint_if_due`): on a
-thread of its own while the ``-wal`` file is short, so this process's other threads write on meanwhile;
-on the writing thread, the store's lock held, once it is long, so that nothing is written during that
-checkpoint and the next write starts the file again from its beginning.
+thread of its own while the ``-wal`` file is short (and the store not durable), so this process's other
+threads write on meanwhile; on the writing thread, the store's lock held, once it is long, so that nothing
+is written during that checkpoint and the next write starts the file again from its beginning.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import threading
 from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
-from .settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
+from .settings import SYNCHRONOUS_DURABLE, WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 from .transactions import BulkWrites
 
 __all__ = ["WalPolicy"]
@@ -68,9 +68,10 @@ class WalPolicy(SqliteBase):
 
     def checkpoint_if_due(self) -> None:
         """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
-        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint; on a thread
-        of its own below WAL_RESTART_FRAMES frames, here (the lock held) from there. It never fails the
-        write before it; if the WAL index cannot be read, SQLite checkpoints by itself again.
+        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint: on a thread
+        of its own below WAL_RESTART_FRAMES frames (unless the store is durable), else here, the lock held.
+        It never fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself
+        again.
         The frames come from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16,
         ``nBackfill`` at byte 96, native byte order), read once after every write: in this one function."""
         try:
@@ -86,7 +87,10 @@ class WalPolicy(SqliteBase):
             return
         if (max_frame - backfilled if max_frame >= backfilled else max_frame) < WAL_AUTOCHECKPOINT_PAGES:
             return
-        if max_frame < WAL_RESTART_FRAMES:
+        # With durable=True every commit syncs the -wal file, and commits beside a checkpoint were slower
+        # than with it in their way: at FULL, bulk writes of 10 took 0.19-0.20 x huey's time against 0.13
+        # (python scripts/bench --only peers --db sqlite). So a durable store checkpoints here, as before.
+        if max_frame < WAL_RESTART_FRAMES and self.synchronous_pragma != SYNCHRONOUS_DURABLE:
             self._checkpoint_aside()
             return
         # Writes during a checkpoint leave frames it did not copy, and the -wal file starts again from its
