@@ -78,10 +78,9 @@ class Runner:
     ``concurrency + prefetch`` wait at once. ``per_job``, ``per_host``, ``weights`` and ``fair`` are
     ``claim_batch_targets``'s. A keeper renews the claims every ``renew_every`` seconds, requeues other
     runners' claims stale for ``stale_after`` seconds, finishes the jobs whose targets are all final, and
-    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given. Claims held under ``name``
-    when it starts are an earlier run's, which died: they are requeued first. ``allow_private=True`` is
-    passed on: ``fetch(target, allow_private=True)``.
-    """
+    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given; claims under ``name`` at
+    the start, a dead earlier run's, are requeued first. ``allow_private=True`` calls ``fetch(target,
+    allow_private=True)``."""
 
     def __init__(
         self,
@@ -160,9 +159,9 @@ class Runner:
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
         log.info("sift runner %s: started, %d workers", self.name, self.concurrency)
         try:
-            self._take_back_earlier_claims()
             writer.start()
             keeper.start()
+            _take_back_earlier_claims(self)  # the keeper's renewal leaves them stale at once: stale_after 0
             for worker in workers:
                 worker.start()
             while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
@@ -178,30 +177,11 @@ class Runner:
         finally:
             self._stop.set()
             self._finished.set()
-            if keeper.ident is not None:  # started
-                keeper.join(self.renew_every + 5)
+            keeper.join(self.renew_every + 5)
             released = release_claims(self.name)
             if restore is not None:
                 signal.signal(signal.SIGTERM, restore)
             log.info("sift runner %s: stopped, %d claims released; %s", self.name, released, self.progress())
-
-    def _take_back_earlier_claims(self) -> None:
-        """Claims held under this runner's name before it starts are an earlier runner's of the same name,
-        which died (a restart): requeued as stale claims are, each attempt counted, before the keeper
-        would renew them as this runner's. Until the store answers, or the runner is stopped."""
-        while True:
-            try:
-                moved = requeue_stale_claims(
-                    0, runner=self.name, max_attempts=self.max_attempts, reason="its runner restarted"
-                )
-            except BatchError:
-                log.exception("sift runner %s: requeueing an earlier run's claims failed", self.name)
-                if self._stop.wait(RETRY_WAIT):
-                    return
-                continue
-            if moved:
-                log.info("sift runner %s: %d claims of an earlier run requeued", self.name, moved)
-            return
 
     def stop(self, grace: float | None = None) -> None:
         """Stop claiming; in-flight fetches get ``grace`` seconds (default: ``run``'s) to finish and be
@@ -398,6 +378,25 @@ def _keeper_round(runner: Runner) -> None:
         evict_batch_oldest(runner.budget)
     if runner.sweep_ttl is not None:
         sweep_batch(runner.sweep_ttl)
+
+
+def _take_back_earlier_claims(runner: Runner) -> None:
+    """Claims held under ``runner``'s name before it starts are an earlier runner's of the same name, which
+    died (a restart): requeued as stale claims are, each attempt counted, before its keeper would renew
+    them as its own. Until the store answers, or the runner is stopped."""
+    while True:
+        try:
+            moved = requeue_stale_claims(
+                0, runner=runner.name, max_attempts=runner.max_attempts, reason="its runner restarted"
+            )
+        except BatchError:
+            log.exception("sift runner %s: requeueing an earlier run's claims failed", runner.name)
+            if runner._stop.wait(RETRY_WAIT):
+                return
+            continue
+        if moved:
+            log.info("sift runner %s: %d claims of an earlier run requeued", runner.name, moved)
+        return
 
 
 def _stop_on_sigterm(stop: Callable[[], None]) -> Any:
