@@ -14,8 +14,8 @@ __all__ = [
 
 #: Pages of -wal file after which a COMMIT checkpoints (SQLite's default), except in bulk writes.
 WAL_AUTOCHECKPOINT_PAGES = 1000
-#: Frames of -wal file from which a queued store's checkpoint runs on the writing thread with the lock held,
-#: not on a thread of its own, so that the file starts again from its beginning (16 MiB of 4 KiB pages).
+#: Frames of -wal file from which a queued store's checkpoint runs with the lock and the writers' queue held,
+#: so that no write comes in between and the file starts again from its beginning (16 MiB of 4 KiB pages).
 WAL_RESTART_FRAMES = 4 * WAL_AUTOCHECKPOINT_PAGES
 
 #: The oldest SQLite whose library can run claim_batch_targets.

@@ -5,10 +5,10 @@ OS lock on ``<store>-lock`` (:mod:`.writer_queue` says why so), and leaves it wh
 the transaction again (:meth:`WalPolicy.settle_writers`, after every statement). SQLite's automatic
 checkpoint would run inside the COMMIT that takes the ``-wal`` file past 1,000 pages, with the queue still
 held: every other process's writer would wait for its copy and fsyncs. So a queued store turns it off and
-applies the same rule itself, once the queue is released (:meth:`WalPolicy.checkpoint_if_due`): on a
-thread of its own while the ``-wal`` file is short (and the store not durable), so this process's other
-threads write on meanwhile; on the writing thread, the store's lock held, once it is long, so that nothing
-is written during that checkpoint and the next write starts the file again from its beginning.
+applies the same rule itself (:meth:`WalPolicy.checkpoint_due`): once the queue is released, on a thread
+of its own (the process's other threads write on meanwhile), or on the writing thread for a durable
+store; and, once the file is long, with the queue still held, so that no process writes during that
+checkpoint and the next write starts the file again from its beginning.
 """
 
 from __future__ import annotations
@@ -54,26 +54,34 @@ class WalPolicy(SqliteBase):
     def settle_writers(self) -> None:
         """Leave the writers' queue once the connection is out of its transaction, however it ended
         (COMMIT, ROLLBACK, a failed BEGIN, SQLite ending it after an error, a raw ``COMMIT``); then, if
-        something was written, wake the change feed and checkpoint if due."""
+        something was written, wake the change feed and checkpoint if due (:meth:`checkpoint_due`)."""
         conn = self._state.conn
-        if conn is not None and conn.in_transaction:
+        if conn is None or conn.in_transaction:
+            if conn is None and self.writers.held:
+                self.writers.release()
             return
+        wrote = conn.total_changes != self._changes_seen
+        due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
+        if due == "queue held":  # before the queue is left: no process writes until the copy ends
+            self._checkpoint_quietly()
         if self.writers.held:
             self.writers.release()
-        if conn is not None and conn.total_changes != self._changes_seen:
+        if wrote:
             self._changes_seen = conn.total_changes
             self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
-            if self._wal_index_path is not None:
-                self.checkpoint_if_due()
+            if due == "aside":
+                self._checkpoint_aside()
+            elif due == "here":
+                self._checkpoint_quietly()
 
-    def checkpoint_if_due(self) -> None:
-        """SQLite's rule for its automatic checkpoint, applied outside the writers' queue: once the -wal
-        file holds WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint: on a thread
-        of its own below WAL_RESTART_FRAMES frames (unless the store is durable), else here, the lock held.
-        It never fails the write before it; if the WAL index cannot be read, SQLite checkpoints by itself
-        again.
-        The frames come from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16,
-        ``nBackfill`` at byte 96, native byte order), read once after every write: in this one function."""
+    def checkpoint_due(self) -> str | None:
+        """SQLite's rule for its automatic checkpoint, applied by the store: once the -wal file holds
+        WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
+        a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
+        store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames. None:
+        not due; or the WAL index cannot be read, and SQLite checkpoints by itself again. The frames come
+        from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16, ``nBackfill`` at byte 96,
+        native byte order), read once after every write: in this one function."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
@@ -84,20 +92,19 @@ class WalPolicy(SqliteBase):
             self._wal_index_path = None
             with contextlib.suppress(Exception):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
-            return
+            return None
         if (max_frame - backfilled if max_frame >= backfilled else max_frame) < WAL_AUTOCHECKPOINT_PAGES:
-            return
+            return None
+        # A checkpoint copies only the frames written before it began, and the -wal file starts again from
+        # its beginning only once every frame is copied back: with writes going on beside it (this
+        # process's threads, other processes) it would grow without end. So a long file is copied with
+        # every writer held.
+        if max_frame >= WAL_RESTART_FRAMES:
+            return "queue held"
         # With durable=True every commit syncs the -wal file, and commits beside a checkpoint were slower
         # than with it in their way: at FULL, bulk writes of 10 took 0.19-0.20 x huey's time against 0.13
-        # (python scripts/bench --only peers --db sqlite). So a durable store checkpoints here, as before.
-        if max_frame < WAL_RESTART_FRAMES and self.synchronous_pragma != SYNCHRONOUS_DURABLE:
-            self._checkpoint_aside()
-            return
-        # Writes during a checkpoint leave frames it did not copy, and the -wal file starts again from its
-        # beginning only once every frame is copied back: so a long file is checkpointed with this process's
-        # writes held.
-        with contextlib.suppress(BatchError):  # retried after the next write
-            self.checkpoint()
+        # (python scripts/bench --only peers --db sqlite).
+        return "here" if self.synchronous_pragma == SYNCHRONOUS_DURABLE else "aside"
 
     def _checkpoint_aside(self) -> None:
         """A checkpoint on a thread of its own, unless one runs already; the writing thread goes on. Called
