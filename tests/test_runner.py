@@ -328,30 +328,42 @@ def test_runner_processes_stopped_by_sigterm_exit_0_holding_no_claim(shared_stor
         assert dcache.check_store().ok
 
 
+def killed_holding_fetches(store: str, site: Any, name: str, stale_after: float) -> tuple[str, set[int]]:
+    """A job of six targets whose fetches hang, and a runner process ``name`` SIGKILLed while it holds four
+    or more of them: the job's id and the targets it held."""
+    job_id = submit([f"{site.base}/hang/{i}" for i in range(6)])
+    killed = start_runner(store, name, stale_after=stale_after)
+    wait_for(lambda: site.asked("/hang/") >= 4, "the runner to hold four fetches")
+    killed.kill()
+    killed.communicate(timeout=WAIT)
+    assert killed.returncode == -signal.SIGKILL
+    held = {t.idx for t in dcache.batch_targets(job_id) or [] if t.runner == name}
+    assert len(held) >= 4
+    return job_id, held
+
+
+def assert_finished_once_by(job_id: str, held: set[int], runner: str, pid: int) -> None:
+    """Every target written once, by ``runner`` in process ``pid``, a second attempt where the killed runner
+    held it; the job done and the store sound."""
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.runner, t.result) for t in targets] == [
+        ("done", runner, f"hung /hang/{t.idx} by {pid}") for t in targets
+    ]
+    assert [t.attempts for t in targets] == [2 if t.idx in held else 1 for t in targets]
+    job = dcache.batch_job(job_id)
+    assert job is not None and (job.status, job.targets_done) == ("done", 6)
+    assert dcache.check_store().ok
+
+
 @pytest.mark.slow
 def test_a_sigkilled_runners_targets_are_finished_by_another_after_stale_after(shared_store: str) -> None:
     with serving() as site:
-        job_id = submit([f"{site.base}/hang/{i}" for i in range(6)])
-        killed = start_runner(shared_store, "killed", stale_after=2)
-        wait_for(lambda: site.asked("/hang/") >= 4, "the runner to hold four fetches")
-        killed.kill()
-        killed.communicate(timeout=WAIT)
-        assert killed.returncode == -signal.SIGKILL
-        held = {t.idx for t in dcache.batch_targets(job_id) or [] if t.runner == "killed"}
-        assert len(held) >= 4
+        job_id, held = killed_holding_fetches(shared_store, site, "killed", stale_after=2)
         site.release.set()
         survivor = Runner(fetch, name="survivor", concurrency=4, stale_after=2, renew_every=0.5)
         with running(survivor):
             wait_for(lambda: job_final(job_id), "the survivor to finish the job")
-        targets = dcache.batch_targets(job_id) or []
-        pid = os.getpid()
-        assert [(t.status, t.runner, t.result) for t in targets] == [
-            ("done", "survivor", f"hung /hang/{t.idx} by {pid}") for t in targets
-        ]
-        assert [t.attempts for t in targets] == [2 if t.idx in held else 1 for t in targets]
-        job = dcache.batch_job(job_id)
-        assert job is not None and (job.status, job.targets_done) == ("done", 6)
-        assert dcache.check_store().ok
+        assert_finished_once_by(job_id, held, "survivor", os.getpid())
 
 
 @pytest.mark.slow
@@ -362,14 +374,7 @@ def test_a_sigkilled_runner_restarted_under_its_name_requeues_its_claims_as_it_s
     that none of its workers hold: it requeues them before its first claim, each attempt counted, where its
     keeper would otherwise renew them for as long as it ran (here stale_after is far longer than the wait)."""
     with serving() as site:
-        job_id = submit([f"{site.base}/hang/{i}" for i in range(6)])
-        killed = start_runner(shared_store, "fixed", stale_after=3_600)
-        wait_for(lambda: site.asked("/hang/") >= 4, "the runner to hold four fetches")
-        killed.kill()
-        killed.communicate(timeout=WAIT)
-        assert killed.returncode == -signal.SIGKILL
-        held = {t.idx for t in dcache.batch_targets(job_id) or [] if t.runner == "fixed"}
-        assert len(held) >= 4
+        job_id, held = killed_holding_fetches(shared_store, site, "fixed", stale_after=3_600)
         site.release.set()
         restarted = start_runner(shared_store, "fixed", stale_after=3_600)
         try:
@@ -378,14 +383,7 @@ def test_a_sigkilled_runner_restarted_under_its_name_requeues_its_claims_as_it_s
             restarted.send_signal(signal.SIGTERM)
             _, err = restarted.communicate(timeout=WAIT)
         assert restarted.returncode == 0, err
-        targets = dcache.batch_targets(job_id) or []
-        assert [(t.status, t.runner, t.result) for t in targets] == [
-            ("done", "fixed", f"hung /hang/{t.idx} by {restarted.pid}") for t in targets
-        ]
-        assert [t.attempts for t in targets] == [2 if t.idx in held else 1 for t in targets]
-        job = dcache.batch_job(job_id)
-        assert job is not None and (job.status, job.targets_done) == ("done", 6)
-        assert dcache.check_store().ok
+        assert_finished_once_by(job_id, held, "fixed", restarted.pid)
 
 
 @pytest.mark.slow

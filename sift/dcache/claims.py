@@ -329,9 +329,8 @@ def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[Batch
     """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
     Reads only."""
     cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
-    rows = sorted(
-        _STALE_CLAIMS.rows(cutoff=cutoff, runner=None), key=lambda row: (row[0], row[1])
-    )  # job_id, idx
+    rows = _STALE_CLAIMS.rows(cutoff=cutoff, runner=None)
+    rows.sort(key=lambda row: (row[0], row[1]))  # job_id, idx
     return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 
 
