@@ -112,10 +112,13 @@ class WalPolicy(SqliteBase):
         running = self._checkpoint_thread
         if running is not None and running.is_alive():
             return
-        self._checkpoint_thread = threading.Thread(
-            target=self._checkpoint_quietly, name="sift-checkpoint", daemon=True
-        )
-        self._checkpoint_thread.start()
+        thread = threading.Thread(target=self._checkpoint_quietly, name="sift-checkpoint", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread now (an interpreter shutting down): here, as a durable store
+            self._checkpoint_quietly()
+            return
+        self._checkpoint_thread = thread
 
     def _checkpoint_quietly(self) -> None:
         with contextlib.suppress(BatchError):  # retried after a later write
