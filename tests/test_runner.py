@@ -447,6 +447,36 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         dcache.close_db()
 
 
+@pytest.mark.slow
+def test_a_runners_take_back_of_earlier_claims_is_tried_again_while_the_store_refuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process holds the file's write lock past the busy timeout as a runner starts: its take-back
+    of an earlier run's claims fails, and is made again once the lock is gone; then the runner works."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        job_id = submit(["https://a.example/0", "https://a.example/1"])
+        assert len(dcache.claim_batch_targets(2, runner="w")) == 2  # the earlier run's, which died
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        runner = Runner(lambda target: f"page {target.idx}", name="w", concurrency=2, renew_every=0.5)
+        with caplog.at_level(logging.ERROR, logger="sift.runner"), running(runner):
+            wait_for(
+                lambda: "requeueing an earlier run's claims failed" in caplog.text, "the refused take-back"
+            )
+            holder.execute("ROLLBACK")
+            holder.close()
+            wait_for(lambda: job_final(job_id), "the job to finish")
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.result, t.attempts) for t in targets] == [
+            ("done", "page 0", 2),
+            ("done", "page 1", 2),
+        ]
+    finally:
+        dcache.close_db()
+
+
 def test_run_on_the_main_thread_stops_on_sigterm_and_puts_the_handler_back(
     store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
