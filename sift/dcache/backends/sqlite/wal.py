@@ -18,6 +18,7 @@ import os
 import sqlite3
 import struct
 import threading
+from typing import Literal
 
 from ...driver_errors import is_busy
 from ...errors import BatchError
@@ -26,6 +27,9 @@ from .settings import SYNCHRONOUS_DURABLE, WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART
 from .transactions import BulkWrites
 
 __all__ = ["WalPolicy"]
+
+#: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
+CheckpointPlace = Literal["aside", "here", "queue held"]
 
 #: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
 _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
@@ -74,7 +78,7 @@ class WalPolicy(SqliteBase):
             elif due == "here":
                 self._checkpoint_quietly()
 
-    def checkpoint_due(self) -> str | None:
+    def checkpoint_due(self) -> CheckpointPlace | None:
         """SQLite's rule for its automatic checkpoint, applied by the store: once the -wal file holds
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
