@@ -1,9 +1,10 @@
 """The thin write path, pinned by what it does rather than how long it takes. On SQLite a result write is one
 hold of the store's lock, one turn in the writers' queue, one look at the WAL index, and the statements
-themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results two statements
-a chunk of them; a claim is one hold and one turn too, its walk's statements sent straight to the
-connection; the no-op eviction is one hold and one read.
-On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction one more.
+themselves (BEGIN, the job's and the target's update, COMMIT), and a call's many results one statement
+moving the job a chunk of them, and the one target's write run for each in one call; a claim is one hold
+and one turn too, its walk's statements sent straight to the connection; the no-op eviction is one hold
+and one read. On PostgreSQL a call's writes are one statement, one round trip, and the no-op eviction
+one more.
 """
 
 from __future__ import annotations
@@ -53,13 +54,21 @@ class CountingLock:
 class Connection:
     """The store's sqlite3 connection, keeping the SQL of every statement sent to it."""
 
-    def __init__(self, conn: sqlite3.Connection, sent: list[str]) -> None:
+    def __init__(self, conn: sqlite3.Connection, sent: list[str], many: list[tuple[str, int]]) -> None:
         self.conn = conn
         self.sent = sent
+        self.many = many
 
     def execute(self, sql: str, *params: Any) -> sqlite3.Cursor:
         self.sent.append(sql)
         return self.conn.execute(sql, *params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        """Kept in ``sent`` once, as one call to the driver, and in ``many`` with the rows it ran for."""
+        rows = list(rows)
+        self.sent.append(sql)
+        self.many.append((sql, len(rows)))
+        return self.conn.executemany(sql, rows)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.conn, name)
@@ -72,6 +81,7 @@ class Seen:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         backend: Any = db.backend
         self.statements: list[str] = []
+        self.many: list[tuple[str, int]] = []  # each executemany: its statement and how many rows it ran
         self.flocks = 0
         self.preads = 0
         self.lock = CountingLock(backend.lock)
@@ -89,10 +99,12 @@ class Seen:
         monkeypatch.setattr(fcntl, "flock", counted_flock)  # the writers' queue's
         monkeypatch.setattr(os, "pread", counted_pread)
         backend.connection()
-        monkeypatch.setattr(backend._state, "conn", Connection(backend._state.conn, self.statements))
+        connection = Connection(backend._state.conn, self.statements, self.many)
+        monkeypatch.setattr(backend._state, "conn", connection)
 
     def reset(self) -> None:
         self.statements.clear()
+        self.many.clear()
         self.flocks = self.preads = self.lock.taken = 0
 
 
@@ -147,37 +159,58 @@ def test_a_write_that_moves_the_lease_tries_the_lease_form_first(seen: Seen) -> 
 def test_ten_results_are_one_hold_and_one_turn_in_the_queue(seen: Seen) -> None:
     results = [{"idx": i, "status": "done", "result": "x" * i} for i in range(10)]
     assert dcache.update_batch_targets("job-1", results, now=100) == 10
-    # the job moved once by the set, its targets checked in the same statement, then the targets written
-    # (10 rows padded to 16)
+    # the job moved once by the set, its targets checked in the same statement (10 rows padded to 16), then
+    # the one target's write run for each target, in one call
     assert seen.statements == [
         "BEGIN IMMEDIATE",
         sqlite_writes._move_sql(16, True),
-        sqlite_writes._write_sql(16),
+        sqlite_writes._WRITE_ONE,
         "COMMIT",
     ]
+    assert seen.many == [(sqlite_writes._WRITE_ONE, 10)]
     assert (seen.lock.taken, seen.flocks, seen.preads) == (1, 2, 1)
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (11, sum(range(10)) + 4)
 
 
 @pytest.mark.parametrize("size", [3, 200, 2 * sqlite_writes.SET_ROWS + 2])
-def test_a_calls_statements_do_not_grow_with_its_size(
+def test_a_calls_driver_calls_do_not_grow_with_its_size(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    # per chunk of SET_ROWS: one statement moves the job, one writes the targets
+    # per chunk of SET_ROWS: one statement moves the job, then one call runs the one target's write for each
+    # done target, and one its claim-ending write for each failed one
     dcache.create_batch_job(make_job("job-1", status="running", targets_total=size), make_targets(size))
     dcache.update_batch_target("job-1", size - 1, "done", result="warm", now=100)
-    sent = Seen(monkeypatch).statements
-    results = [{"idx": i, "status": "done", "result": "x" * (i % 7)} for i in range(size - 1)]
+    seen = Seen(monkeypatch)
+    results = [
+        {"idx": i, "status": "failed", "error": "gone"}
+        if i % 5 == 1
+        else {"idx": i, "status": "done", "result": "x" * (i % 7)}
+        for i in range(size - 1)
+    ]
     assert dcache.update_batch_targets("job-1", results, now=100) == size - 1
-    chunks = -(-(size - 1) // sqlite_writes.SET_ROWS)
-    moves = [sql for sql in sent if sql.startswith("UPDATE batch_job SET (targets_done")]
-    writes = [sql for sql in sent if sql.startswith(("WITH w(idx, status", "UPDATE batch_target SET status"))]
-    assert (len(moves), len(writes)) == (chunks, chunks)
+    chunks = [results[at : at + sqlite_writes.SET_ROWS] for at in range(0, size - 1, sqlite_writes.SET_ROWS)]
+    moves = [sql for sql in seen.statements if sql.startswith("UPDATE batch_job SET (targets_done")]
+    assert len(moves) == len(chunks)
+    ran = [(sql, rows) for sql, rows in seen.many if sql.startswith("UPDATE batch_target SET status")]
+    assert ran == [
+        (sql, rows)
+        for chunk in chunks
+        for sql, rows in (
+            (sqlite_writes._WRITE_ONE, sum(r["status"] == "done" for r in chunk)),
+            (sqlite_writes._WRITE_ONE_UNCLAIMED, sum(r["status"] == "failed" for r in chunk)),
+        )
+        if rows
+    ]
     job = dcache.batch_job("job-1")
     assert job is not None and job.targets_done == size
-    assert job.nbytes == 4 + sum(i % 7 for i in range(size - 1))
+    assert job.nbytes == 4 + sum(i % 7 for i in range(size - 1) if i % 5 != 1)
     assert dcache.batch_nbytes() == job.nbytes
+    targets = dcache.batch_targets("job-1")
+    assert targets is not None
+    assert [(t.status, t.result, t.error) for t in targets[:-1]] == [
+        (r["status"], r.get("result"), r.get("error")) for r in results
+    ]
 
 
 def test_a_set_that_breaks_a_rule_writes_nothing_and_names_the_target(seen: Seen) -> None:
@@ -203,10 +236,11 @@ def test_an_idx_given_twice_is_written_in_runs_each_seeing_the_one_before(seen: 
     assert dcache.update_batch_targets("job-1", results, now=100) == 3
     assert seen.statements[1:-1] == [
         sqlite_writes._move_sql(2, True),
-        sqlite_writes._write_sql(2),
+        sqlite_writes._WRITE_ONE,
         sqlite_writes._move_sql(1, True),
         sqlite_writes._WRITE_ONE,
     ]
+    assert seen.many == [(sqlite_writes._WRITE_ONE, 2)]
     job = dcache.batch_job("job-1")
     assert job is not None and (job.targets_done, job.nbytes) == (3, 4 + 1 + 1)
 

@@ -107,7 +107,7 @@ class Baseline:
     def update_targets_done(self, job_id: str, idxs: range, result: str, now: int) -> None:
         """The package's write of several results in one transaction, its statements sent plainly: the job
         moved by the set's change, its targets checked in the same statement (its rows padded to a power of
-        two, as the package pads them), then the targets' write."""
+        two, as the package pads them), then the one target's write, run for each target."""
         size = len(result.encode("utf-8"))
         rows = 1 << (len(idxs) - 1).bit_length()
         pad = rows - len(idxs)
@@ -123,11 +123,8 @@ class Baseline:
                 or conn.execute(sqlite_writes._move_sql(rows, False), move).rowcount
             ):
                 raise LookupError(f"not every one of the targets {idxs} may be written")
-            write: list[Any] = [job_id]
-            for idx in idxs:
-                write += (idx, "done", result, None, None)
-            write += (-1, "pending", None, None, None) * pad
-            conn.execute(sqlite_writes._write_sql(rows), write)
+            writes = [(job_id, idx, "done", result, None, None) for idx in idxs]
+            conn.executemany(sqlite_writes._WRITE_ONE, writes)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -99,8 +99,8 @@ class SqliteWrites(SqliteBase):
         finally:
             lock.release()
 
-    @staticmethod
     def write_target_run(
+        self,
         execute: Callable[[str, Sequence[Any]], Any],
         job_id: str,
         writes: Sequence[tuple[Any, ...]],
@@ -136,9 +136,21 @@ class SqliteWrites(SqliteBase):
                 or execute(_move_sql(len(rows), False), moves).rowcount
             ):
                 return False
-            targets = (job_id, *itertools.chain.from_iterable((w[0], w[1], w[4], w[5], w[6]) for w in rows))
-            execute(_write_sql(len(rows)), targets)
+            self._write_each(job_id, chunk)
         return True
+
+    def _write_each(self, job_id: str, chunk: Sequence[tuple[Any, ...]]) -> None:
+        """The chunk's targets written, each by its key with the one target's statement, prepared once and
+        run by the connection for every write (``executemany``): one ``UPDATE … FROM (VALUES …)`` for the
+        chunk costs more a target as results grow, as SQLite copies the joined rows, results and all, before
+        it writes them."""
+        conn = self._state.conn
+        kept = [(job_id, w[0], w[1], w[4], w[5], w[6]) for w in chunk if w[1] not in _UNCLAIMING]
+        if kept:
+            conn.executemany(_WRITE_ONE, kept)
+        if len(kept) < len(chunk):  # pending and failed also end the claim
+            ended = [(job_id, w[0], w[1], w[4], w[5], w[6]) for w in chunk if w[1] in _UNCLAIMING]
+            conn.executemany(_WRITE_ONE_UNCLAIMED, ended)
 
     def direct_write(self) -> DirectWrite:
         """The write transaction of a hot path: :meth:`write`, giving the block the connection's
@@ -287,15 +299,3 @@ _SET_ONE = "UPDATE batch_target SET status = ?3, result = ?4, error = ?5, hint =
 _WRITE_ONE = f"{_SET_ONE} WHERE job_id = ?1 AND idx = ?2"
 _WRITE_ONE_UNCLAIMED = f"{_SET_ONE}, runner = NULL, heartbeat = NULL WHERE job_id = ?1 AND idx = ?2"
 _MOVE_ONE, _MOVE_ONE_AT_LEASE = _move_sql(1, False), _move_sql(1, True)
-
-
-@functools.cache
-def _write_sql(rows: int) -> str:
-    """A chunk's targets written; pending and failed also end the claim, as the one target's write does."""
-    unclaim = f"CASE WHEN w.status IN {_UNCLAIMED} THEN NULL ELSE batch_target."
-    return (
-        f"WITH w(idx, status, result, error, hint) AS (VALUES {_values(rows, 5, 2)}) "
-        "UPDATE batch_target SET status = w.status, result = w.result, error = w.error, hint = w.hint, "
-        f"runner = {unclaim}runner END, heartbeat = {unclaim}heartbeat END "
-        "FROM w WHERE batch_target.job_id = ?1 AND batch_target.idx = w.idx"
-    )
