@@ -315,10 +315,12 @@ class Runner:
             return self._retry(target, _text(exc), None)
         if not isinstance(result, str):
             return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
-        size = len(result.encode("utf-8", "surrogatepass"))
-        if size > validation.MAX_RESULT_BYTES:
-            error = f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
-            return Outcome(job_id, idx, "failed", error=error)
+        # UTF-8 takes at most 4 bytes a character: a shorter text is within the store's limit, and not encoded
+        if len(result) * 4 > validation.MAX_RESULT_BYTES:
+            size = len(result.encode("utf-8", "surrogatepass"))
+            if size > validation.MAX_RESULT_BYTES:
+                error = f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
+                return Outcome(job_id, idx, "failed", error=error)
         return Outcome(job_id, idx, "done", result=result)
 
     def _host_asked_to_wait(self, target: BatchTarget, retry: Retry) -> Outcome:

@@ -14,8 +14,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..dcache import (
     BatchError,
@@ -38,11 +37,11 @@ WRITE_BATCH = 256
 WRITE_WAIT = 0.005
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What a fetch of target ``idx`` of ``job_id`` came to: a write (``status`` done or failed, with its
     result, error and hint) or, with status pending, a retry not before ``not_before`` (``attempted``
-    False: given back untried, its error kept when ``error`` is None)."""
+    False: given back untried, its error kept when ``error`` is None). A tuple: a worker makes one a
+    target, a third of a frozen dataclass's time."""
 
     job_id: str
     idx: int
