@@ -49,6 +49,8 @@ CASES = {
             "neither",
         )
     ),
+    # 256 results a call at three sizes: each target's statement, and one UPDATE … FROM (VALUES …) for all
+    *(f"raw/set_write_{size}/{side}" for size in ("10b", "1k", "10k") for side in ("each", "one_update")),
     "locks/sweep",
     "locks/evict",
     "memory/put_from_generator",

@@ -316,8 +316,10 @@ def update_batch_targets(
     the order given; ``results`` holds mappings of its arguments (``idx``, ``status``, and optionally
     ``result``, ``error``, ``hint``). Any bad entry, missing target or lost claim (``ClaimLost``, with
     ``runner``) refuses the whole call, writing nothing. Returns how many targets were written."""
-    job_id = validation.job_id(job_id)
-    if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
+    if type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id:
+        job_id = validation.job_id(job_id)  # as update_batch_target checks it
+    # a list, the usual call, is an Iterable: the ABC's check is spared
+    if type(results) is not list and (isinstance(results, (str, bytes)) or not isinstance(results, Iterable)):
         validation.invalid("results", f"must be an iterable of mappings, got {type(results).__name__}")
     writes = [_target_write_of(i, entry) for i, entry in enumerate(results)]
     runner = validation.optional_key("runner", runner)

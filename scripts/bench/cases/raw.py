@@ -30,6 +30,7 @@ from ..harness import Report, interleave, interleave_all, log, time_batch
 from ..sizes import BUDGET, OPTIONS, RESULT_1K, T0, Sizes
 from ..stores import PgServer
 from .hot_paths import RUNNER_JOB, runner_step
+from .set_writes import bench_set_writes
 
 # The baseline runs the package's own SQL text, with parameters written out by hand. These are the
 # parameter layouts that hand-written code assumes; check_layouts() fails loudly if the package changes.
@@ -468,6 +469,7 @@ def bench_raw(tmp: Path, sizes: Sizes, report: Report) -> None:
     )
     base.close()
     dcache.close_db()
+    bench_set_writes(tmp, sizes, report)
 
 
 class PgBaseline:
