@@ -315,12 +315,9 @@ class Runner:
             return self._retry(target, _text(exc), None)
         if not isinstance(result, str):
             return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
-        # UTF-8 takes at most 4 bytes a character: a shorter text is within the store's limit, and not encoded
-        if len(result) * 4 > validation.MAX_RESULT_BYTES:
-            size = len(result.encode("utf-8", "surrogatepass"))
-            if size > validation.MAX_RESULT_BYTES:
-                error = f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
-                return Outcome(job_id, idx, "failed", error=error)
+        error = _too_big(result)
+        if error is not None:
+            return Outcome(job_id, idx, "failed", error=error)
         return Outcome(job_id, idx, "done", result=result)
 
     def _host_asked_to_wait(self, target: BatchTarget, retry: Retry) -> Outcome:
@@ -425,6 +422,17 @@ def _seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
     ):
         raise InvalidBatchInput(field, f"must be a finite number of seconds > 0, got {value!r}")
     return float(value)
+
+
+def _too_big(result: str) -> str | None:
+    """Why ``result`` cannot be stored, over the store's limit of UTF-8 bytes; None when it can. UTF-8 takes
+    at most 4 bytes a character: a text shorter than a quarter of the limit is not encoded to measure it."""
+    if len(result) * 4 <= validation.MAX_RESULT_BYTES:
+        return None
+    size = len(result.encode("utf-8", "surrogatepass"))
+    if size <= validation.MAX_RESULT_BYTES:
+        return None
+    return f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
 
 
 def _text(exc: BaseException) -> str:

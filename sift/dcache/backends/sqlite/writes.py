@@ -241,13 +241,12 @@ class SqliteWrites(SqliteBase):
         raise conflict
 
 
-#: The most target writes one statement of a run carries (at 5 parameters each, far below SQLite's
-#: 32,766); a chunk is padded to a power of two, so a few statements, each prepared once, serve every size.
+#: The most target writes one move of the job covers (at 3 parameters each, far below SQLite's 32,766); a
+#: chunk is padded to a power of two, so a few statements, each prepared once, serve every size.
 SET_ROWS = 256
 #: A padding row: idx -1 is no target's (idx is at least 0), so it matches nothing.
 _PAD = (-1, "pending", 0, 0, None, None, None)
 _FINAL = "('done', 'failed')"
-_UNCLAIMED = "('pending', 'failed')"
 _UNCLAIMING = frozenset({"pending", "failed"})
 
 
