@@ -213,14 +213,15 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
 def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
     proc, report = quick
     goals = report["goals"]
-    # 7 flat paths, 3 ratios with a goal and 3 reported (two of them split the runner step's), 2 x (hold,
+    # 7 flat paths, 3 ratios with a goal and 6 reported (two of them split the runner step's, three compare
+    # two ways to write 256 results at three sizes), 2 x (hold,
     # reader p99, -wal size), 1 memory, 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk
     # (file over pages in use, hold), claims from 4 processes no slower than from 1, 2 tail workloads x
     # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
     # against its small one, without and with per_host, and its floor's reported, the flood's small callers
     # 10 x sooner with fair claiming, a wait's end after another process's commit, a page of a large job
     # against one of a small job, the dashboard's jobs page, a claim with 90% held against none.
-    sqlite_goals = 7 + 6 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
+    sqlite_goals = 7 + 9 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     # and a batch through a Runner against huey at both settings, and the runner's results' visibility
     peers_goals, peers_info = (7, 2) if with_huey() else (0, 0)
@@ -237,7 +238,7 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1 + 1
     assert len(goals) == sqlite_goals + peers_goals + counted_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    sqlite_info = 4
+    sqlite_info = 7
     pg_info = 4 + ceiling
     assert [g["verdict"] for g in goals].count("INFO") == sqlite_info + (
         pg_info if with_postgres() else 0
