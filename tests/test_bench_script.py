@@ -214,13 +214,13 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     proc, report = quick
     goals = report["goals"]
     # 7 flat paths, 3 ratios with a goal and 6 reported (two of them split the runner step's, three compare
-    # two ways to write 256 results at three sizes), 2 x (hold,
-    # reader p99, -wal size), 1 memory, 1 fixture cost, 1 request hooks, 2 operations (open, check), 2 disk
-    # (file over pages in use, hold), claims from 4 processes no slower than from 1, 2 tail workloads x
-    # (queue p99, queue worst call, throughput against the busy handler), the fair claim's large store
-    # against its small one, without and with per_host, and its floor's reported, the flood's small callers
-    # 10 x sooner with fair claiming, a wait's end after another process's commit, a page of a large job
-    # against one of a small job, the dashboard's jobs page, a claim with 90% held against none.
+    # two ways to write 256 results at three sizes), 2 x (hold, reader p99, -wal size), 1 memory, 1 fixture
+    # cost, 1 request hooks, 2 operations (open, check), 2 disk (file over pages in use, hold), claims from 4
+    # processes no slower than from 1, 2 tail workloads x (queue p99, queue worst call, throughput against the
+    # busy handler), the fair claim's large store against its small one, without and with per_host, and its
+    # floor's reported, the flood's small callers 10 x sooner with fair claiming, a wait's end after another
+    # process's commit, a page of a large job against one of a small job, the dashboard's jobs page, a claim
+    # with 90% held against none.
     sqlite_goals = 7 + 9 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     # and a batch through a Runner against huey at both settings, and the runner's results' visibility
