@@ -1,7 +1,8 @@
 """Why ``update_batch_targets`` writes each target on its own on SQLite: 256 results a call, at three result
 sizes, written as the package writes them (the job moved once for the set, then the one target's statement
-run for each by ``executemany``) against one ``UPDATE … FROM (VALUES …)`` for the set, its rows padded to
-256 as the package pads the move's; both sent plainly on copies of one file, interleaved call by call.
+run for each by ``executemany``) against one ``UPDATE … FROM (VALUES …)`` for the set (the same move first);
+both sent plainly on copies of one file, interleaved call by call. The one statement writes done results
+only: it leaves out the ``CASE`` that ended the claims of pending and failed ones, to its advantage.
 
 SQLite runs an ``UPDATE … FROM`` by first copying the joined rows, new values and all, and then writing
 them: the copy costs more as the results grow."""
