@@ -143,7 +143,8 @@ class SqliteWrites(SqliteBase):
         """The chunk's targets written, each by its key with the one target's statement, prepared once and
         run by the connection for every write (``executemany``): one ``UPDATE … FROM (VALUES …)`` for the
         chunk costs more a target as results grow, as SQLite copies the joined rows, results and all, before
-        it writes them."""
+        it writes them. Sent on the connection of the call's transaction, whose ``execute`` sent the move:
+        the lock the transaction holds keeps it the same."""
         conn = self._state.conn
         kept = [(job_id, w[0], w[1], w[4], w[5], w[6]) for w in chunk if w[1] not in _UNCLAIMING]
         if kept:
