@@ -178,6 +178,17 @@ def test_sift_run_refuses_a_bad_prefetch_and_leaves_the_store_as_it_was(tmp_path
         (["--fetch", "runner_site:fetch", "--concurrency", "0"], "concurrency"),
         (["--fetch", "runner_site:fetch", "--stale-after", "5", "--renew-every", "5"], "renew_every"),
         (["--fetch", "runner_site:fetch", "--grace", "soon"], "--grace"),
+        # a digit to str.isdigit, not to int(); and a grace longer than a thread can wait
+        pytest.param(
+            ["--fetch", "runner_site:fetch", "--weight", "fleet=\u00b2"],
+            "--weight: expected CLASS=TURNS",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["--fetch", "runner_site:fetch", "--grace", "10000000000"],
+            "grace: must be a number of seconds from 0 to",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_sift_run_refuses_bad_options(

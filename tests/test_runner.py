@@ -26,7 +26,7 @@ from runner_site import fetch, fetch_private, serving
 
 from sift import dcache
 from sift.dcache import clock, db
-from sift.runner import Backoff, GiveBack, Retry, Runner
+from sift.runner import Backoff, Fail, GiveBack, Retry, Runner
 from sift.runner import runner as runner_module
 from sift.runner.writer import Outcome, Writer
 
@@ -221,40 +221,95 @@ def test_allow_private_is_passed_to_fetch(store: Any) -> None:
         assert [t.error for t in dcache.batch_targets(other) or []] == ["private addresses are not allowed"]
 
 
-def test_what_fetch_returns_besides_text_fails_the_target(store: Any) -> None:
-    job_id = submit(["https://a.example/0", "https://a.example/1"])
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_what_fetch_says_that_the_store_cannot_hold_fails_or_is_cleaned_for_its_target_alone(
+    store: Any,
+) -> None:
+    """Results the store cannot hold fail their target; errors and hints keep their text, NUL and lone
+    surrogates as U+FFFD; the other targets are written and the job finishes, each target counted once."""
+    job_id = submit([f"https://a.example/{i}" for i in range(9)])
+
+    seen_errors: list[str | None] = []
+    answers = {
+        0: b"bytes",
+        1: "x" * (dcache.MAX_RESULT_BYTES + 1),
+        2: "before\x00after",
+        3: "lone \udcff",
+        4: "\u00e9t\u00e9",
+    }
 
     def odd(target: dcache.BatchTarget) -> Any:
-        return b"bytes" if target.idx == 0 else "x" * (dcache.MAX_RESULT_BYTES + 1)
+        idx = int(target.idx)
+        if idx == 5:
+            raise Fail("bad \x00 page", hint="see \udcff")
+        if idx == 6:
+            raise Unprintable()
+        if idx == 7:
+            seen_errors.append(target.error)
+            if target.attempts == 1:
+                raise ValueError("nul \x00 and \ud800 here")  # retried, with that error as the store keeps it
+        return answers.get(idx, "fine")
 
-    with running(Runner(odd, concurrency=2, renew_every=0.5)):
+    with running(Runner(odd, concurrency=3, backoff=Backoff(first=0.01, jitter=0), renew_every=0.5)):
         wait_for(lambda: job_final(job_id), "the job to finish")
-    errors = [t.error or "" for t in dcache.batch_targets(job_id) or []]
-    assert errors[0] == "fetch returned bytes, not text"
-    assert errors[1].startswith(f"the result is {dcache.MAX_RESULT_BYTES + 1} bytes")
+    assert seen_errors == [None, "ValueError: nul \ufffd and \ufffd here"]
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.attempts, t.error, t.hint, t.result) for t in targets] == [
+        ("failed", 1, "fetch returned bytes, not text", None, None),
+        (
+            "failed",
+            1,
+            f"the result is {dcache.MAX_RESULT_BYTES + 1} bytes, over the store's {dcache.MAX_RESULT_BYTES}",
+            None,
+            None,
+        ),
+        ("failed", 1, "the result holds a NUL character (\\x00), which no store text may hold", None, None),
+        ("failed", 1, "the result is not valid UTF-8 text (it holds a lone surrogate)", None, None),
+        ("done", 1, None, None, "\u00e9t\u00e9"),
+        ("failed", 1, "bad \ufffd page", "see \ufffd", None),
+        ("failed", 3, "Unprintable", None, None),  # retried as any exception, to its last attempt
+        ("done", 2, None, None, "fine"),
+        ("done", 1, None, None, "fine"),
+    ]
+    job = dcache.batch_job(job_id)
+    assert job is not None and (job.status, job.targets_done) == ("partial", 9)
+    assert held_claims() == 0
+    assert dcache.check_store().ok
 
 
-def test_the_writer_drops_only_a_lost_claim_from_a_group(store: Any) -> None:
+def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_from_a_group(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     dcache.create_batch_job(
-        make_job("a", targets_total=3),
-        [dcache.BatchTarget(idx=i, url=f"https://x/{i}", options="{}") for i in range(3)],
+        make_job("a", targets_total=4),
+        [dcache.BatchTarget(idx=i, url=f"https://x/{i}", options="{}") for i in range(4)],
     )
-    dcache.claim_batch_targets(3, runner="r1", now=1_000)
+    dcache.claim_batch_targets(4, runner="r1", now=1_000)
     dcache.requeue_stale_claims(10, now=2_000)  # r1's claims went stale
     assert [t.idx for t in dcache.claim_batch_targets(1, runner="r2", now=2_001)] == [0]
-    assert [t.idx for t in dcache.claim_batch_targets(2, runner="r1", now=2_002)] == [1, 2]
+    assert [t.idx for t in dcache.claim_batch_targets(3, runner="r1", now=2_002)] == [1, 2, 3]
     tally: dict[str, int] = {}
     writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
-    writer.write([Outcome("a", i, "done", result=f"result {i}") for i in range(3)])
+    outcomes = [Outcome("a", i, "done", result=f"result {i}") for i in range(3)]
+    with caplog.at_level(logging.ERROR, logger="sift.runner"):
+        # a text no store text may hold: written as it is, the round would be refused for ever
+        writer.write([*outcomes, Outcome("a", 3, "done", result="nul \x00")])
+    refused = f"results[3].result: {dcache.validation.NUL_PROBLEM}"
+    assert refused in caplog.text
     targets = dcache.batch_targets("a") or []
-    assert [(t.status, t.runner, t.result) for t in targets] == [
-        ("running", "r2", None),  # r2's: r1's late write dropped
-        ("done", "r1", "result 1"),
-        ("done", "r1", "result 2"),
+    assert [(t.status, t.runner, t.result, t.error) for t in targets] == [
+        ("running", "r2", None, None),  # r2's: r1's late write dropped
+        ("done", "r1", "result 1", None),
+        ("done", "r1", "result 2", None),
+        ("failed", None, None, f"the store refused its outcome: {refused}"),
     ]
-    assert tally == {"lost": 1, "done": 2}
+    assert tally == {"lost": 1, "done": 2, "failed": 1}
     job = dcache.batch_job("a")
-    assert job is not None and job.targets_done == 2
+    assert job is not None and job.targets_done == 3
 
 
 @pytest.mark.parametrize(
@@ -268,6 +323,7 @@ def test_the_writer_drops_only_a_lost_claim_from_a_group(store: Any) -> None:
         ("per_host", {"per_host": 0}),
         ("weights", {"weights": {"fleet": 0}}),
         ("stale_after", {"stale_after": -1}),
+        pytest.param("stale_after", {"stale_after": 1e10}, marks=pytest.mark.slow),  # over MAX_SECONDS
         ("renew_every", {"renew_every": 60, "stale_after": 60}),
         ("max_attempts", {"max_attempts": 0}),
         ("backoff", {"backoff": 5}),

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from sift.dcache import MAX_MESSAGE_BYTES, InvalidBatchInput
-from sift.runner import Backoff, Fail, Retry
+from sift.runner import Backoff, Fail, GiveBack, Retry
+from sift.runner.outcomes import MAX_SECONDS
 
 
 def test_backoff_doubles_from_first_up_to_most() -> None:
@@ -37,6 +38,8 @@ def test_backoff_jitter_stays_within_its_share(attempts: int) -> None:
         ({"factor": True}, "factor"),
         ({"jitter": 1.5}, "jitter"),
         ({"first": "1"}, "first"),
+        # past the longest wait a thread can make (MAX_SECONDS): its not_before would not fit the store
+        pytest.param({"most": 1e19}, "most", marks=pytest.mark.slow),
     ],
 )
 def test_backoff_refuses_bad_settings(kwargs: dict[str, object], field: str) -> None:
@@ -52,6 +55,11 @@ def test_retry_and_fail_keep_what_they_say() -> None:
     assert Retry("429 Too Many Requests", 3, host_wide=True).host_wide
     fail = Fail("404 Not Found", hint="check the URL")
     assert (fail.error, fail.hint) == ("404 Not Found", "check the URL")
+    # NUL and lone surrogates, which no store text may hold, as U+FFFD
+    fail = Fail("bad \x00 page", hint="see \udcff")
+    assert (fail.error, fail.hint) == ("bad \ufffd page", "see \ufffd")
+    assert Retry("a\ud800\x00b", after=MAX_SECONDS).error == "a\ufffd\ufffdb"
+    assert GiveBack("late \x00").reason == "late \ufffd"
 
 
 @pytest.mark.parametrize(
@@ -63,6 +71,7 @@ def test_retry_and_fail_keep_what_they_say() -> None:
         (lambda: Fail("x" * (MAX_MESSAGE_BYTES + 1)), "error"),
         (lambda: Fail("x", hint=3), "hint"),  # type: ignore[arg-type]
         (lambda: Retry("x", host_wide=1), "host_wide"),  # type: ignore[arg-type]
+        pytest.param(lambda: Retry("x", after=1e19), "after", marks=pytest.mark.slow),
     ],
 )
 def test_retry_and_fail_refuse_bad_values(make: object, field: str) -> None:

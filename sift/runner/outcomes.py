@@ -1,22 +1,53 @@
 """What a runner's ``fetch`` says besides a result: try again later (:class:`Retry`), fail now
-(:class:`Fail`) or not tried at all (:class:`GiveBack`), and how long a retry waits (:class:`Backoff`)."""
+(:class:`Fail`) or not tried at all (:class:`GiveBack`), and how long a retry waits (:class:`Backoff`).
+Their texts are kept as a store text may hold them (:func:`storable_text`)."""
 
 from __future__ import annotations
 
 import math
 import random
+import re
+import threading
 from dataclasses import dataclass
 
 from ..dcache.errors import InvalidBatchInput
-from ..dcache.validation import MAX_MESSAGE_BYTES
+from ..dcache.validation import MAX_MESSAGE_BYTES, plain
 
-__all__ = ["Backoff", "Fail", "GiveBack", "Retry"]
+__all__ = ["MAX_SECONDS", "Backoff", "Fail", "GiveBack", "Retry", "storable_message", "storable_text"]
+
+#: The most seconds a runner waits for anything (a retry's ``after``, a grace, ``stale_after``): the
+#: longest wait a thread can make here (``threading.TIMEOUT_MAX``, about 292 years on 64-bit Linux).
+MAX_SECONDS = threading.TIMEOUT_MAX
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a store text may hold it: each NUL and each lone surrogate (which no store text may hold)
+    becomes U+FFFD."""
+    text = plain(text)
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def storable_message(text: str) -> str:
+    """``text`` as the store keeps an error or hint (:func:`storable_text`), within its bound on messages:
+    a longer one (an exception's text may be) is cut, and ends in "..."."""
+    text = storable_text(text)
+    if text.isascii() and len(text) <= MAX_MESSAGE_BYTES:
+        return text
+    data = text.encode("utf-8")
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return text
+    return data[: MAX_MESSAGE_BYTES - 3].decode("utf-8", "ignore") + "..."
 
 
 def _message(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidBatchInput(field, f"must be text, got {type(value).__name__}")
-    if len(value.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
+    value = storable_text(value)
+    if len(value.encode("utf-8")) > MAX_MESSAGE_BYTES:
         raise InvalidBatchInput(field, f"longer than {MAX_MESSAGE_BYTES} bytes")
     return value
 
@@ -28,8 +59,14 @@ def _number(value: object) -> bool:
 def _seconds(field: str, value: object, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise InvalidBatchInput(field, f"must be a finite number of seconds >= 0, got {value!r}")
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_SECONDS
+    ):
+        problem = f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}, got {value!r}"
+        raise InvalidBatchInput(field, problem)
     return float(value)
 
 

@@ -31,7 +31,7 @@ from ..dcache import (
 )
 from ..dcache.claims import _weights
 from ..dcache.clock import unix_time
-from .outcomes import Backoff, Fail, GiveBack, Retry
+from .outcomes import MAX_SECONDS, Backoff, Fail, GiveBack, Retry, storable_message
 from .writer import RETRY_WAIT, Outcome, Writer
 
 __all__ = ["IDLE_WAIT", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
@@ -299,14 +299,15 @@ class Runner:
         if self._waiting_hosts:
             asked = self._host_waiting(target)
             if asked is not None:  # not tried: back untried, to wait as that answer asked
-                return _untried(target, not_before=math.ceil(asked[0]), error=_clip(asked[1]))
+                return _untried(target, not_before=math.ceil(asked[0]), error=storable_message(asked[1]))
         try:
             # a fetch given allow_private must accept it; others are called as users write them
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
         except GiveBack:
             return _untried(target)
         except Fail as fail:
-            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)
+            hint = None if fail.hint is None else storable_message(fail.hint)
+            return Outcome(job_id, idx, "failed", error=storable_message(fail.error), hint=hint)
         except Retry as retry:
             if retry.host_wide:
                 return self._host_asked_to_wait(target, retry)
@@ -315,7 +316,8 @@ class Runner:
             return self._retry(target, _text(exc), None)
         if not isinstance(result, str):
             return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
-        error = _too_big(result)
+        result = validation.plain(result)
+        error = _unstorable(result)
         if error is not None:
             return Outcome(job_id, idx, "failed", error=error)
         return Outcome(job_id, idx, "done", result=result)
@@ -349,7 +351,7 @@ class Runner:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
         with ``error`` at its last attempt."""
         job_id, idx, attempts = str(target.job_id), int(target.idx), int(target.attempts)
-        error = _clip(error)
+        error = storable_message(error)
         if attempts >= self.max_attempts:
             return Outcome(job_id, idx, "failed", error=error)
         wait = self.backoff.delay(attempts) if after is None else after
@@ -417,32 +419,36 @@ def _seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
         not isinstance(value, int | float)
         or isinstance(value, bool)
         or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= MAX_SECONDS
         or (value == 0 and not allow_zero)
     ):
-        raise InvalidBatchInput(field, f"must be a finite number of seconds > 0, got {value!r}")
+        least = "from 0" if allow_zero else "over 0"
+        problem = f"must be a number of seconds {least} to {MAX_SECONDS:.0f}, got {value!r}"
+        raise InvalidBatchInput(field, problem)
     return float(value)
 
 
-def _too_big(result: str) -> str | None:
-    """Why ``result`` cannot be stored, over the store's limit of UTF-8 bytes; None when it can. UTF-8 takes
-    at most 4 bytes a character: a text shorter than a quarter of the limit is not encoded to measure it."""
-    if len(result) * 4 <= validation.MAX_RESULT_BYTES:
-        return None
-    size = len(result.encode("utf-8", "surrogatepass"))
+def _unstorable(result: str) -> str | None:
+    """Why the store cannot hold ``result`` (a NUL, a lone surrogate, over its limit of UTF-8 bytes); None
+    when it can. An ASCII text, a runner's usual result, is not encoded: its length is its size."""
+    if "\x00" in result:
+        return "the result holds a NUL character (\\x00), which no store text may hold"
+    if result.isascii():
+        size = len(result)
+    else:
+        try:
+            size = len(result.encode("utf-8"))
+        except UnicodeEncodeError:
+            return "the result is not valid UTF-8 text (it holds a lone surrogate)"
     if size <= validation.MAX_RESULT_BYTES:
         return None
     return f"the result is {size} bytes, over the store's {validation.MAX_RESULT_BYTES}"
 
 
 def _text(exc: BaseException) -> str:
-    text = str(exc)
+    """``Name: text`` of an exception, or its name alone when its text is empty or cannot be made."""
+    try:
+        text = str(exc)
+    except Exception:  # a user's __str__ that raises: the target is retried all the same
+        text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _clip(error: str) -> str:
-    """``error`` within the store's bound on messages (an exception's text may be longer)."""
-    data = error.encode("utf-8", "surrogatepass")
-    if len(data) <= validation.MAX_MESSAGE_BYTES:
-        return error
-    return data[: validation.MAX_MESSAGE_BYTES - 3].decode("utf-8", "ignore") + "..."

@@ -10,6 +10,7 @@ the jobs whose targets are all final. It writes at once, not waiting, when its r
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -19,12 +20,14 @@ from typing import Any, NamedTuple
 from ..dcache import (
     BatchError,
     ClaimLost,
+    InvalidBatchInput,
     JobNotFound,
     TargetNotFound,
     finish_batch_job,
     retry_batch_target,
     update_batch_targets,
 )
+from .outcomes import storable_message
 
 __all__ = ["WRITE_BATCH", "WRITE_WAIT", "Outcome", "Writer"]
 
@@ -156,7 +159,8 @@ class Writer:
 
     def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
-        names its target, which is dropped (its holder writes it) before the call is made again."""
+        names its target, which is dropped (its holder writes it) before the call is made again; an outcome
+        the store refuses (its text) fails its target alone, with the refusal as its error."""
         entries = {o.idx: _entry(o) for o in outcomes}
         while entries:
             try:
@@ -165,6 +169,17 @@ class Writer:
                 self.tally("lost", 1)
                 log.info("sift runner %s: %s", self.runner, lost)
                 entries.pop(lost.idx)
+                continue
+            except InvalidBatchInput as refused:
+                # Written again as it is, the round would be refused for ever, and every outcome after it
+                # with it: the refused one becomes a failure this call can write.
+                at = _REFUSED_ENTRY.match(refused.field or "")
+                if at is None or int(at[1]) >= len(entries):
+                    raise
+                idx = list(entries)[int(at[1])]
+                log.error("sift runner %s: target %d of job %s: %s", self.runner, idx, job_id, refused)
+                error = storable_message(f"the store refused its outcome: {refused}")
+                entries[idx] = {"idx": idx, "status": "failed", "error": error}
                 continue
             except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
@@ -193,6 +208,10 @@ class Writer:
             log.info("sift runner %s: %s", self.runner, exc)
         else:
             self.tally("retried" if outcome.attempted else "given_back", 1)
+
+
+#: The entry an ``update_batch_targets`` refusal names: ``results[3].result``.
+_REFUSED_ENTRY = re.compile(r"results\[(\d+)\]")
 
 
 def _entry(outcome: Outcome) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def _weights(given: list[str]) -> dict[str, int] | None:
     weights: dict[str, int] = {}
     for item in given:
         name, _, turns = item.partition("=")
-        if not name or not turns.isdigit():
+        if not name or re.fullmatch(r"[0-9]+", turns) is None:
             raise CommandError(f"--weight: expected CLASS=TURNS, got {item!r}")
         weights[name] = int(turns)
     return weights or None
