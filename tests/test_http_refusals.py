@@ -113,6 +113,7 @@ def test_a_redirect_to_a_refused_url_is_refused_without_connecting(
         "http://[fc00::1]/",  # unique local
         "http://[fd12:3456::1]/",
         "http://[fe80::1]/",  # link-local
+        "http://[fec0::1]/",  # site-local, deprecated: Python 3.11 counts it global
         "http://224.0.0.1/",  # multicast
         "http://[ff02::1]/",
         "http://240.0.0.1/",  # reserved
@@ -229,6 +230,20 @@ def test_one_private_address_among_public_ones_refuses_the_host(
     with pytest.raises(Fail) as failed:
         get("http://mixed.test/")
     assert "10.0.0.1" in failed.value.error
+    assert connects == []
+
+
+def test_a_name_resolving_to_a_site_local_address_is_refused_without_connecting(
+    connects: list[Any], lookups: tuple[list[list[str]], list[str]]
+) -> None:
+    answers, _ = lookups
+    answers.append(["fec0::1"])
+    with pytest.raises(Fail) as failed:
+        get("http://site.test/")
+    assert (
+        failed.value.error
+        == "refused http://site.test/: fec0::1 is not a public address (site.test resolves to it)"
+    )
     assert connects == []
 
 

@@ -86,9 +86,10 @@ def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network]
     :class:`~sift.runner.GiveBack` for a paced target whose ``send_by`` passed before its request could leave.
 
     Only http and https URLs are fetched, and only from hosts whose every address is global: loopback,
-    private, link-local, shared (100.64/10), multicast, reserved and unspecified addresses are refused
-    before any connection, at each redirect too. ``allow_private=True`` allows every address, and a list
-    of networks (``["10.1.0.0/16"]``) those networks; neither ever allows another scheme."""
+    private, link-local, site-local (fec0::/10), shared (100.64/10), multicast, reserved and unspecified
+    addresses are refused before any connection, at each redirect too. ``allow_private=True`` allows
+    every address, and a list of networks (``["10.1.0.0/16"]``) those networks; neither ever allows
+    another scheme."""
     allowed = _allowed_networks(allow_private)
     options = _options(target.options)
     deadline = monotonic() + options.timeout
@@ -276,6 +277,8 @@ def _address_allowed(address: _Address, allowed: tuple[_Network, ...] | None) ->
         or address.is_link_local
         or address.is_reserved
         or address.is_unspecified
+        # fec0::/10, deprecated (RFC 3879) and never public: Python 3.11 still counts it global
+        or (isinstance(address, ipaddress.IPv6Address) and address.is_site_local)
     )
 
 
