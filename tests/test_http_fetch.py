@@ -48,7 +48,7 @@ def test_200_text_is_the_body_decoded(server: FetchServer) -> None:
     assert server.paths() == ["/text", "/latin1"]
 
 
-@pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64"])
+@pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64", "idna", "undefined", "punycode"])
 def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServer, name: str) -> None:
     assert get(server.url(f"/charset?name={name}")) == "naïve"
 

@@ -406,25 +406,29 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
     if options.base64:
         text = base64.b64encode(data).decode("ascii")
     else:
-        charset = _charset(response.headers.get("Content-Type"))
-        text = data.decode(charset, "replace").replace("\x00", "\ufffd")
+        text = _text(data, response.headers.get("Content-Type")).replace("\x00", "\ufffd")
     if len(text) > MAX_RESULT_BYTES // 4 and len(text.encode("utf-8")) > MAX_RESULT_BYTES:
         raise Fail(_message(f"the body of {_show(url)} as text is over {MAX_RESULT_BYTES} bytes"))
     return text
 
 
+def _text(data: bytes, content_type: str | None) -> str:
+    """``data`` decoded with the charset ``Content-Type`` names, else as UTF-8, bytes it cannot read as
+    U+FFFD; as UTF-8 too when Python cannot decode with that charset."""
+    charset = _charset(content_type)
+    try:
+        return data.decode(charset, "replace")
+    except (LookupError, ValueError):
+        # LookupError: a name Python does not know, or a bytes-to-bytes codec (base64); ValueError: a
+        # codec that raises whatever the error handler (idna, punycode, undefined), or a NUL in the name
+        return data.decode("utf-8", "replace")
+
+
 def _charset(content_type: str | None) -> str:
-    """The charset ``Content-Type`` names, if Python knows it as a text encoding; else UTF-8."""
+    """The charset ``Content-Type`` names; UTF-8 when it names none."""
     if not content_type:
         return "utf-8"
     message = email.message.Message()
     message["Content-Type"] = content_type
     charset = message.get_param("charset")
-    if not isinstance(charset, str):
-        return "utf-8"
-    try:
-        # LookupError for a name Python does not know, or a bytes-to-bytes codec (base64)
-        b"a".decode(charset, "ignore")
-    except LookupError:
-        return "utf-8"
-    return charset
+    return charset if isinstance(charset, str) else "utf-8"
