@@ -59,7 +59,7 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             server.requests.append(Seen(self.path, dict(self.headers.items())))
             parts = urlsplit(self.path)
-            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             route = getattr(self, "route_" + parts.path.strip("/"), None)
             if route is None:
                 self.answer(404, b"no such page")

@@ -21,6 +21,7 @@ import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
@@ -55,6 +56,7 @@ MAX_REDIRECTS = 20
 RETRY_AFTER_MOST = 3600
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_DIGITS = re.compile(r"[0-9]+")
 _SCHEMES = {"http": 80, "https": 443}
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Sent on a redirect to the same origin only: another site is not given the first one's credentials.
@@ -362,20 +364,24 @@ def _outcome(response: urllib3.BaseHTTPResponse, url: str) -> str | None:
 
 
 def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds from now (delay-seconds or an HTTP-date), at most RETRY_AFTER_MOST;
-    None when absent or unreadable."""
+    """``Retry-After`` in seconds from now (delay-seconds or an HTTP-date, in any of its three forms), at
+    most RETRY_AFTER_MOST; None when absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(min(int(value), RETRY_AFTER_MOST))
+    if _DIGITS.fullmatch(value):  # ASCII digits only: str.isdigit() takes "²", which int() refuses
+        digits = value.lstrip("0")
+        # a number longer than the most is over it (and int() refuses one of over 4,300 digits)
+        if len(digits) > len(str(RETRY_AFTER_MOST)):
+            return float(RETRY_AFTER_MOST)
+        return float(min(int(digits or "0"), RETRY_AFTER_MOST))
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:  # the asctime form names no zone: every HTTP-date is GMT
+            when = when.replace(tzinfo=UTC)
+        return float(min(max(0, math.ceil(when.timestamp() - unix_now())), RETRY_AFTER_MOST))
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # an HTTP-date is GMT
-        return None
-    return float(min(max(0, math.ceil(when.timestamp() - unix_now())), RETRY_AFTER_MOST))
 
 
 def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadline: float) -> str:
