@@ -212,6 +212,18 @@ def test_a_body_still_arriving_at_the_timeout_is_a_retry(server: FetchServer) ->
     assert "timed out" in retried.value.error
 
 
+@pytest.mark.parametrize("part", ["head", "chunk"])
+def test_headers_or_a_chunk_size_line_still_arriving_at_the_timeout_are_a_retry(
+    server: FetchServer, part: str
+) -> None:
+    # a byte every 50 ms for 30 s: each read waits well within the timeout, the whole fetch must not
+    started = time.monotonic()
+    with pytest.raises(Retry) as retried:
+        get(server.url(f"/drip_head?part={part}"), {"timeout": 1})
+    assert "timed out" in retried.value.error
+    assert time.monotonic() - started < 5  # a bound on a hang (the drip lasts 30 s), not a speed
+
+
 def test_a_refused_connection_is_a_retry() -> None:
     with socket.socket() as bound:  # bound, never listening: a connection to it is refused
         bound.bind(("127.0.0.1", 0))

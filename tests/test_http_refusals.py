@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -339,6 +340,27 @@ def test_https_refuses_an_untrusted_certificate(
         get(f"https://site.test:{server.port}/headers", allow_private=[ALLOWED])
     assert "certificate verify failed" in retried.value.error
     assert server.requests == []
+
+
+def test_https_headers_still_arriving_at_the_timeout_are_a_retry(
+    tls_server: tuple[FetchServer, list[str | None]],
+    certificate: tuple[Path, Path],
+    lookups: tuple[list[list[str]], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, _ = tls_server
+    answers, _ = lookups
+    answers.append([SERVER_HOST])
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    started = time.monotonic()
+    with pytest.raises(Retry) as retried:  # each byte of the head is a TLS record of its own, 50 ms apart
+        fetch(
+            BatchTarget(url=f"https://site.test:{server.port}/drip_head", options='{"timeout": 1}'),
+            allow_private=[ALLOWED],
+        )
+    assert "timed out" in retried.value.error
+    assert time.monotonic() - started < 5  # a bound on a hang (the drip lasts 30 s), not a speed
+    assert server.paths() == ["/drip_head"]
 
 
 @pytest.mark.parametrize("host", ["a..b", "a" * 64 + ".com", ("a" * 60 + ".") * 5 + "com", "-ä.com"])

@@ -19,21 +19,27 @@ import json
 import math
 import re
 import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
 import idna
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.util.ssl_ import create_urllib3_context
 
 from ..dcache.clock import monotonic, unix_now, unix_time
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.models import BatchTarget
 from ..dcache.validation import MAX_MESSAGE_BYTES, MAX_RESULT_BYTES
 from .outcomes import Fail, GiveBack, Retry
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -297,6 +303,104 @@ def _remaining(deadline: float, url: str) -> float:
     return left
 
 
+def _time_left(deadline: float) -> float:
+    left = deadline - monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")  # what a socket's own timeout raises
+    return left
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket each of whose reads and writes waits at most until ``deadline`` (``monotonic``): a timeout
+    set once bounds each wait alone, and a peer sending a byte at a time would reset it at every byte."""
+
+    deadline = math.inf
+
+    @classmethod
+    def adopt(cls, sock: socket.socket, deadline: float) -> _DeadlineSocket:
+        """``sock``'s connection, now read and written by the new socket (``sock`` is left detached)."""
+        adopted = cls(sock.family, sock.type, sock.proto, sock.detach())
+        adopted.deadline = deadline
+        adopted.settimeout(_time_left(deadline))
+        return adopted
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self.settimeout(_time_left(self.deadline))
+        return super().recv(bufsize, flags)
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self.settimeout(_time_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
+        self.settimeout(_time_left(self.deadline))
+        return super().send(data, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        self.settimeout(_time_left(self.deadline))
+        super().sendall(data, flags)
+
+
+class _DeadlineSSLSocket(ssl.SSLSocket):
+    """:class:`_DeadlineSocket` over TLS, made by the fetcher's SSL context: ``deadline`` is set once the
+    handshake is done, which the plain socket's timeout (the time left then) bounds as a whole."""
+
+    deadline = math.inf
+
+    def _wait_left(self) -> None:
+        if self.deadline < math.inf:
+            self.settimeout(_time_left(self.deadline))
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._wait_left()
+        return super().recv(buflen, flags)
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        self._wait_left()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:  # sendall sends through it
+        self._wait_left()
+        return super().send(data, flags)
+
+
+class _Connection(HTTPConnection):
+    """urllib3's connection, over a :class:`_DeadlineSocket` that ends at the fetch's deadline."""
+
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        return _DeadlineSocket.adopt(super()._new_conn(), self.deadline)
+
+
+class _TLSConnection(HTTPSConnection):
+    """urllib3's TLS connection, over a :class:`_DeadlineSocket` and, once TLS is up, a
+    :class:`_DeadlineSSLSocket`: both end at the fetch's deadline."""
+
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        return _DeadlineSocket.adopt(super()._new_conn(), self.deadline)
+
+    def connect(self) -> None:
+        super().connect()
+        if isinstance(self.sock, _DeadlineSSLSocket):
+            self.sock.deadline = self.deadline
+
+
+def _tls_context() -> ssl.SSLContext:
+    """urllib3's default context, whose sockets are :class:`_DeadlineSSLSocket`: given a context, urllib3
+    leaves loading the system's trusted certificates to it."""
+    context = create_urllib3_context()
+    context.load_default_certs()
+    context.sslsocket_class = _DeadlineSSLSocket
+    return context
+
+
 def _get(
     parts: SplitResult, addresses: list[str], headers: dict[str, str], deadline: float
 ) -> tuple[urllib3.HTTPConnectionPool, urllib3.BaseHTTPResponse]:
@@ -315,10 +419,19 @@ def _get(
         pool: urllib3.HTTPConnectionPool
         if scheme == "https":
             pool = urllib3.HTTPSConnectionPool(
-                address, port, maxsize=1, retries=False, server_hostname=host, assert_hostname=host
+                address,
+                port,
+                maxsize=1,
+                retries=False,
+                server_hostname=host,
+                assert_hostname=host,
+                ssl_context=_tls_context(),
+                deadline=deadline,
             )
+            pool.ConnectionCls = _TLSConnection
         else:
-            pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
+            pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False, deadline=deadline)
+            pool.ConnectionCls = _Connection
         try:
             response = pool.urlopen(
                 "GET",
@@ -327,6 +440,7 @@ def _get(
                 retries=False,
                 redirect=False,
                 preload_content=False,
+                # the connect's bound; every read and write after it ends at the deadline (_DeadlineSocket)
                 timeout=urllib3.Timeout(connect=left, read=left),
                 release_conn=False,
             )
@@ -392,13 +506,9 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
         raise Fail(too_big)
     chunks: list[bytes] = []
     size = 0
-    sock = getattr(response.connection, "sock", None)  # an HTTP(S)Connection's, None once closed
     try:
         while True:
-            # A read waits at most until the deadline: a body sent a byte at a time still ends in time.
-            left = _remaining(deadline, url)
-            if isinstance(sock, socket.socket):
-                sock.settimeout(left)
+            _remaining(deadline, url)  # a clear error past the deadline; the reads themselves end at it
             chunk = response.read1(_CHUNK)
             if not chunk:
                 break
