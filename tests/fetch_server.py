@@ -59,7 +59,7 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             server.requests.append(Seen(self.path, dict(self.headers.items())))
             parts = urlsplit(self.path)
-            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             route = getattr(self, "route_" + parts.path.strip("/"), None)
             if route is None:
                 self.answer(404, b"no such page")
@@ -114,6 +114,21 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
                     break
                 self.wfile.write(b"x")
                 self.wfile.flush()
+
+        def route_drip_head(self, query: dict[str, str]) -> None:
+            # the status line and headers (or, with part=chunk, a chunked body's first size line) a byte
+            # every 50 ms, for 30 s: each byte well within any read timeout, the whole far past one
+            pad = b"a" * 600
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Pad: " + pad + b"\r\n\r\nlate"
+            if query.get("part") == "chunk":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                head = b"4;pad=" + pad + b"\r\nlate\r\n0\r\n\r\n"
+            for byte in head:
+                if server.release.wait(0.05):
+                    break
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            self.close_connection = True
 
         def route_hops(self, query: dict[str, str]) -> None:
             left = int(query["n"])

@@ -11,9 +11,11 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fetch_server import BINARY, FetchServer, fetch_server
@@ -48,7 +50,7 @@ def test_200_text_is_the_body_decoded(server: FetchServer) -> None:
     assert server.paths() == ["/text", "/latin1"]
 
 
-@pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64"])
+@pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64", "idna", "undefined", "punycode"])
 def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServer, name: str) -> None:
     assert get(server.url(f"/charset?name={name}")) == "naïve"
 
@@ -137,6 +139,39 @@ def test_retry_after_as_an_http_date(server: FetchServer, frozen_now: int, offse
     assert (retried.value.after, retried.value.host_wide) == (after, True)
 
 
+def _asctime(when: int) -> str:
+    return time.asctime(time.gmtime(when))  # "Tue Jan  5 08:00:00 2027": no zone, the day padded with a space
+
+
+def _rfc850(when: int) -> str:
+    return time.strftime("%A, %d-%b-%y %H:%M:%S GMT", time.gmtime(when))
+
+
+DATE_FORMS: dict[str, Callable[[int], str]] = {
+    "imf-fixdate": lambda when: email.utils.formatdate(when, usegmt=True),
+    "rfc850": _rfc850,
+    "asctime": _asctime,
+}
+
+
+@pytest.mark.parametrize("form", DATE_FORMS)
+@pytest.mark.parametrize(("offset", "after"), [(120, 120.0), (-10 * 86400, 0.0)])
+def test_retry_after_in_each_http_date_form_is_gmt(
+    server: FetchServer, frozen_now: int, form: str, offset: int, after: float
+) -> None:
+    date = DATE_FORMS[form](frozen_now + offset)
+    with pytest.raises(Retry) as retried:
+        get(server.url(f"/status?code=429&retry_after={quote(date)}"))
+    assert (retried.value.after, retried.value.host_wide) == (after, True)
+
+
+@pytest.mark.parametrize(("value", "after"), [("120", 120.0), ("0", 0.0), ("007", 7.0), ("9" * 5000, 3600.0)])
+def test_retry_after_in_delay_seconds(server: FetchServer, value: str, after: float) -> None:
+    with pytest.raises(Retry) as retried:
+        get(server.url(f"/status?code=503&retry_after={value}"))
+    assert (retried.value.after, retried.value.host_wide) == (after, True)
+
+
 def test_retry_after_past_the_most_waits_the_most(server: FetchServer) -> None:
     with pytest.raises(Retry) as retried:
         get(server.url(f"/status?code=503&retry_after={RETRY_AFTER_MOST * 24}"))
@@ -144,7 +179,16 @@ def test_retry_after_past_the_most_waits_the_most(server: FetchServer) -> None:
 
 
 @pytest.mark.parametrize(
-    "query", ["code=503", "code=429", "code=503&retry_after=soon", "code=500", "code=502"]
+    "query",
+    [
+        "code=503",
+        "code=429",
+        "code=503&retry_after=soon",
+        "code=429&retry_after=%C2%B2",  # "²": a digit to str.isdigit(), not to int()
+        "code=429&retry_after=",
+        "code=500",
+        "code=502",
+    ],
 )
 def test_5xx_and_429_without_a_readable_retry_after_are_plain_retries(
     server: FetchServer, query: str
@@ -166,6 +210,18 @@ def test_a_body_still_arriving_at_the_timeout_is_a_retry(server: FetchServer) ->
     with pytest.raises(Retry) as retried:
         get(server.url("/drip"), {"timeout": 1})
     assert "timed out" in retried.value.error
+
+
+@pytest.mark.parametrize("part", ["head", "chunk"])
+def test_headers_or_a_chunk_size_line_still_arriving_at_the_timeout_are_a_retry(
+    server: FetchServer, part: str
+) -> None:
+    # a byte every 50 ms for 30 s: each read waits well within the timeout, the whole fetch must not
+    started = time.monotonic()
+    with pytest.raises(Retry) as retried:
+        get(server.url(f"/drip_head?part={part}"), {"timeout": 1})
+    assert "timed out" in retried.value.error
+    assert time.monotonic() - started < 5  # a bound on a hang (the drip lasts 30 s), not a speed
 
 
 def test_a_refused_connection_is_a_retry() -> None:

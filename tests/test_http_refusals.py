@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ def test_a_redirect_to_a_refused_url_is_refused_without_connecting(
         "http://[fc00::1]/",  # unique local
         "http://[fd12:3456::1]/",
         "http://[fe80::1]/",  # link-local
+        "http://[fec0::1]/",  # site-local, deprecated: Python 3.11 counts it global
         "http://224.0.0.1/",  # multicast
         "http://[ff02::1]/",
         "http://240.0.0.1/",  # reserved
@@ -232,6 +234,20 @@ def test_one_private_address_among_public_ones_refuses_the_host(
     assert connects == []
 
 
+def test_a_name_resolving_to_a_site_local_address_is_refused_without_connecting(
+    connects: list[Any], lookups: tuple[list[list[str]], list[str]]
+) -> None:
+    answers, _ = lookups
+    answers.append(["fec0::1"])
+    with pytest.raises(Fail) as failed:
+        get("http://site.test/")
+    assert (
+        failed.value.error
+        == "refused http://site.test/: fec0::1 is not a public address (site.test resolves to it)"
+    )
+    assert connects == []
+
+
 def test_an_address_that_does_not_answer_gives_way_to_the_next_checked_one(
     server: FetchServer, connects: list[Any], lookups: tuple[list[list[str]], list[str]]
 ) -> None:
@@ -324,6 +340,27 @@ def test_https_refuses_an_untrusted_certificate(
         get(f"https://site.test:{server.port}/headers", allow_private=[ALLOWED])
     assert "certificate verify failed" in retried.value.error
     assert server.requests == []
+
+
+def test_https_headers_still_arriving_at_the_timeout_are_a_retry(
+    tls_server: tuple[FetchServer, list[str | None]],
+    certificate: tuple[Path, Path],
+    lookups: tuple[list[list[str]], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, _ = tls_server
+    answers, _ = lookups
+    answers.append([SERVER_HOST])
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    started = time.monotonic()
+    with pytest.raises(Retry) as retried:  # each byte of the head is a TLS record of its own, 50 ms apart
+        fetch(
+            BatchTarget(url=f"https://site.test:{server.port}/drip_head", options='{"timeout": 1}'),
+            allow_private=[ALLOWED],
+        )
+    assert "timed out" in retried.value.error
+    assert time.monotonic() - started < 5  # a bound on a hang (the drip lasts 30 s), not a speed
+    assert server.paths() == ["/drip_head"]
 
 
 @pytest.mark.parametrize("host", ["a..b", "a" * 64 + ".com", ("a" * 60 + ".") * 5 + "com", "-ä.com"])

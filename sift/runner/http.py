@@ -19,20 +19,27 @@ import json
 import math
 import re
 import socket
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
 import idna
 import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.util.ssl_ import create_urllib3_context
 
 from ..dcache.clock import monotonic, unix_now, unix_time
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.models import BatchTarget
 from ..dcache.validation import MAX_MESSAGE_BYTES, MAX_RESULT_BYTES
 from .outcomes import Fail, GiveBack, Retry
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -55,6 +62,7 @@ MAX_REDIRECTS = 20
 RETRY_AFTER_MOST = 3600
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_DIGITS = re.compile(r"[0-9]+")
 _SCHEMES = {"http": 80, "https": 443}
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Sent on a redirect to the same origin only: another site is not given the first one's credentials.
@@ -86,9 +94,10 @@ def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network]
     :class:`~sift.runner.GiveBack` for a paced target whose ``send_by`` passed before its request could leave.
 
     Only http and https URLs are fetched, and only from hosts whose every address is global: loopback,
-    private, link-local, shared (100.64/10), multicast, reserved and unspecified addresses are refused
-    before any connection, at each redirect too. ``allow_private=True`` allows every address, and a list
-    of networks (``["10.1.0.0/16"]``) those networks; neither ever allows another scheme."""
+    private, link-local, site-local (fec0::/10), shared (100.64/10), multicast, reserved and unspecified
+    addresses are refused before any connection, at each redirect too. ``allow_private=True`` allows
+    every address, and a list of networks (``["10.1.0.0/16"]``) those networks; neither ever allows
+    another scheme."""
     allowed = _allowed_networks(allow_private)
     options = _options(target.options)
     deadline = monotonic() + options.timeout
@@ -276,6 +285,8 @@ def _address_allowed(address: _Address, allowed: tuple[_Network, ...] | None) ->
         or address.is_link_local
         or address.is_reserved
         or address.is_unspecified
+        # fec0::/10, deprecated (RFC 3879) and never public: Python 3.11 still counts it global
+        or (isinstance(address, ipaddress.IPv6Address) and address.is_site_local)
     )
 
 
@@ -290,6 +301,104 @@ def _remaining(deadline: float, url: str) -> float:
     if left <= 0:
         raise Retry(_message(f"timed out fetching {_show(url)}"))
     return left
+
+
+def _time_left(deadline: float) -> float:
+    left = deadline - monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")  # what a socket's own timeout raises
+    return left
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket each of whose reads and writes waits at most until ``deadline`` (``monotonic``): a timeout
+    set once bounds each wait alone, and a peer sending a byte at a time would reset it at every byte."""
+
+    deadline = math.inf
+
+    @classmethod
+    def adopt(cls, sock: socket.socket, deadline: float) -> _DeadlineSocket:
+        """``sock``'s connection, now read and written by the new socket (``sock`` is left detached)."""
+        adopted = cls(sock.family, sock.type, sock.proto, sock.detach())
+        adopted.deadline = deadline
+        adopted.settimeout(_time_left(deadline))
+        return adopted
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self.settimeout(_time_left(self.deadline))
+        return super().recv(bufsize, flags)
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        self.settimeout(_time_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
+        self.settimeout(_time_left(self.deadline))
+        return super().send(data, flags)
+
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:
+        self.settimeout(_time_left(self.deadline))
+        super().sendall(data, flags)
+
+
+class _DeadlineSSLSocket(ssl.SSLSocket):
+    """:class:`_DeadlineSocket` over TLS, made by the fetcher's SSL context: ``deadline`` is set once the
+    handshake is done, which the plain socket's timeout (the time left then) bounds as a whole."""
+
+    deadline = math.inf
+
+    def _wait_left(self) -> None:
+        if self.deadline < math.inf:
+            self.settimeout(_time_left(self.deadline))
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._wait_left()
+        return super().recv(buflen, flags)
+
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int | None = None, flags: int = 0) -> int:
+        self._wait_left()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:  # sendall sends through it
+        self._wait_left()
+        return super().send(data, flags)
+
+
+class _Connection(HTTPConnection):
+    """urllib3's connection, over a :class:`_DeadlineSocket` that ends at the fetch's deadline."""
+
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        return _DeadlineSocket.adopt(super()._new_conn(), self.deadline)
+
+
+class _TLSConnection(HTTPSConnection):
+    """urllib3's TLS connection, over a :class:`_DeadlineSocket` and, once TLS is up, a
+    :class:`_DeadlineSSLSocket`: both end at the fetch's deadline."""
+
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def _new_conn(self) -> socket.socket:
+        return _DeadlineSocket.adopt(super()._new_conn(), self.deadline)
+
+    def connect(self) -> None:
+        super().connect()
+        if isinstance(self.sock, _DeadlineSSLSocket):
+            self.sock.deadline = self.deadline
+
+
+def _tls_context() -> ssl.SSLContext:
+    """urllib3's default context, whose sockets are :class:`_DeadlineSSLSocket`: given a context, urllib3
+    leaves loading the system's trusted certificates to it."""
+    context = create_urllib3_context()
+    context.load_default_certs()
+    context.sslsocket_class = _DeadlineSSLSocket
+    return context
 
 
 def _get(
@@ -310,10 +419,19 @@ def _get(
         pool: urllib3.HTTPConnectionPool
         if scheme == "https":
             pool = urllib3.HTTPSConnectionPool(
-                address, port, maxsize=1, retries=False, server_hostname=host, assert_hostname=host
+                address,
+                port,
+                maxsize=1,
+                retries=False,
+                server_hostname=host,
+                assert_hostname=host,
+                ssl_context=_tls_context(),
+                deadline=deadline,
             )
+            pool.ConnectionCls = _TLSConnection
         else:
-            pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False)
+            pool = urllib3.HTTPConnectionPool(address, port, maxsize=1, retries=False, deadline=deadline)
+            pool.ConnectionCls = _Connection
         try:
             response = pool.urlopen(
                 "GET",
@@ -322,6 +440,7 @@ def _get(
                 retries=False,
                 redirect=False,
                 preload_content=False,
+                # the connect's bound; every read and write after it ends at the deadline (_DeadlineSocket)
                 timeout=urllib3.Timeout(connect=left, read=left),
                 release_conn=False,
             )
@@ -359,20 +478,24 @@ def _outcome(response: urllib3.BaseHTTPResponse, url: str) -> str | None:
 
 
 def _retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds from now (delay-seconds or an HTTP-date), at most RETRY_AFTER_MOST;
-    None when absent or unreadable."""
+    """``Retry-After`` in seconds from now (delay-seconds or an HTTP-date, in any of its three forms), at
+    most RETRY_AFTER_MOST; None when absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(min(int(value), RETRY_AFTER_MOST))
+    if _DIGITS.fullmatch(value):  # ASCII digits only: str.isdigit() takes "²", which int() refuses
+        digits = value.lstrip("0")
+        # a number longer than the most is over it (and int() refuses one of over 4,300 digits)
+        if len(digits) > len(str(RETRY_AFTER_MOST)):
+            return float(RETRY_AFTER_MOST)
+        return float(min(int(digits or "0"), RETRY_AFTER_MOST))
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:  # the asctime form names no zone: every HTTP-date is GMT
+            when = when.replace(tzinfo=UTC)
+        return float(min(max(0, math.ceil(when.timestamp() - unix_now())), RETRY_AFTER_MOST))
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # an HTTP-date is GMT
-        return None
-    return float(min(max(0, math.ceil(when.timestamp() - unix_now())), RETRY_AFTER_MOST))
 
 
 def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadline: float) -> str:
@@ -383,13 +506,9 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
         raise Fail(too_big)
     chunks: list[bytes] = []
     size = 0
-    sock = getattr(response.connection, "sock", None)  # an HTTP(S)Connection's, None once closed
     try:
         while True:
-            # A read waits at most until the deadline: a body sent a byte at a time still ends in time.
-            left = _remaining(deadline, url)
-            if isinstance(sock, socket.socket):
-                sock.settimeout(left)
+            _remaining(deadline, url)  # a clear error past the deadline; the reads themselves end at it
             chunk = response.read1(_CHUNK)
             if not chunk:
                 break
@@ -403,25 +522,29 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
     if options.base64:
         text = base64.b64encode(data).decode("ascii")
     else:
-        charset = _charset(response.headers.get("Content-Type"))
-        text = data.decode(charset, "replace").replace("\x00", "\ufffd")
+        text = _text(data, response.headers.get("Content-Type")).replace("\x00", "\ufffd")
     if len(text) > MAX_RESULT_BYTES // 4 and len(text.encode("utf-8")) > MAX_RESULT_BYTES:
         raise Fail(_message(f"the body of {_show(url)} as text is over {MAX_RESULT_BYTES} bytes"))
     return text
 
 
+def _text(data: bytes, content_type: str | None) -> str:
+    """``data`` decoded with the charset ``Content-Type`` names, else as UTF-8, bytes it cannot read as
+    U+FFFD; as UTF-8 too when Python cannot decode with that charset."""
+    charset = _charset(content_type)
+    try:
+        return data.decode(charset, "replace")
+    except (LookupError, ValueError):
+        # LookupError: a name Python does not know, or a bytes-to-bytes codec (base64); ValueError: a
+        # codec that raises whatever the error handler (idna, punycode, undefined), or a NUL in the name
+        return data.decode("utf-8", "replace")
+
+
 def _charset(content_type: str | None) -> str:
-    """The charset ``Content-Type`` names, if Python knows it as a text encoding; else UTF-8."""
+    """The charset ``Content-Type`` names; UTF-8 when it names none."""
     if not content_type:
         return "utf-8"
     message = email.message.Message()
     message["Content-Type"] = content_type
     charset = message.get_param("charset")
-    if not isinstance(charset, str):
-        return "utf-8"
-    try:
-        # LookupError for a name Python does not know, or a bytes-to-bytes codec (base64)
-        b"a".decode(charset, "ignore")
-    except LookupError:
-        return "utf-8"
-    return charset
+    return charset if isinstance(charset, str) else "utf-8"
