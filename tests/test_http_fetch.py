@@ -50,7 +50,17 @@ def test_200_text_is_the_body_decoded(server: FetchServer) -> None:
     assert server.paths() == ["/text", "/latin1"]
 
 
-@pytest.mark.parametrize("name", ["utf-8", "no-such-charset", "base64", "idna", "undefined", "punycode"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "utf-8",
+        "no-such-charset",
+        "base64",
+        "idna",
+        pytest.param("undefined", marks=pytest.mark.slow),
+        pytest.param("punycode", marks=pytest.mark.slow),
+    ],
+)
 def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServer, name: str) -> None:
     assert get(server.url(f"/charset?name={name}")) == "naïve"
 
@@ -154,8 +164,16 @@ DATE_FORMS: dict[str, Callable[[int], str]] = {
 }
 
 
-@pytest.mark.parametrize("form", DATE_FORMS)
-@pytest.mark.parametrize(("offset", "after"), [(120, 120.0), (-10 * 86400, 0.0)])
+@pytest.mark.parametrize(
+    ("form", "offset", "after"),
+    [
+        ("asctime", 120, 120.0),
+        # the rest of the matrix: each form ahead and past
+        pytest.param("imf-fixdate", 120, 120.0, marks=pytest.mark.slow),
+        pytest.param("rfc850", 120, 120.0, marks=pytest.mark.slow),
+        *(pytest.param(form, -10 * 86400, 0.0, marks=pytest.mark.slow) for form in DATE_FORMS),
+    ],
+)
 def test_retry_after_in_each_http_date_form_is_gmt(
     server: FetchServer, frozen_now: int, form: str, offset: int, after: float
 ) -> None:
@@ -165,7 +183,15 @@ def test_retry_after_in_each_http_date_form_is_gmt(
     assert (retried.value.after, retried.value.host_wide) == (after, True)
 
 
-@pytest.mark.parametrize(("value", "after"), [("120", 120.0), ("0", 0.0), ("007", 7.0), ("9" * 5000, 3600.0)])
+@pytest.mark.parametrize(
+    ("value", "after"),
+    [
+        ("9" * 5000, 3600.0),
+        pytest.param("120", 120.0, marks=pytest.mark.slow),
+        pytest.param("0", 0.0, marks=pytest.mark.slow),
+        pytest.param("007", 7.0, marks=pytest.mark.slow),
+    ],
+)
 def test_retry_after_in_delay_seconds(server: FetchServer, value: str, after: float) -> None:
     with pytest.raises(Retry) as retried:
         get(server.url(f"/status?code=503&retry_after={value}"))
@@ -185,7 +211,7 @@ def test_retry_after_past_the_most_waits_the_most(server: FetchServer) -> None:
         "code=429",
         "code=503&retry_after=soon",
         "code=429&retry_after=%C2%B2",  # "²": a digit to str.isdigit(), not to int()
-        "code=429&retry_after=",
+        pytest.param("code=429&retry_after=", marks=pytest.mark.slow),
         "code=500",
         "code=502",
     ],
@@ -212,6 +238,7 @@ def test_a_body_still_arriving_at_the_timeout_is_a_retry(server: FetchServer) ->
     assert "timed out" in retried.value.error
 
 
+@pytest.mark.slow  # each case waits out its 1 s timeout
 @pytest.mark.parametrize("part", ["head", "chunk"])
 def test_headers_or_a_chunk_size_line_still_arriving_at_the_timeout_are_a_retry(
     server: FetchServer, part: str

@@ -102,26 +102,26 @@ def test_a_redirect_to_a_refused_url_is_refused_without_connecting(
 
 @pytest.mark.parametrize(
     "url",
-    [
+    [  # the fast lane takes an address of each kind, the full lane the other spellings too (slow)
         "http://127.1/",
-        "http://0x7f000001/",
+        pytest.param("http://0x7f000001/", marks=pytest.mark.slow),
         "http://0.0.0.0/",
-        "http://[::]/",
+        pytest.param("http://[::]/", marks=pytest.mark.slow),
         "http://[::1]/",
         "http://100.64.0.1/",  # shared address space (carrier-grade NAT)
         "http://192.168.1.1/",
         "http://172.16.0.1/",
         "http://[fc00::1]/",  # unique local
-        "http://[fd12:3456::1]/",
+        pytest.param("http://[fd12:3456::1]/", marks=pytest.mark.slow),
         "http://[fe80::1]/",  # link-local
         "http://[fec0::1]/",  # site-local, deprecated: Python 3.11 counts it global
         "http://224.0.0.1/",  # multicast
-        "http://[ff02::1]/",
+        pytest.param("http://[ff02::1]/", marks=pytest.mark.slow),
         "http://240.0.0.1/",  # reserved
-        "http://255.255.255.255/",
+        pytest.param("http://255.255.255.255/", marks=pytest.mark.slow),
         "http://[64:ff9b::a00:1]/",  # 10.0.0.1 through NAT64
         "http://[2002:a00:1::1]/",  # 10.0.0.1 through 6to4
-        "http://[::ffff:10.0.0.1]/",
+        pytest.param("http://[::ffff:10.0.0.1]/", marks=pytest.mark.slow),
     ],
 )
 def test_every_kind_of_non_public_address_is_refused(url: str, connects: list[Any]) -> None:
@@ -342,6 +342,7 @@ def test_https_refuses_an_untrusted_certificate(
     assert server.requests == []
 
 
+@pytest.mark.slow  # it waits out its 1 s timeout
 def test_https_headers_still_arriving_at_the_timeout_are_a_retry(
     tls_server: tuple[FetchServer, list[str | None]],
     certificate: tuple[Path, Path],
