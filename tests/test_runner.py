@@ -472,12 +472,12 @@ def test_the_writer_writes_again_a_round_the_store_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Another process holds the file's write lock past the busy timeout: the round fails, and is written
-    once the lock is gone, each target once, its job finished."""
+    once the lock is gone, each target once, its retry too, its job finished."""
     path = tmp_path / "store.db"
     dcache.open_db(path, timeout=0.2)
     try:
-        job_id = submit(["https://a.example/0", "https://a.example/1"])
-        assert len(dcache.claim_batch_targets(2, runner="w")) == 2
+        job_id = submit(["https://a.example/0", "https://a.example/1", "https://a.example/2"])
+        assert len(dcache.claim_batch_targets(3, runner="w")) == 3
         tally: dict[str, int] = {}
         writer = Writer("w", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
         holder = sqlite3.connect(path, isolation_level=None)
@@ -486,19 +486,22 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         with caplog.at_level(logging.ERROR, logger="sift.runner"):
             writer.put(Outcome(job_id, 0, "done", result="zero"))
             writer.put(Outcome(job_id, 1, "failed", error="gone"))
+            writer.put(Outcome(job_id, 2, "pending", error="busy"))  # a retry: left running, it was lost
             wait_for(lambda: "outcomes failed" in caplog.text, "the refused round")
+            wait_for(lambda: "putting back target 2 failed" in caplog.text, "the refused retry")
         holder.execute("ROLLBACK")
         holder.close()
-        wait_for(lambda: job_final(job_id), "the round written again")
+        wait_for(lambda: held_claims() == 0, "the round written again")
         assert writer.close(WAIT)
         targets = dcache.batch_targets(job_id) or []
-        assert [(t.status, t.result, t.error) for t in targets] == [
-            ("done", "zero", None),
-            ("failed", None, "gone"),
+        assert [(t.status, t.result, t.error, t.runner) for t in targets] == [
+            ("done", "zero", None, "w"),
+            ("failed", None, "gone", None),
+            ("pending", None, "busy", None),
         ]
         job = dcache.batch_job(job_id)
-        assert job is not None and (job.status, job.targets_done) == ("partial", 2)
-        assert tally == {"done": 1, "failed": 1}
+        assert job is not None and (job.status, job.targets_done) == ("running", 2)
+        assert tally == {"done": 1, "failed": 1, "retried": 1}
     finally:
         dcache.close_db()
 

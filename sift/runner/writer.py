@@ -18,7 +18,6 @@ from collections import defaultdict
 from typing import Any, NamedTuple
 
 from ..dcache import (
-    BatchError,
     ClaimLost,
     InvalidBatchInput,
     JobNotFound,
@@ -130,32 +129,40 @@ class Writer:
             return batch, self._closing and not self._inbox
 
     def _loop(self) -> None:
-        carried: list[Outcome] = []  # a round that failed, written again first (a rewrite changes nothing)
+        carried: list[Outcome] = []  # what the store could not take, written again first
         stopping = False
         while not stopping:
             batch, stopping = self._gather(carried)
             carried = []
             if batch:
                 try:
-                    self.write(batch)
+                    carried = self.write(batch)
                 except Exception:
                     log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
-                    if not stopping:  # the store may come back: the claims are still this runner's
-                        carried = batch
-                        time.sleep(RETRY_WAIT)
-                    # stopping: the runner releases what was not written
+                    carried = batch  # a rewrite changes nothing
+                if carried and not stopping:  # the store may come back: the claims are still this runner's
+                    time.sleep(RETRY_WAIT)
+                # stopping: the runner releases what was not written
 
-    def write(self, batch: list[Outcome]) -> None:
-        """One round: each job's writes in one call, then the retries, then the jobs finished."""
+    def write(self, batch: list[Outcome]) -> list[Outcome]:
+        """One round: the retries, then each job's writes in one call, then the jobs finished. Returns what
+        the store could not take now (unavailable, say), to be written again."""
         writes: dict[str, list[Outcome]] = defaultdict(list)
+        left: list[Outcome] = []
         for outcome in batch:
             if outcome.status == "pending":
-                self._retry(outcome)
+                if not self._retry(outcome):
+                    left.append(outcome)
             else:
                 writes[outcome.job_id].append(outcome)
         for job_id, outcomes in writes.items():
-            if self._write_job(job_id, outcomes):
-                finish_batch_job(job_id)
+            try:
+                if self._write_job(job_id, outcomes):
+                    finish_batch_job(job_id)
+            except Exception:
+                log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(outcomes))
+                left += outcomes
+        return left
 
     def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
@@ -191,7 +198,9 @@ class Writer:
             return written
         return 0
 
-    def _retry(self, outcome: Outcome) -> None:
+    def _retry(self, outcome: Outcome) -> bool:
+        """The outcome's ``retry_batch_target``; False when the store could not take it now (to be sent
+        again), True when done, or never to be done (the claim lost, the target gone)."""
         try:
             retry_batch_target(
                 outcome.job_id,
@@ -204,10 +213,14 @@ class Writer:
         except ClaimLost as lost:
             self.tally("lost", 1)
             log.info("sift runner %s: %s", self.runner, lost)
-        except BatchError as exc:
+        except (InvalidBatchInput, JobNotFound, TargetNotFound) as exc:  # never taken, or gone meanwhile
             log.info("sift runner %s: %s", self.runner, exc)
+        except Exception:
+            log.exception("sift runner %s: putting back target %d failed", self.runner, outcome.idx)
+            return False
         else:
             self.tally("retried" if outcome.attempted else "given_back", 1)
+        return True
 
 
 #: The entry an ``update_batch_targets`` refusal names: ``results[3].result``.
