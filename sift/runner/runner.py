@@ -306,8 +306,7 @@ class Runner:
         except GiveBack:
             return _untried(target)
         except Fail as fail:
-            hint = None if fail.hint is None else storable_message(fail.hint)
-            return Outcome(job_id, idx, "failed", error=storable_message(fail.error), hint=hint)
+            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)  # as Fail keeps them
         except Retry as retry:
             if retry.host_wide:
                 return self._host_asked_to_wait(target, retry)
