@@ -90,12 +90,16 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
 
         def route_size(self, query: dict[str, str]) -> None:
             body = b"a" * int(query["n"])
-            if query.get("length") == "no":  # HTTP/1.0: the body ends where the connection does
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(body)
-            else:
+            length = query.get("length", "yes")
+            if length == "yes":
                 self.answer(200, body)
+                return
+            self.send_response(200)
+            if length != "no":  # a Content-Length no reader can take: the body ends with the connection
+                self.send_header("Content-Length", length)
+            self.end_headers()  # "no", HTTP/1.0: the body ends where the connection does
+            self.wfile.write(body)
+            self.close_connection = True
 
         def route_gzip(self, query: dict[str, str]) -> None:
             self.answer(200, gzip.compress(b"\0" * int(query["n"])), {"Content-Encoding": "gzip"})

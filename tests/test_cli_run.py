@@ -155,7 +155,19 @@ def test_sift_run_logs_the_targets_given_back(shared_store: str) -> None:
     assert lines[-1].endswith(": stopped; 2 done, 0 failed, 0 retried, 2 given back\n")
 
 
-@pytest.mark.parametrize("value", ["-1", "many", "2.5", "", "9223372036854775808"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-1",
+        "many",
+        "2.5",
+        "",
+        "9223372036854775808",
+        # "²" is a digit to str.isdigit(), not to int(), which refuses a text of over 4,300 digits
+        pytest.param("\u00b2", marks=pytest.mark.slow),
+        pytest.param("0" * 5000 + "1" * 20, marks=pytest.mark.slow),
+    ],
+)
 def test_sift_run_refuses_a_bad_prefetch_and_leaves_the_store_as_it_was(tmp_path: Path, value: str) -> None:
     path = tmp_path / "store.db"
     populate(path)
@@ -179,6 +191,11 @@ def test_sift_run_refuses_a_bad_prefetch_and_leaves_the_store_as_it_was(tmp_path
         (["--fetch", "runner_site:fetch", "--stale-after", "5", "--renew-every", "5"], "renew_every"),
         (["--fetch", "runner_site:fetch", "--grace", "soon"], "--grace"),
         # a digit to str.isdigit, not to int(); and a grace longer than a thread can wait
+        pytest.param(
+            ["--fetch", "runner_site:fetch", "--weight", "fleet=" + "9" * 5000],
+            "--weight: expected CLASS=TURNS",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             ["--fetch", "runner_site:fetch", "--weight", "fleet=\u00b2"],
             "--weight: expected CLASS=TURNS",

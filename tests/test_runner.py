@@ -28,6 +28,8 @@ from sift import dcache
 from sift.dcache import clock, db
 from sift.runner import Backoff, Fail, GiveBack, Retry, Runner
 from sift.runner import runner as runner_module
+from sift.runner import writer as writer_module
+from sift.runner.outcomes import MAX_SECONDS
 from sift.runner.writer import Outcome, Writer
 
 SITE_SCRIPT = Path(__file__).with_name("runner_site.py")
@@ -282,7 +284,7 @@ def test_what_fetch_says_that_the_store_cannot_hold_fails_or_is_cleaned_for_its_
 
 
 def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_from_a_group(
-    store: Any, caplog: pytest.LogCaptureFixture
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dcache.create_batch_job(
         make_job("a", targets_total=4),
@@ -295,11 +297,30 @@ def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_fro
     tally: dict[str, int] = {}
     writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
     outcomes = [Outcome("a", i, "done", result=f"result {i}") for i in range(3)]
+    finishes: list[str] = []
+
+    def finish_fails_once(job_id: str) -> None:  # the store lost between the write and the finish
+        finishes.append(job_id)
+        if len(finishes) == 1:
+            raise dcache.StoreUnavailable("the store is down")
+        dcache.finish_batch_job(job_id)
+
+    monkeypatch.setattr(writer_module, "finish_batch_job", finish_fails_once)
     with caplog.at_level(logging.ERROR, logger="sift.runner"):
-        # a text no store text may hold: written as it is, the round would be refused for ever
-        writer.write([*outcomes, Outcome("a", 3, "done", result="nul \x00")])
+        # a text no store text may hold: written as it is, the round would be refused for ever; an idx
+        # no target has: no write at all
+        bad = [Outcome("a", 3, "done", result="nul \x00"), Outcome("a", -1, "done")]
+        returned: list[list[Outcome]] = []
+        round_ = threading.Thread(target=lambda: returned.append(writer.write(outcomes + bad)), daemon=True)
+        round_.start()
+        round_.join(WAIT)  # a refusal written again as it is would loop for ever
+        assert not round_.is_alive()
+        (left,) = returned
     refused = f"results[3].result: {dcache.validation.NUL_PROBLEM}"
     assert refused in caplog.text
+    assert "results[4].idx: " in caplog.text
+    assert "finishing job a failed" in caplog.text
+    assert (left, finishes) == ([], ["a"])  # written: nothing to write again, the keeper finishes it
     targets = dcache.batch_targets("a") or []
     assert [(t.status, t.runner, t.result, t.error) for t in targets] == [
         ("running", "r2", None, None),  # r2's: r1's late write dropped
@@ -338,6 +359,35 @@ def test_a_runner_refuses_bad_options_naming_them(field: str, arguments: dict[st
     with pytest.raises(dcache.InvalidBatchInput) as refused:
         Runner(call.pop("fetch"), **call)
     assert refused.value.field == field
+
+
+@pytest.mark.slow
+def test_a_runner_with_the_longest_waits_stops_and_releases_its_claims(store: Any) -> None:
+    """``renew_every`` and ``grace`` at ``MAX_SECONDS``, the longest a thread can wait: the stop's waits stay
+    within it, and the claims are released."""
+    job_id = submit(["https://a.example/0", "https://a.example/1"])
+    started, crashed = threading.Event(), []
+
+    def held(target: dcache.BatchTarget) -> str:
+        started.set()
+        raise GiveBack("not now")
+
+    runner = Runner(held, concurrency=1, stale_after=MAX_SECONDS, renew_every=MAX_SECONDS - 1)
+
+    def run() -> None:
+        try:
+            runner.run(grace=MAX_SECONDS)
+        except BaseException as exc:  # a thread's exception would not fail the test by itself
+            crashed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(WAIT)
+    runner.stop()
+    thread.join(WAIT)
+    assert not thread.is_alive() and crashed == []
+    assert held_claims() == 0
+    assert {t.status for t in dcache.batch_targets(job_id) or []} == {"pending"}
 
 
 # -- Runner processes ------------------------------------------------------------------------------------

@@ -321,7 +321,11 @@ class _DeadlineSocket(socket.socket):
         """``sock``'s connection, now read and written by the new socket (``sock`` is left detached)."""
         adopted = cls(sock.family, sock.type, sock.proto, sock.detach())
         adopted.deadline = deadline
-        adopted.settimeout(_time_left(deadline))
+        try:
+            adopted.settimeout(_time_left(deadline))
+        except BaseException:
+            adopted.close()  # past the deadline already: the connection is not handed on
+            raise
         return adopted
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
@@ -502,7 +506,12 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
     """The body, at most ``max_bytes`` of it, as the target's result."""
     length = response.headers.get("Content-Length", "")
     too_big = _message(f"the body of {_show(url)} is over {options.max_bytes} bytes (options.max_bytes)")
-    if length.isdigit() and int(length) > options.max_bytes and "Content-Encoding" not in response.headers:
+    # ASCII digits only, and never int() of more digits than the cap's (it refuses 4,300, zeros included)
+    digits = length.lstrip("0") or "0"
+    over = _DIGITS.fullmatch(length) is not None and (
+        len(digits) > len(str(options.max_bytes)) or int(digits) > options.max_bytes
+    )
+    if over and "Content-Encoding" not in response.headers:
         raise Fail(too_big)
     chunks: list[bytes] = []
     size = 0

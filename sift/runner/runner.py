@@ -177,7 +177,7 @@ class Runner:
         finally:
             self._stop.set()
             self._finished.set()
-            keeper.join(self.renew_every + 5)
+            keeper.join(min(self.renew_every + 5, MAX_SECONDS))
             released = release_claims(self.name)
             if restore is not None:
                 signal.signal(signal.SIGTERM, restore)

@@ -2,9 +2,9 @@
 
 Workers hand each outcome to :class:`Writer`; its thread takes whatever has arrived (up to
 :data:`WRITE_BATCH` outcomes, waiting at most :data:`WRITE_WAIT` seconds for more once one is there) and
-writes each job's results and failures in one ``update_batch_targets`` call, then its retries, then finishes
-the jobs whose targets are all final. It writes at once, not waiting, when its runner has no fetch in flight
-(:meth:`Writer.flush`): no more outcomes are on their way.
+writes its retries, then each job's results and failures in one ``update_batch_targets`` call, then
+finishes the jobs whose targets are all final. It writes at once, not waiting, when its runner has no
+fetch in flight (:meth:`Writer.flush`): no more outcomes are on their way.
 """
 
 from __future__ import annotations
@@ -157,11 +157,16 @@ class Writer:
                 writes[outcome.job_id].append(outcome)
         for job_id, outcomes in writes.items():
             try:
-                if self._write_job(job_id, outcomes):
-                    finish_batch_job(job_id)
+                written = self._write_job(job_id, outcomes)
             except Exception:
                 log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(outcomes))
                 left += outcomes
+                continue
+            if written:
+                try:
+                    finish_batch_job(job_id)
+                except Exception:  # written: the keeper's finish_complete_jobs finishes the job
+                    log.exception("sift runner %s: finishing job %s failed", self.runner, job_id)
         return left
 
     def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
@@ -169,6 +174,7 @@ class Writer:
         names its target, which is dropped (its holder writes it) before the call is made again; an outcome
         the store refuses (its text) fails its target alone, with the refusal as its error."""
         entries = {o.idx: _entry(o) for o in outcomes}
+        failed_here: set[int] = set()  # entries refused once, and written as failures since
         while entries:
             try:
                 written = update_batch_targets(job_id, list(entries.values()), runner=self.runner)
@@ -184,7 +190,11 @@ class Writer:
                 if at is None or int(at[1]) >= len(entries):
                     raise
                 idx = list(entries)[int(at[1])]
-                log.error("sift runner %s: target %d of job %s: %s", self.runner, idx, job_id, refused)
+                log.error("sift runner %s: target %r of job %s: %s", self.runner, idx, job_id, refused)
+                if idx in failed_here or (refused.field or "").endswith(".idx"):
+                    del entries[idx]  # no target's write at all: nothing of it can be written
+                    continue
+                failed_here.add(idx)
                 error = storable_message(f"the store refused its outcome: {refused}")
                 entries[idx] = {"idx": idx, "status": "failed", "error": error}
                 continue
@@ -213,8 +223,12 @@ class Writer:
         except ClaimLost as lost:
             self.tally("lost", 1)
             log.info("sift runner %s: %s", self.runner, lost)
-        except (InvalidBatchInput, JobNotFound, TargetNotFound) as exc:  # never taken, or gone meanwhile
-            log.info("sift runner %s: %s", self.runner, exc)
+        except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
+            log.info("sift runner %s: %s", self.runner, gone)
+        except InvalidBatchInput as refused:  # never taken: the claim is released when the runner stops
+            log.warning(
+                "sift runner %s: target %d of job %s: %s", self.runner, outcome.idx, outcome.job_id, refused
+            )
         except Exception:
             log.exception("sift runner %s: putting back target %d failed", self.runner, outcome.idx)
             return False

@@ -92,20 +92,32 @@ def _fetch(spec: str) -> Any:
 
 def _count(text: str, option: str) -> int:
     """A whole number from 0 (``--prefetch``): anything else is refused naming ``option``."""
-    cleaned = text.strip()
-    if re.fullmatch(r"[0-9]+", cleaned) is None or int(cleaned) > MAX_INT:
+    value = _whole(text.strip())
+    if value is None:
         raise BadValue(f"{option}: must be a whole number from 0 to 2**63-1, got {text!r}")
-    return int(cleaned)
+    return value
 
 
 def _weights(given: list[str]) -> dict[str, int] | None:
     weights: dict[str, int] = {}
     for item in given:
         name, _, turns = item.partition("=")
-        if not name or re.fullmatch(r"[0-9]+", turns) is None:
+        value = _whole(turns)
+        if not name or value is None:
             raise CommandError(f"--weight: expected CLASS=TURNS, got {item!r}")
-        weights[name] = int(turns)
+        weights[name] = value
     return weights or None
+
+
+def _whole(text: str) -> int | None:
+    """The whole number ``text`` spells in ASCII digits, at most 2**63-1; None for anything else (``int``
+    alone takes "²", and refuses a text of over 4,300 digits, leading zeros included)."""
+    if re.fullmatch(r"[0-9]+", text) is None:
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+        return None
+    return int(digits)
 
 
 def _report(runner: Runner, stopped: threading.Event) -> None:
