@@ -35,8 +35,8 @@ from urllib3.util.ssl_ import create_urllib3_context
 from ..dcache.clock import monotonic, unix_now, unix_time
 from ..dcache.errors import InvalidBatchInput
 from ..dcache.models import BatchTarget
-from ..dcache.validation import MAX_MESSAGE_BYTES, MAX_RESULT_BYTES
-from .outcomes import Fail, GiveBack, Retry
+from ..dcache.validation import MAX_RESULT_BYTES
+from .outcomes import Fail, GiveBack, Retry, storable_message
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -120,13 +120,7 @@ def fetch(target: BatchTarget, *, allow_private: bool | Iterable[str | _Network]
         if _origin(next_url) != _origin(url):
             headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
         url = next_url
-    raise Fail(_message(f"more than {options.max_redirects} redirects from {_show(target.url)}"))
-
-
-def _message(text: str) -> str:
-    """An error the store takes: no NUL, valid UTF-8, at most MAX_MESSAGE_BYTES."""
-    clean = text.replace("\x00", "\ufffd").encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
-    return clean.decode("utf-8", "ignore")
+    raise Fail(storable_message(f"more than {options.max_redirects} redirects from {_show(target.url)}"))
 
 
 def _show(url: str) -> str:
@@ -216,13 +210,14 @@ def _checked_url(url: str) -> SplitResult:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- a port Python cannot read raises here, not later
     except ValueError as e:
-        raise Fail(_message(f"refused {_show(url)}: not a URL the fetcher can read ({e})")) from None
+        raise Fail(storable_message(f"refused {_show(url)}: not a URL the fetcher can read ({e})")) from None
     if parts.scheme.lower() not in _SCHEMES:
-        raise Fail(_message(f"refused {_show(url)}: only http and https URLs are fetched"))
+        raise Fail(storable_message(f"refused {_show(url)}: only http and https URLs are fetched"))
     if not parts.hostname:
-        raise Fail(_message(f"refused {_show(url)}: no host"))
+        raise Fail(storable_message(f"refused {_show(url)}: no host"))
     if parts.username is not None or parts.password is not None:
-        raise Fail(_message(f"refused {_show(url)}: credentials in a URL are not sent (use options.headers)"))
+        problem = "credentials in a URL are not sent (use options.headers)"
+        raise Fail(storable_message(f"refused {_show(url)}: {problem}"))
     return parts
 
 
@@ -236,7 +231,7 @@ def _host_name(parts: SplitResult) -> str:
         except (idna.IDNAError, UnicodeError):
             host = ""
     if ":" not in host and not _DNS_NAME.fullmatch(host):
-        raise Fail(_message(f"refused {_show(parts.geturl())}: the host is not a valid name"))
+        raise Fail(storable_message(f"refused {_show(parts.geturl())}: the host is not a valid name"))
     return host
 
 
@@ -247,16 +242,16 @@ def _resolve(parts: SplitResult, allowed: tuple[_Network, ...] | None) -> list[s
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as e:
-        raise Retry(_message(f"cannot resolve {host}: {e}")) from None
+        raise Retry(storable_message(f"cannot resolve {host}: {e}")) from None
     addresses = list(dict.fromkeys(str(info[4][0]).partition("%")[0] for info in infos))
     for text in addresses:
         address = ipaddress.ip_address(text)
         if not _address_allowed(address, allowed):
             named = "" if ipaddress.ip_address(text) == _literal(host) else f" ({host} resolves to it)"
             problem = f"{address} is not a public address{named}"
-            raise Fail(_message(f"refused {_show(parts.geturl())}: {problem}"))
+            raise Fail(storable_message(f"refused {_show(parts.geturl())}: {problem}"))
     if not addresses:
-        raise Retry(_message(f"cannot resolve {host}: no address"))
+        raise Retry(storable_message(f"cannot resolve {host}: no address"))
     return addresses
 
 
@@ -299,7 +294,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 def _remaining(deadline: float, url: str) -> float:
     left = deadline - monotonic()
     if left <= 0:
-        raise Retry(_message(f"timed out fetching {_show(url)}"))
+        raise Retry(storable_message(f"timed out fetching {_show(url)}"))
     return left
 
 
@@ -453,7 +448,7 @@ def _get(
             failure = e
             continue
         return pool, response
-    raise Retry(_message(f"cannot fetch {_show(url)}: {failure}"))
+    raise Retry(storable_message(f"cannot fetch {_show(url)}: {failure}"))
 
 
 def _outcome(response: urllib3.BaseHTTPResponse, url: str) -> str | None:
@@ -465,7 +460,7 @@ def _outcome(response: urllib3.BaseHTTPResponse, url: str) -> str | None:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:
         phrase = ""
-    error = _message(f"HTTP {status} {phrase}".rstrip() + f" from {_show(url)}")
+    error = storable_message(f"HTTP {status} {phrase}".rstrip() + f" from {_show(url)}")
     if status in _REDIRECTS:
         location = response.headers.get("Location")
         if not location:
@@ -505,7 +500,8 @@ def _retry_after(value: str | None) -> float | None:
 def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadline: float) -> str:
     """The body, at most ``max_bytes`` of it, as the target's result."""
     length = response.headers.get("Content-Length", "")
-    too_big = _message(f"the body of {_show(url)} is over {options.max_bytes} bytes (options.max_bytes)")
+    too_big = f"the body of {_show(url)} is over {options.max_bytes} bytes (options.max_bytes)"
+    too_big = storable_message(too_big)
     # ASCII digits only, and never int() of more digits than the cap's (it refuses 4,300, zeros included)
     digits = length.lstrip("0") or "0"
     over = _DIGITS.fullmatch(length) is not None and (
@@ -526,14 +522,14 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
                 raise Fail(too_big)
             chunks.append(chunk)
     except (Urllib3Error, OSError) as e:
-        raise Retry(_message(f"cannot read the body of {_show(url)}: {e}")) from None
+        raise Retry(storable_message(f"cannot read the body of {_show(url)}: {e}")) from None
     data = b"".join(chunks)
     if options.base64:
         text = base64.b64encode(data).decode("ascii")
     else:
         text = _text(data, response.headers.get("Content-Type")).replace("\x00", "\ufffd")
     if len(text) > MAX_RESULT_BYTES // 4 and len(text.encode("utf-8")) > MAX_RESULT_BYTES:
-        raise Fail(_message(f"the body of {_show(url)} as text is over {MAX_RESULT_BYTES} bytes"))
+        raise Fail(storable_message(f"the body of {_show(url)} as text is over {MAX_RESULT_BYTES} bytes"))
     return text
 
 
