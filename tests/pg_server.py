@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+import pytest
 
 #: A role that logs in over TCP with a password only (scram-sha-256), and its password.
 PASSWORD_ROLE = "sift_pw"
@@ -172,3 +173,14 @@ class PrivateServer:
         return psycopg.connect(
             host=str(self.socket_dir), port=self.port, user="postgres", dbname=database, autocommit=True
         )
+
+
+def started(purpose: str) -> PrivateServer:
+    """A private server started for ``purpose``; without one here, the caller's cases are skipped with the
+    reason, except under CI (``CI=true``), where they fail."""
+    reason = server_missing()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no private PostgreSQL server for {purpose}: {reason}", pytrace=False)
+        pytest.skip(f"no private PostgreSQL server for {purpose}: {reason}")
+    return PrivateServer.create()

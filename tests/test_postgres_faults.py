@@ -31,9 +31,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pg_server
 import pytest
 from helpers import make_job, make_targets
-from pg_server import PASSWORD, PASSWORD_ROLE, PrivateServer, server_missing
+from pg_server import PASSWORD, PASSWORD_ROLE, PrivateServer
 
 from sift import dcache
 from sift.dcache import BatchTarget, db
@@ -50,12 +51,7 @@ TIMEOUT_S = 2.0
 def server() -> Iterator[PrivateServer]:
     """A private PostgreSQL server for this test session, stopped and removed at the end. Skips every case
     with one reason when no server can be started here, except under CI (``CI=true``), where they fail."""
-    reason = server_missing()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no private PostgreSQL server for the fault tests: {reason}", pytrace=False)
-        pytest.skip(f"no private PostgreSQL server for the fault tests: {reason}")
-    started = PrivateServer.create()
+    started = pg_server.started("the fault tests")
     try:
         yield started
     finally:
