@@ -25,21 +25,26 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pg_server
 import pytest
+from cli_helpers import sift_script
 from helpers import make_job, make_targets
 from pg_server import PASSWORD, PASSWORD_ROLE, PrivateServer
+from runner_site import serving
 
 from sift import dcache
 from sift.dcache import BatchTarget, db
 
 ctx = multiprocessing.get_context("spawn")
+TESTS = Path(__file__).parent
 
 #: How long a step may take before the test fails naming what did not happen (a hang, not a timing).
 LIVENESS_S = 180.0
@@ -336,6 +341,58 @@ def test_server_restart_under_load(server: PrivateServer, target: str, how: str)
     dcache.update_batch_target("load-0", 0, "done", result="again", now=10**6)
     _invariants(server, target)
     assert dcache.check_store().violations == []  # the package's own check agrees
+
+
+# -- A runner process through the restart -----------------------------------------------------------------
+
+
+def _job_final(job_id: str) -> bool:
+    """Whether the job is final, read through this process's store; False while it cannot be read."""
+    try:
+        job = dcache.batch_job(job_id)
+    except dcache.StoreUnavailable:
+        return False
+    return job is not None and job.status in ("done", "partial", "failed")
+
+
+@pytest.mark.slow
+def test_sift_run_finishes_its_job_through_a_server_restart(
+    server: PrivateServer, target: str, tmp_path: Path
+) -> None:
+    """``sift run``, as users run it, holding fetches in flight when the server stops: their results wait
+    in the runner (its writes fail, and so do its claims) until the server is back, then are written once
+    each; the rest of the job is fetched; every page was asked for once, the counts and byte totals are
+    exact, no claim is left, and SIGTERM still stops the runner with exit status 0."""
+    with serving() as site:
+        urls = [f"{site.base}/ok/{i}" for i in range(10)] + [f"{site.base}/hang/{i}" for i in range(10, 30)]
+        job_id = dcache.submit("alice", urls, idem_key="").job_id
+        log = tmp_path / "runner.log"
+        with log.open("w") as err:
+            argv = [str(sift_script()), "--db", target, "run", "--fetch", "runner_site:fetch"]
+            argv += ["--concurrency", "4", "--renew-every", "1"]
+            # from the tests' directory: --fetch imports runner_site from the current directory
+            proc = subprocess.Popen(argv, cwd=TESTS, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            _wait_until("the first 4 of the hanging pages asked for", lambda: site.asked("/hang/") == 4)
+            server.stop("fast")
+            site.release.set()  # the 4 fetches in flight return while the server is down
+            _wait_until("the runner's write to fail", lambda: "outcomes failed" in log.read_text())
+            server.start()
+            _wait_until("the job to be final", lambda: _job_final(job_id))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=LIVENESS_S)
+        assert proc.returncode == 0, log.read_text()[-2000:]
+    assert {path: len(times) for path, times in site.times.items()} == {
+        url.removeprefix(site.base): 1 for url in urls
+    }
+    job = dcache.batch_job(job_id)
+    assert job is not None and (job.status, job.targets_done) == ("done", 30)
+    rows = _rows(server, target, "SELECT idx, status, attempts, result FROM batch_target ORDER BY idx")
+    assert [row[:3] for row in rows] == [(idx, "done", 1) for idx in range(30)]
+    assert all(result.startswith(f"{'page' if idx < 10 else 'hung'} /") for idx, *_, result in rows)
+    _invariants(server, target)
+    assert dcache.check_store().violations == []
 
 
 # -- A client SIGKILLed mid-transaction ------------------------------------------------------------------

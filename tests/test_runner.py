@@ -186,6 +186,40 @@ def test_a_target_given_back_is_fetched_again_with_its_attempt_back(store: Any) 
     assert (progress.given_back, progress.retried, progress.done) == (1, 0, 1)
 
 
+@pytest.mark.slow  # waits for a keeper's round
+def test_a_claim_whose_answer_was_lost_is_given_back_not_held_while_the_runner_runs(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim made in the store whose answer never reached the runner (the connection lost as the COMMIT
+    was answered): its targets are the runner's, unknown to it. Its keeper gives them back untried at its
+    next round, where it renewed them for as long as it ran; each is then fetched once."""
+    fetched: list[int] = []
+    claim = dcache.claim_batch_targets
+    lost: list[int] = []
+
+    def answer_lost_once(limit: int, **request: Any) -> list[dcache.BatchTarget]:
+        claimed = claim(limit, **request)
+        if claimed and not lost:
+            lost.extend(int(target.idx) for target in claimed)
+            raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+        return claimed
+
+    def page(target: dcache.BatchTarget) -> str:
+        fetched.append(int(target.idx))
+        return f"page {target.idx}"
+
+    monkeypatch.setattr(runner_module, "claim_batch_targets", answer_lost_once)
+    job_id = submit([f"https://a.example/{i}" for i in range(6)])
+    runner = Runner(page, name="w", concurrency=2, renew_every=0.5)
+    with caplog.at_level(logging.WARNING, logger="sift.runner"), running(runner):
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    assert lost and sorted(fetched) == list(range(6))  # each once: the lost claim's after their give-back
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.result, t.attempts) for t in targets] == [("done", f"page {i}", 1) for i in range(6)]
+    assert caplog.text.count("was claimed unknown to it: given back") == len(lost)
+    assert held_claims() == 0
+
+
 def test_a_paced_target_its_runner_reaches_after_send_by_is_given_back_unfetched(store: Any) -> None:
     """Every read of this clock is 0.1 s after the last, more than the send window: the claim's paced
     target is always late when the runner comes to it, so it is never fetched, and never costs an attempt."""

@@ -325,11 +325,14 @@ def requeue_in_flight(
     return _requeue(now, max_attempts, reason, now)
 
 
-def stale_claims(stale_after: Duration, *, now: int | None = None) -> list[BatchTarget]:
-    """The running targets ``requeue_stale_claims(stale_after, now=now)`` would move, by job and idx.
-    Reads only."""
+def stale_claims(
+    stale_after: Duration, *, runner: str | None = None, now: int | None = None
+) -> list[BatchTarget]:
+    """The running targets ``requeue_stale_claims(stale_after, runner=runner, now=now)`` would move, by job
+    and idx (``stale_claims(0, runner=name)``: every claim ``name`` holds). Reads only."""
+    runner = None if runner is None else validation.key("runner", runner)
     cutoff = validation.cutoff(validation.now(now), stale_after, "stale_after")
-    rows = _STALE_CLAIMS.rows(cutoff=cutoff, runner=None)
+    rows = _STALE_CLAIMS.rows(cutoff=cutoff, runner=runner)
     rows.sort(key=lambda row: (row[0], row[1]))  # job_id, idx
     return BatchTarget.from_rows(TARGET_COLUMNS, rows)
 

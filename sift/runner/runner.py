@@ -16,7 +16,10 @@ from typing import Any
 from ..dcache import (
     BatchError,
     BatchTarget,
+    ClaimLost,
     InvalidBatchInput,
+    JobNotFound,
+    TargetNotFound,
     back_off_host,
     claim_batch_targets,
     evict_batch_oldest,
@@ -24,7 +27,9 @@ from ..dcache import (
     release_claims,
     renew_claims,
     requeue_stale_claims,
+    retry_batch_target,
     runner_name,
+    stale_claims,
     sweep_batch,
     url_host,
     validation,
@@ -126,6 +131,7 @@ class Runner:
         self.allow_private = validation.flag("allow_private", allow_private)
         self._lock = threading.Lock()
         self._claim_lock = threading.Lock()
+        self._held = _HeldClaims()  # what this runner claimed and its writer has not settled
         self._ready: deque[BatchTarget] = deque()
         self._wake = threading.Condition(self._lock)  # idle workers, woken when a claim left them targets
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
@@ -150,8 +156,7 @@ class Runner:
                 raise RuntimeError("a Runner runs once")
             self._started = True
         restore = _stop_on_sigterm(self.stop)
-        writer = Writer(self.name, self._tally)
-        self._writer = writer
+        writer = self._writer = Writer(self.name, self._tally, self._held.settled)
         workers = [
             threading.Thread(target=self._work, name=f"sift-worker {self.name} {i}", daemon=True)
             for i in range(self.concurrency)
@@ -248,7 +253,7 @@ class Runner:
                 want = self._claim_size(time.monotonic())
                 self._claiming = True
             try:
-                claimed = claim_batch_targets(
+                claimed = self._held.claim(
                     want,
                     per_job=self.per_job,
                     per_host=self.per_host,
@@ -369,8 +374,46 @@ class Runner:
                 return
 
 
+class _HeldClaims:
+    """The targets a runner holds by its own claims, until its writer settles their outcomes; and whether a
+    claim failed as the store answered (``in_doubt``), having perhaps been made all the same."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: set[tuple[str, int]] = set()
+        self.in_doubt = False
+
+    def claim(self, limit: int, **request: Any) -> list[BatchTarget]:
+        """``claim_batch_targets(limit, **request)``, its targets held; any error leaves the claim in doubt
+        (a connection lost while the COMMIT was answered, say), to be made sure of by the keeper."""
+        try:
+            claimed = claim_batch_targets(limit, **request)
+        except Exception:
+            self.in_doubt = True
+            raise
+        keys = [(str(target.job_id), int(target.idx)) for target in claimed]
+        with self._lock:
+            self._keys.update(keys)
+        return claimed
+
+    def settled(self, batch: list[Outcome], left: list[Outcome]) -> None:
+        """The writer's round of ``batch``: what it did not leave to write again is no longer held."""
+        again = {(outcome.job_id, outcome.idx) for outcome in left}
+        with self._lock:
+            self._keys.difference_update(
+                key for key in ((outcome.job_id, outcome.idx) for outcome in batch) if key not in again
+            )
+
+    def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        with self._lock:
+            return [key for key in keys if key not in self._keys]
+
+
 def _keeper_round(runner: Runner) -> None:
-    """One round of ``runner``'s keeper: renew, requeue stale claims, finish, evict and sweep."""
+    """One round of ``runner``'s keeper: give back claims it does not know of (after a claim in doubt),
+    renew, requeue stale claims, finish, evict and sweep."""
+    if runner._held.in_doubt:
+        _give_back_unknown_claims(runner)
     renew_claims(runner.name)
     requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
     finish_complete_jobs()
@@ -378,6 +421,27 @@ def _keeper_round(runner: Runner) -> None:
         evict_batch_oldest(runner.budget)
     if runner.sweep_ttl is not None:
         sweep_batch(runner.sweep_ttl)
+
+
+def _give_back_unknown_claims(runner: Runner) -> None:
+    """After a claim in doubt: the targets the store says ``runner`` holds that none of its claims returned
+    go back to pending untried, rather than be renewed for as long as it runs. With no claim under way, so
+    that every claim made so far has returned."""
+    with runner._claim_lock:
+        runner._held.in_doubt = False  # a claim failing after this (none runs now) sets it again
+        try:
+            name = runner.name
+            held = [(str(target.job_id), int(target.idx)) for target in stale_claims(0, runner=name)]
+            for job_id, idx in runner._held.unknown(held):
+                try:
+                    retry_batch_target(job_id, idx, runner=name, error=None, not_before=None, attempted=False)
+                except (ClaimLost, JobNotFound, TargetNotFound):  # its outcome was written meanwhile
+                    continue
+                log.warning("sift runner %s: target %d of job %s was claimed unknown to it: given back", name,
+                            idx, job_id)  # fmt: skip
+        except BaseException:
+            runner._held.in_doubt = True  # made sure of at the next round
+            raise
 
 
 def _take_back_earlier_claims(runner: Runner) -> None:

@@ -69,9 +69,10 @@ class Writer:
     waits for (the first outcome of a round, or a full round): a handoff is an append, not a queue's
     wakeup per outcome."""
 
-    def __init__(self, runner: str, tally: Any) -> None:
+    def __init__(self, runner: str, tally: Any, settled: Any = None) -> None:
         self.runner = runner
         self.tally = tally
+        self.settled = settled  # settled(batch, left) after each round: what of batch is done with
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: list[Outcome] = []
@@ -140,6 +141,8 @@ class Writer:
                 except Exception:
                     log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
                     carried = batch  # a rewrite changes nothing
+                if self.settled is not None:
+                    self.settled(batch, carried)
                 if carried and not stopping:  # the store may come back: the claims are still this runner's
                     time.sleep(RETRY_WAIT)
                 # stopping: the runner releases what was not written
