@@ -174,6 +174,14 @@ def test_a_runners_restart_requeues_its_claims_and_leaves_queued_jobs_alone(stor
     with pytest.raises(dcache.InvalidBatchInput) as caught:
         dcache.requeue_stale_claims(0, runner="", now=1_001)
     assert caught.value.field == "runner" and snapshot() == before
+    with pytest.raises(dcache.InvalidBatchInput) as caught:
+        dcache.stale_claims(0, runner="", now=1_001)
+    assert caught.value.field == "runner"
+    # what it would take back, and only that: stale_claims lists a runner's claims as it takes them
+    assert [(t.job_id, t.idx) for t in dcache.stale_claims(0, runner="before-restart", now=1_001)] == [
+        ("started", first.idx)
+    ]
+    assert len(dcache.stale_claims(0, now=1_001)) == 2 and snapshot() == before
     assert dcache.requeue_stale_claims(0, runner="before-restart", now=1_001) == 1
     assert claims("started")[first.idx] == (first.idx, "pending", None, None, 1)
     assert claims("started")[other.idx] == (other.idx, "running", "other", 1_000, 1)
