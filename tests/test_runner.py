@@ -220,6 +220,51 @@ def test_a_claim_whose_answer_was_lost_is_given_back_not_held_while_the_runner_r
     assert held_claims() == 0
 
 
+@pytest.mark.slow  # the held claims' second case; the fast lane holds at most 4,000
+def test_a_target_claimed_again_before_its_writers_round_settles_is_still_held(store: Any) -> None:
+    """A target put back to pending is claimable at once, so its runner may claim it again before the
+    writer's round that put it back has settled. It still holds it then: after a claim in doubt, the
+    keeper's give-back leaves it to the worker fetching it."""
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(lambda target: "page", name="w")
+    held = runner._held
+    assert [t.idx for t in held.claim(1, runner="w")] == [0]
+    # the writer's write of a GiveBack, then the runner's next claim, then that round's settle
+    dcache.retry_batch_target(job_id, 0, runner="w", error=None, not_before=None, attempted=False)
+    assert [t.idx for t in held.claim(1, runner="w")] == [0]
+    held.settled([Outcome(job_id, 0, "pending", attempted=False)], [])
+    held.in_doubt = True
+    runner_module._give_back_unknown_claims(runner)
+    assert held.unknown([(job_id, 0)]) == [] and not held.in_doubt
+    assert [(t.status, t.runner) for t in dcache.batch_targets(job_id) or []] == [("running", "w")]
+    # its outcome settled, the claim is let go of: then unknown, and given back
+    held.settled([Outcome(job_id, 0, "done", result="page")], [])
+    assert held.unknown([(job_id, 0)]) == [(job_id, 0)]
+
+
+@pytest.mark.slow  # the held claims' third case; the fast lane holds at most 4,000
+def test_a_give_back_that_fails_leaves_the_claims_renewed_and_in_doubt(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The keeper's give-back after a claim in doubt fails (the store still away, say): the round goes on
+    to renew the runner's claims, which would go stale otherwise, and the give-back is made again at the
+    next round."""
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(lambda target: "page", name="w")
+    runner._held.claim(1, runner="w", now=1_000)
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise dcache.StoreUnavailable("database: the server is away (a test's)")
+
+    monkeypatch.setattr(runner_module, "stale_claims", unavailable)
+    runner._held.in_doubt = True
+    with caplog.at_level(logging.ERROR, logger="sift.runner"):
+        runner_module._keeper_round(runner)
+    assert runner._held.in_doubt and "giving back the claims unknown to it failed" in caplog.text
+    ((status, heartbeat),) = [(t.status, t.heartbeat) for t in dcache.batch_targets(job_id) or []]
+    assert status == "running" and heartbeat is not None and heartbeat > 1_000  # renewed
+
+
 def test_a_paced_target_its_runner_reaches_after_send_by_is_given_back_unfetched(store: Any) -> None:
     """Every read of this clock is 0.1 s after the last, more than the send window: the claim's paced
     target is always late when the runner comes to it, so it is never fetched, and never costs an attempt."""

@@ -8,7 +8,7 @@ import math
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -376,11 +376,12 @@ class Runner:
 
 class _HeldClaims:
     """The targets a runner holds by its own claims, until its writer settles their outcomes; and whether a
-    claim failed as the store answered (``in_doubt``), having perhaps been made all the same."""
+    claim failed as the store answered (``in_doubt``), having perhaps been made all the same. Counted by
+    claim: a target put back to pending may be claimed again before its writer's round has settled."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._keys: set[tuple[str, int]] = set()
+        self._keys: Counter[tuple[str, int]] = Counter()
         self.in_doubt = False
 
     def claim(self, limit: int, **request: Any) -> list[BatchTarget]:
@@ -397,12 +398,17 @@ class _HeldClaims:
         return claimed
 
     def settled(self, batch: list[Outcome], left: list[Outcome]) -> None:
-        """The writer's round of ``batch``: what it did not leave to write again is no longer held."""
-        again = {(outcome.job_id, outcome.idx) for outcome in left}
+        """The writer's round of ``batch``: each outcome it did not leave to write again lets go of one
+        claim of its target."""
+        gone = Counter((outcome.job_id, outcome.idx) for outcome in batch)
+        gone.subtract((outcome.job_id, outcome.idx) for outcome in left)
         with self._lock:
-            self._keys.difference_update(
-                key for key in ((outcome.job_id, outcome.idx) for outcome in batch) if key not in again
-            )
+            for key, count in gone.items():
+                held = self._keys[key] - count
+                if held > 0:
+                    self._keys[key] = held
+                else:
+                    self._keys.pop(key, None)
 
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:
@@ -413,7 +419,7 @@ def _keeper_round(runner: Runner) -> None:
     """One round of ``runner``'s keeper: give back claims it does not know of (after a claim in doubt),
     renew, requeue stale claims, finish, evict and sweep."""
     if runner._held.in_doubt:
-        _give_back_unknown_claims(runner)
+        _give_back_unknown_claims(runner)  # never raises: the renewal below must not wait for it
     renew_claims(runner.name)
     requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
     finish_complete_jobs()
@@ -439,9 +445,9 @@ def _give_back_unknown_claims(runner: Runner) -> None:
                     continue
                 log.warning("sift runner %s: target %d of job %s was claimed unknown to it: given back", name,
                             idx, job_id)  # fmt: skip
-        except BaseException:
+        except Exception:
             runner._held.in_doubt = True  # made sure of at the next round
-            raise
+            log.exception("sift runner %s: giving back the claims unknown to it failed", runner.name)
 
 
 def _take_back_earlier_claims(runner: Runner) -> None:
