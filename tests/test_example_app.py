@@ -40,15 +40,21 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
-    """SIGTERM, then its exit code and its stderr (killed after the hang guard)."""
+def stop(process: subprocess.Popen[str], log: Path | None = None) -> tuple[int, str]:
+    """SIGTERM, then its exit code and its stderr, or the ``log`` it wrote it to (killed after the hang
+    guard)."""
     process.send_signal(signal.SIGTERM)
     try:
         _, err = process.communicate(timeout=START_S)
     except subprocess.TimeoutExpired:
         process.kill()
         _, err = process.communicate()
-    return process.returncode, err
+    return process.returncode, err if log is None else log.read_text()
+
+
+def runner_log(tmp_path: Path, n: int) -> Path:
+    """Where runner ``n`` writes its log (standard error)."""
+    return tmp_path / f"runner-{n}.log"
 
 
 def serve(target: str, tmp_path: Path) -> tuple[str, list[subprocess.Popen[str]]]:
@@ -74,7 +80,8 @@ def serve(target: str, tmp_path: Path) -> tuple[str, list[subprocess.Popen[str]]
             "--renew-every",
             "1",
         ]
-        processes.append(subprocess.Popen(runner, cwd=EXAMPLE, env=env, stderr=subprocess.PIPE, text=True))
+        with runner_log(tmp_path, n).open("w") as log:  # read while it runs: it says when it has started
+            processes.append(subprocess.Popen(runner, cwd=EXAMPLE, env=env, stderr=log, text=True))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_S
     while True:
@@ -186,15 +193,25 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
         while not load.finished():  # the first job is final: runner-0 stops mid-load, as on a deploy
             assert time.monotonic() < deadline, "no job ever finished"
             time.sleep(0.05)
-        code, err = stop(processes[1])
+        # as on a deploy, a runner that has started: one still starting (a busy machine) dies of the SIGTERM
+        while "runner-0 started" not in runner_log(tmp_path, 0).read_text():
+            assert processes[1].poll() is None and time.monotonic() < deadline, "runner-0 never started"
+            time.sleep(0.05)
+        code, err = stop(processes[1], runner_log(tmp_path, 0))
         assert code == 0 and "runner-0 stopped; released" in err, err[-2000:]
         for thread in clients:  # runner-1 finishes the rest, runner-0's released claims included
             thread.join()
+        assert load.errors == []
         cancel = httpx.post(f"{url}/v1/jobs/{load.jobs[(0, 0)][0]}/cancel", headers={"X-Caller": "client-0"})
         assert cancel.status_code == 409  # finished already
         scrape = httpx.get(f"{url}/metrics", timeout=30).text
     finally:
-        stopped = [stop(process) for process in reversed(processes) if process.returncode is None]
+        logs = [None, *(runner_log(tmp_path, n) for n in range(RUNNERS))]
+        stopped = [
+            stop(process, log)
+            for process, log in reversed(list(zip(processes, logs, strict=True)))
+            if process.returncode is None
+        ]
     assert load.errors == []
     assert [code for code in load.answers if code >= 500] == []
     for code, err in stopped:  # the runners and gunicorn exit cleanly on SIGTERM

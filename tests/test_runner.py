@@ -72,6 +72,11 @@ def running_targets() -> int:
     return int(db.execute_sql("SELECT COUNT(*) FROM batch_target WHERE status = 'running'").fetchone()[0])
 
 
+def claim_holders() -> set[str]:
+    rows = db.execute_sql("SELECT DISTINCT runner FROM batch_target WHERE status = 'running'").fetchall()
+    return {str(row[0]) for row in rows}
+
+
 def held_claims() -> int:
     return int(
         db.execute_sql(
@@ -489,11 +494,19 @@ def start_runner(
 @pytest.mark.slow
 def test_runner_processes_stopped_by_sigterm_exit_0_holding_no_claim(shared_store: str) -> None:
     with serving() as site:
-        job_id = submit([f"{site.base}/slow/{i}" for i in range(80)])
+        # claimed in idx order: each runner's four workers first take four of the hanging pages
+        job_id = submit(
+            [f"{site.base}/hang/{i}" for i in range(8)] + [f"{site.base}/slow/{i}" for i in range(8, 80)]
+        )
         procs = [start_runner(shared_store, f"p{i}") for i in range(2)]
-        wait_for(lambda: site.asked("/slow/") >= 8, "both runners to be fetching")
+
+        def both_fetching() -> bool:  # however long each runner took to start
+            return site.asked("/hang/") == 8 and claim_holders() == {"p0", "p1"}
+
+        wait_for(both_fetching, "both runners to be fetching")  # so both run run(), which handles SIGTERM
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
+        site.release.set()  # the fetches in flight end within the grace
         for proc in procs:
             _, err = proc.communicate(timeout=WAIT)
             assert proc.returncode == 0, err
