@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..dcache import (
@@ -69,7 +70,12 @@ class Writer:
     waits for (the first outcome of a round, or a full round): a handoff is an append, not a queue's
     wakeup per outcome."""
 
-    def __init__(self, runner: str, tally: Any, settled: Any = None) -> None:
+    def __init__(
+        self,
+        runner: str,
+        tally: Any,
+        settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
+    ) -> None:
         self.runner = runner
         self.tally = tally
         self.settled = settled  # settled(batch, left) after each round: what of batch is done with
