@@ -225,6 +225,63 @@ def test_a_claim_whose_answer_was_lost_is_given_back_not_held_while_the_runner_r
     assert held_claims() == 0
 
 
+@pytest.mark.slow  # waits out the writer's wait before it writes again
+@pytest.mark.parametrize("answer", ["retry", "give_back"])
+def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_claim_alone(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, answer: str
+) -> None:
+    """The store took a retry (or give-back) whose answer was lost (the connection lost as the COMMIT was
+    answered); the target, pending at once, is claimed again by the same runner. The writer's second
+    sending of that outcome, a moment later, is not made: it would put the target back from under the
+    fetch of its new claim. The target is fetched twice, not three times, and ends done at once."""
+    monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.1)
+    put_back = dcache.retry_batch_target
+    sent: list[int] = []
+    claimed_again = threading.Event()  # the target's second fetch has begun
+    decided = threading.Event()  # the writer's second sending of the outcome: made, or let go of
+
+    def answer_lost_once(job_id: str, idx: int, **kwargs: Any) -> None:
+        sent.append(idx)
+        if len(sent) > 1:
+            decided.set()
+        put_back(job_id, idx, **kwargs)
+        if len(sent) == 1:  # taken; its answer lost once the runner has claimed the target again
+            claimed_again.wait(WAIT)
+            raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+
+    class LetGo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "claimed again since its outcome was sent" in record.getMessage():
+                decided.set()
+
+    attempts: list[int] = []
+
+    def page(target: dcache.BatchTarget) -> str:
+        attempts.append(int(target.attempts))
+        if len(attempts) == 1:
+            raise Retry("503", after=0) if answer == "retry" else GiveBack("not sent by its send_by")
+        if len(attempts) == 2:
+            claimed_again.set()
+            decided.wait(WAIT)  # in flight while the writer would send the first outcome again
+        return "page"
+
+    monkeypatch.setattr(writer_module, "retry_batch_target", answer_lost_once)
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(page, name="w", concurrency=1)
+    handler = LetGo()
+    logging.getLogger("sift.runner").addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
+            wait_for(lambda: job_final(job_id), "the job to finish")
+    finally:
+        logging.getLogger("sift.runner").removeHandler(handler)
+    assert decided.is_set() and sent == [0]  # sent once: the second sending let go of
+    assert attempts == ([1, 2] if answer == "retry" else [1, 1])
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", attempts[-1])]
+    assert runner.progress().lost == 0 and held_claims() == 0
+
+
 @pytest.mark.slow  # the held claims' second case; the fast lane holds at most 4,000
 def test_a_target_claimed_again_before_its_writers_round_settles_is_still_held(store: Any) -> None:
     """A target put back to pending is claimable at once, so its runner may claim it again before the

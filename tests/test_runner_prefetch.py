@@ -44,10 +44,23 @@ def instant(target: dcache.BatchTarget) -> str:
     return f"result {target.idx}"
 
 
-def test_instant_fetches_take_few_claims(file_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_instant_fetches_take_few_claims_and_few_rounds(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a window no pace falls short of, however busy the machine: the claim after the first takes the most
     monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)
+    # a writer that would wait a minute for more: it writes a round when it is full or when nothing more is
+    # on its way; a worker that finished the last claimed target claims next, so more is on its way then
+    monkeypatch.setattr(writer_module, "WRITE_WAIT", 60.0)
     claims = counted_claims(monkeypatch)
+    rounds: list[int] = []
+    write = dcache.update_batch_targets
+
+    def counted(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
+        rounds.append(len(entries))
+        return write(job_id, entries, **kwargs)
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", counted)
     submit_job("big", 1000)
     with running(Runner(instant, name="r", concurrency=CONCURRENCY)):
         wait_for(lambda: job_final("big"), "the job to finish")
@@ -56,6 +69,9 @@ def test_instant_fetches_take_few_claims(file_store: Path, monkeypatch: pytest.M
     # the first claim: the free workers; each later one up to CONCURRENCY + PREFETCH (272): 16 + 4 * 272
     assert taken[0] == CONCURRENCY and len(taken) <= 5, claims
     assert all(limit <= CONCURRENCY + runner_module.PREFETCH for limit, _ in claims), claims
+    # each claim's tail waits for the next claim's outcomes: only the last round is short
+    full = writer_module.WRITE_BATCH
+    assert rounds == [full] * (1000 // full) + [1000 % full], rounds
     targets = dcache.batch_targets("big") or []
     assert [t.result for t in targets] == [f"result {i}" for i in range(1000)]
     assert {t.attempts for t in targets} == {1}

@@ -3,13 +3,14 @@ says, with retries, a keeper of its claims and a graceful stop (see docs/how-to/
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,8 +131,7 @@ class Runner:
         self.sweep_ttl = None if sweep_ttl is None else _seconds("sweep_ttl", sweep_ttl)
         self.allow_private = validation.flag("allow_private", allow_private)
         self._lock = threading.Lock()
-        self._claim_lock = threading.Lock()
-        self._held = _HeldClaims()  # what this runner claimed and its writer has not settled
+        self._held = _HeldClaims(self.name)  # what this runner claimed and its writer has not settled
         self._ready: deque[BatchTarget] = deque()
         self._wake = threading.Condition(self._lock)  # idle workers, woken when a claim left them targets
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
@@ -156,7 +156,7 @@ class Runner:
                 raise RuntimeError("a Runner runs once")
             self._started = True
         restore = _stop_on_sigterm(self.stop)
-        writer = self._writer = Writer(self.name, self._tally, self._held.settled)
+        writer = self._writer = Writer(self.name, self._tally, self._held.settled, self._held.resending)
         workers = [
             threading.Thread(target=self._work, name=f"sift-worker {self.name} {i}", daemon=True)
             for i in range(self.concurrency)
@@ -165,10 +165,10 @@ class Runner:
         log.info("sift runner %s: started, %d workers", self.name, self.concurrency)
         try:
             writer.start()
-            keeper.start()
-            _take_back_earlier_claims(self)  # the keeper's renewal leaves them stale at once: stale_after 0
+            _take_back_earlier_claims(self)
             for worker in workers:
                 worker.start()
+            keeper.start()  # after the first claim has begun: the claim need not wait for its round
             while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
                 pass
             with self._wake:  # idle workers see the stop now, not at their next look
@@ -182,7 +182,8 @@ class Runner:
         finally:
             self._stop.set()
             self._finished.set()
-            keeper.join(min(self.renew_every + 5, MAX_SECONDS))
+            if keeper.ident is not None:
+                keeper.join(min(self.renew_every + 5, MAX_SECONDS))
             released = release_claims(self.name)
             if restore is not None:
                 signal.signal(signal.SIGTERM, restore)
@@ -223,16 +224,16 @@ class Runner:
             try:
                 self._writer.put(self._outcome(target))
             finally:
-                with self._lock:  # the count and _flush_if_idle's check in one hold: once a target
-                    self._busy -= 1
-                    idle = not self._busy and not self._ready and not self._claiming
-                if idle:
-                    self._writer.flush()
+                self._flush_if_idle(finished=True)
 
-    def _flush_if_idle(self) -> None:
-        """No fetch in flight, none waiting, no claim under way: the writer need not wait for more."""
+    def _flush_if_idle(self, *, finished: bool = False) -> None:
+        """Count a worker's fetch done (``finished``); then, with none in flight or waiting and no claim under
+        way or to come (stopping, or the last found nothing a moment ago), the writer waits for no more."""
         with self._lock:
-            idle = not self._busy and not self._ready and not self._claiming
+            if finished:
+                self._busy -= 1
+            quiet = self._stop.is_set() or time.monotonic() < self._quiet_until
+            idle = quiet and not self._busy and not self._ready and not self._claiming
         if idle:
             self._writer.flush()
 
@@ -243,7 +244,7 @@ class Runner:
             if self._ready:
                 self._busy += 1
                 return self._ready.popleft()
-        with self._claim_lock:
+        with self._held.claim_lock:
             with self._lock:
                 if self._ready:
                     self._busy += 1
@@ -377,9 +378,12 @@ class Runner:
 class _HeldClaims:
     """The targets a runner holds by its own claims, until its writer settles their outcomes; and whether a
     claim failed as the store answered (``in_doubt``), having perhaps been made all the same. Counted by
-    claim: a target put back to pending may be claimed again before its writer's round has settled."""
+    claim: a target put back to pending may be claimed again before its writer's round has settled.
+    ``claim_lock``: one claim at a time, and none while the held claims are checked against the store."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner: str) -> None:
+        self.runner = runner
+        self.claim_lock = threading.Lock()
         self._lock = threading.Lock()
         self._keys: Counter[tuple[str, int]] = Counter()
         self.in_doubt = False
@@ -410,6 +414,23 @@ class _HeldClaims:
                 else:
                     self._keys.pop(key, None)
 
+    @contextlib.contextmanager
+    def resending(self, outcomes: list[Outcome]) -> Iterator[list[Outcome]]:
+        """With no claim under way, of ``outcomes`` (sent before, perhaps taken by the store: the answer lost)
+        those still to be written: not those whose targets the runner has claimed again since (the first
+        write was made and the target came back to it, or its claim was requeued), let go of here."""
+        with self.claim_lock:
+            with self._lock:
+                waiting = Counter((outcome.job_id, outcome.idx) for outcome in outcomes)
+                again = {key for key, count in waiting.items() if self._keys[key] > count}
+            kept = [outcome for outcome in outcomes if (outcome.job_id, outcome.idx) not in again]
+            if again:
+                self.settled([outcome for outcome in outcomes if (outcome.job_id, outcome.idx) in again], [])
+                for job_id, idx in sorted(again):
+                    log.info("sift runner %s: target %d of job %s, claimed again since its outcome was sent: "
+                             "that outcome is not sent again", self.runner, idx, job_id)  # fmt: skip
+            yield kept
+
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:
             return [key for key in keys if key not in self._keys]
@@ -433,7 +454,7 @@ def _give_back_unknown_claims(runner: Runner) -> None:
     """After a claim in doubt: the targets the store says ``runner`` holds that none of its claims returned
     go back to pending untried, rather than be renewed for as long as it runs. With no claim under way, so
     that every claim made so far has returned."""
-    with runner._claim_lock:
+    with runner._held.claim_lock:
         runner._held.in_doubt = False  # a claim failing after this (none runs now) sets it again
         try:
             name = runner.name

@@ -3,8 +3,9 @@
 Workers hand each outcome to :class:`Writer`; its thread takes whatever has arrived (up to
 :data:`WRITE_BATCH` outcomes, waiting at most :data:`WRITE_WAIT` seconds for more once one is there) and
 writes its retries, then each job's results and failures in one ``update_batch_targets`` call, then
-finishes the jobs whose targets are all final. It writes at once, not waiting, when its runner has no
-fetch in flight (:meth:`Writer.flush`): no more outcomes are on their way.
+finishes the jobs whose targets are all final. It writes at once, not waiting, when its runner says no
+more outcomes are on their way (:meth:`Writer.flush`): no fetch in flight, and no claim under way or about
+to be made.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
 
 from ..dcache import (
@@ -75,10 +77,14 @@ class Writer:
         runner: str,
         tally: Any,
         settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
+        resending: Callable[[list[Outcome]], AbstractContextManager[list[Outcome]]] | None = None,
     ) -> None:
         self.runner = runner
         self.tally = tally
         self.settled = settled  # settled(batch, left) after each round: what of batch is done with
+        # resending(outcomes): around a round that writes again what the store could not take (the answer
+        # lost, perhaps taken all the same), the outcomes still to be written
+        self.resending = resending
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: list[Outcome] = []
@@ -140,18 +146,28 @@ class Writer:
         stopping = False
         while not stopping:
             batch, stopping = self._gather(carried)
-            carried = []
-            if batch:
-                try:
-                    carried = self.write(batch)
-                except Exception:
-                    log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
-                    carried = batch  # a rewrite changes nothing
-                if self.settled is not None:
-                    self.settled(batch, carried)
-                if carried and not stopping:  # the store may come back: the claims are still this runner's
-                    time.sleep(RETRY_WAIT)
-                # stopping: the runner releases what was not written
+            again, carried = len(carried), []
+            if again and self.resending is not None:
+                with self.resending(batch[:again]) as kept:
+                    batch = kept + batch[again:]
+                    if batch:
+                        carried = self._round(batch)
+            elif batch:
+                carried = self._round(batch)
+            if carried and not stopping:  # the store may come back: the claims are still this runner's
+                time.sleep(RETRY_WAIT)
+            # stopping: the runner releases what was not written
+
+    def _round(self, batch: list[Outcome]) -> list[Outcome]:
+        """``write(batch)``, settled; what the store could not take, to be written again."""
+        try:
+            carried = self.write(batch)
+        except Exception:
+            log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
+            carried = batch  # a rewrite changes nothing
+        if self.settled is not None:
+            self.settled(batch, carried)
+        return carried
 
     def write(self, batch: list[Outcome]) -> list[Outcome]:
         """One round: the retries, then each job's writes in one call, then the jobs finished. Returns what
