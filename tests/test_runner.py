@@ -251,7 +251,7 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
 
     class LetGo(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "claimed again since its outcome was sent" in record.getMessage():
+            if "claimed again since it was put back" in record.getMessage():
                 decided.set()
 
     attempts: list[int] = []
@@ -280,6 +280,72 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
     targets = dcache.batch_targets(job_id) or []
     assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", attempts[-1])]
     assert runner.progress().lost == 0 and held_claims() == 0
+
+
+@pytest.mark.slow  # waits out the writer's wait before it writes again
+def test_a_result_sent_again_is_written_though_its_target_was_claimed_again(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer holds a result the store could not take (away; nothing written); meanwhile the runner's
+    claim was requeued as stale (another runner's keeper) and the runner claims the target again. The
+    result in hand is still written (a result puts no target back); the new fetch's retry then finds the
+    target done, and is dropped as a lost claim."""
+    monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.1)
+    write = dcache.update_batch_targets
+    failed = threading.Event()  # the first result's write refused
+    fetched_again = threading.Event()
+    written = threading.Event()  # the result written after the second fetch began
+
+    def away_until_fetched_again(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
+        if not fetched_again.is_set():
+            failed.set()
+            raise dcache.StoreUnavailable("database: the server is away (a test's); nothing written")
+        count = write(job_id, entries, **kwargs)
+        written.set()
+        return count
+
+    attempts: list[int] = []
+
+    def page(target: dcache.BatchTarget) -> str:
+        attempts.append(int(target.attempts))
+        if len(attempts) == 2:
+            fetched_again.set()
+            written.wait(WAIT)  # in flight while the writer sends the first result again
+            raise Retry("503", after=0)
+        return f"page {len(attempts)}"
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", away_until_fetched_again)
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(page, name="w", concurrency=1)
+    with running(runner):
+        wait_for(failed.is_set, "the first write to be refused")
+        assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    assert written.is_set() and attempts == [1, 2]
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.result) for t in targets] == [("done", "page 1")]
+    assert runner.progress().lost == 1 and held_claims() == 0
+
+
+@pytest.mark.slow  # the flush rule's own case; the fast lane holds at most 4,000
+def test_a_fetch_slower_than_the_writers_wait_has_its_round_written_at_once() -> None:
+    """The last worker to finish claims next, and the round waits for that claim's outcomes, unless they
+    cannot come within the writer's wait: its fetch took longer than ``WRITE_WAIT`` (the next claim's
+    fetches will too), or the runner is quiet (the last claim found nothing a moment ago)."""
+    runner = Runner(lambda target: "page", name="w")
+    flushed: list[bool] = []
+    runner._writer = Writer("w", lambda name, n: None)
+    runner._writer.flush = lambda: flushed.append(True)  # type: ignore[method-assign]
+    for fetched_in, quiet_until, expected in [
+        (0.0, 0.0, []),
+        (writer_module.WRITE_WAIT / 2, 0.0, []),
+        (writer_module.WRITE_WAIT * 2, 0.0, [True]),
+        (0.0, time.monotonic() + 3600, [True]),
+    ]:
+        flushed.clear()
+        runner._busy, runner._quiet_until = 1, quiet_until
+        runner._flush_if_idle(fetched_in=fetched_in)
+        assert (runner._busy, flushed) == (0, expected), (fetched_in, quiet_until)
 
 
 @pytest.mark.slow  # the held claims' second case; the fast lane holds at most 4,000

@@ -221,19 +221,22 @@ class Runner:
                     if not self._ready and not self._stop.is_set():
                         self._wake.wait(IDLE_WAIT / 4)
                 continue
+            started = time.monotonic()
             try:
                 self._writer.put(self._outcome(target))
             finally:
-                self._flush_if_idle(finished=True)
+                self._flush_if_idle(fetched_in=time.monotonic() - started)
 
-    def _flush_if_idle(self, *, finished: bool = False) -> None:
-        """Count a worker's fetch done (``finished``); then, with none in flight or waiting and no claim under
-        way or to come (stopping, or the last found nothing a moment ago), the writer waits for no more."""
+    def _flush_if_idle(self, *, fetched_in: float | None = None) -> None:
+        """Count a worker's fetch done (it took ``fetched_in`` seconds); then, with none in flight or waiting
+        and no claim under way, nor one to come whose outcomes the writer would wait for (not stopping, the
+        last claim found something, and fetches take less than its wait), it waits for no more."""
         with self._lock:
-            if finished:
+            if fetched_in is not None:
                 self._busy -= 1
             quiet = self._stop.is_set() or time.monotonic() < self._quiet_until
-            idle = quiet and not self._busy and not self._ready and not self._claiming
+            soon = not quiet and (fetched_in is None or self._writer.would_wait(fetched_in))
+            idle = not soon and not self._busy and not self._ready and not self._claiming
         if idle:
             self._writer.flush()
 
@@ -251,7 +254,8 @@ class Runner:
                     return self._ready.popleft()
                 if time.monotonic() < self._quiet_until or self._stop.is_set():
                     return None
-                want = self._claim_size(time.monotonic())
+                free = max(1, self.concurrency - self._busy)
+                want = _claim_size(free, self.prefetch, self._last_claim, time.monotonic())
                 self._claiming = True
             try:
                 claimed = self._held.claim(
@@ -282,18 +286,6 @@ class Runner:
                 self._quiet_until = time.monotonic() + IDLE_WAIT
             self._flush_if_idle()  # nothing to claim: what the workers finished need not wait for more
             return None
-
-    def _claim_size(self, now: float) -> int:
-        """The free workers' count, plus as many as the workers started in ``PREFETCH_WINDOW`` seconds at
-        the pace they took the last claim's targets (none after an empty claim), at most ``prefetch``."""
-        free = max(1, self.concurrency - self._busy)
-        if self._last_claim is None or not self.prefetch:
-            return free
-        at, count = self._last_claim
-        elapsed = now - at
-        if elapsed * self.prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
-            return free + self.prefetch
-        return free + int(count * PREFETCH_WINDOW / elapsed)
 
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
@@ -417,19 +409,19 @@ class _HeldClaims:
     @contextlib.contextmanager
     def resending(self, outcomes: list[Outcome]) -> Iterator[list[Outcome]]:
         """With no claim under way, of ``outcomes`` (sent before, perhaps taken by the store: the answer lost)
-        those still to be written: not those whose targets the runner has claimed again since (the first
-        write was made and the target came back to it, or its claim was requeued), let go of here."""
+        those still to be sent: not a retry or give-back whose target the runner has claimed again since (it
+        would put the target back from under that fetch), let go of here. A result is written over it."""
         with self.claim_lock:
             with self._lock:
                 waiting = Counter((outcome.job_id, outcome.idx) for outcome in outcomes)
                 again = {key for key, count in waiting.items() if self._keys[key] > count}
-            kept = [outcome for outcome in outcomes if (outcome.job_id, outcome.idx) not in again]
-            if again:
-                self.settled([outcome for outcome in outcomes if (outcome.job_id, outcome.idx) in again], [])
-                for job_id, idx in sorted(again):
-                    log.info("sift runner %s: target %d of job %s, claimed again since its outcome was sent: "
-                             "that outcome is not sent again", self.runner, idx, job_id)  # fmt: skip
-            yield kept
+            dropped = [o for o in outcomes if o.status == "pending" and (o.job_id, o.idx) in again]
+            if dropped:
+                self.settled(dropped, [])
+                for outcome in dropped:
+                    log.info("sift runner %s: target %d of job %s, claimed again since it was put back: not "
+                             "put back again", self.runner, outcome.idx, outcome.job_id)  # fmt: skip
+            yield [o for o in outcomes if o.status != "pending" or (o.job_id, o.idx) not in again]
 
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:
@@ -488,6 +480,19 @@ def _take_back_earlier_claims(runner: Runner) -> None:
         if moved:
             log.info("sift runner %s: %d claims of an earlier run requeued", runner.name, moved)
         return
+
+
+def _claim_size(free: int, prefetch: int, last_claim: tuple[float, int] | None, now: float) -> int:
+    """The ``free`` workers' count, plus as many as the workers started in ``PREFETCH_WINDOW`` seconds at the
+    pace they took the last claim's targets (``last_claim``: when it returned, how many; None after an empty
+    claim: none), at most ``prefetch``."""
+    if last_claim is None or not prefetch:
+        return free
+    at, count = last_claim
+    elapsed = now - at
+    if elapsed * prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
+        return free + prefetch
+    return free + int(count * PREFETCH_WINDOW / elapsed)
 
 
 def _stop_on_sigterm(stop: Callable[[], None]) -> Any:

@@ -4,8 +4,8 @@ Workers hand each outcome to :class:`Writer`; its thread takes whatever has arri
 :data:`WRITE_BATCH` outcomes, waiting at most :data:`WRITE_WAIT` seconds for more once one is there) and
 writes its retries, then each job's results and failures in one ``update_batch_targets`` call, then
 finishes the jobs whose targets are all final. It writes at once, not waiting, when its runner says no
-more outcomes are on their way (:meth:`Writer.flush`): no fetch in flight, and no claim under way or about
-to be made.
+more outcomes are on their way (:meth:`Writer.flush`): no fetch in flight, and no claim under way nor one
+to come whose outcomes it would wait for.
 """
 
 from __future__ import annotations
@@ -102,6 +102,10 @@ class Writer:
             if len(self._inbox) >= self._wake_at:
                 self._wake_at = _WRITING
                 self._arrived.notify()
+
+    def would_wait(self, seconds: float) -> bool:
+        """Whether outcomes ``seconds`` after the first of a round could still join it (``WRITE_WAIT``)."""
+        return seconds < WRITE_WAIT
 
     def flush(self) -> None:
         """Nothing more is on its way for now: write what has arrived without waiting for more."""
