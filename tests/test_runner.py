@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -327,25 +328,89 @@ def test_a_result_sent_again_is_written_though_its_target_was_claimed_again(
     assert runner.progress().lost == 1 and held_claims() == 0
 
 
-@pytest.mark.slow  # the flush rule's own case; the fast lane holds at most 4,000
-def test_a_fetch_slower_than_the_writers_wait_has_its_round_written_at_once() -> None:
-    """The last worker to finish claims next, and the round waits for that claim's outcomes, unless they
-    cannot come within the writer's wait: its fetch took longer than ``WRITE_WAIT`` (the next claim's
-    fetches will too), or the runner is quiet (the last claim found nothing a moment ago)."""
+@pytest.mark.slow  # the same round's cases; the fast lane holds at most 4,000
+@pytest.mark.parametrize(
+    ("sent_again", "next_outcome", "written", "lost"),
+    [
+        (Outcome("j", 0, "done", result="page 1"), Outcome("j", 0, "pending", error="503"), "page 1", 1),
+        (Outcome("j", 0, "done", result="page 1"), Outcome("j", 0, "failed", error="404"), "page 1", 1),
+        (Outcome("j", 0, "failed", error="404"), Outcome("j", 0, "done", result="page 2"), "page 2", 1),
+        (Outcome("j", 0, "done", result="page 1"), Outcome("j", 0, "done", result="page 2"), "page 1", 1),
+    ],
+)
+def test_a_result_sent_again_beside_its_targets_next_outcome_finishes_it(
+    store: Any, sent_again: Outcome, next_outcome: Outcome, written: str, lost: int
+) -> None:
+    """A result the writer sends again and the outcome of the target's next claim, in one round: the target
+    is finished, not put back by the retry (which the result finds ended); of two that finish it, a result
+    over a failure, else the one sent first; the other is counted lost."""
+    dcache.create_batch_job(
+        make_job("j", targets_total=1), [dcache.BatchTarget(idx=0, url="https://x/0", options="{}")]
+    )
+    dcache.claim_batch_targets(1, runner="w")
+    tally: dict[str, int] = {}
+    writer = Writer("w", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+    assert writer.write([sent_again, next_outcome]) == []
+    targets = dcache.batch_targets("j") or []
+    assert [(t.status, t.result) for t in targets] == [("done", written)]
+    assert tally.get("lost", 0) == lost and tally.get("retried", 0) == 0
+    job = dcache.batch_job("j")
+    assert job is not None and (job.status, job.targets_done) == ("done", 1)
+
+
+@pytest.mark.slow  # the flush rule's own cases; the fast lane holds at most 4,000
+def test_the_writer_is_told_to_wait_for_no_more_when_nothing_more_can_join_its_round() -> None:
+    """With no fetch in flight and no claim under way, the writer waits for no more outcomes once the fetch
+    just finished took its wait or longer (the next fetches would too), or when no target waits and no
+    claim is to come (the last found nothing a moment ago); else the next claim's outcomes join the round."""
     runner = Runner(lambda target: "page", name="w")
     flushed: list[bool] = []
     runner._writer = Writer("w", lambda name, n: None)
     runner._writer.flush = lambda: flushed.append(True)  # type: ignore[method-assign]
-    for fetched_in, quiet_until, expected in [
-        (0.0, 0.0, []),
-        (writer_module.WRITE_WAIT / 2, 0.0, []),
-        (writer_module.WRITE_WAIT * 2, 0.0, [True]),
-        (0.0, time.monotonic() + 3600, [True]),
+    slow, fast, later = writer_module.WRITE_WAIT, writer_module.WRITE_WAIT / 2, time.monotonic() + 3600
+    waiting = dcache.BatchTarget(idx=0, url="https://a.example/0", options="{}")
+    for fetched_in, quiet_until, ready, expected in [
+        (0.0, 0.0, [], []),
+        (fast, 0.0, [], []),
+        (slow, 0.0, [], [True]),
+        (slow, 0.0, [waiting], [True]),
+        (0.0, later, [], [True]),
+        (0.0, later, [waiting], []),
     ]:
         flushed.clear()
-        runner._busy, runner._quiet_until = 1, quiet_until
+        runner._busy, runner._quiet_until, runner._ready = 1, quiet_until, deque(ready)
         runner._flush_if_idle(fetched_in=fetched_in)
-        assert (runner._busy, flushed) == (0, expected), (fetched_in, quiet_until)
+        assert (runner._busy, flushed) == (0, expected), (fetched_in, quiet_until, ready)
+
+
+@pytest.mark.slow  # each fetch takes the writer's wait
+def test_an_outcome_of_a_fetch_slower_than_the_writers_wait_is_written_at_once(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner whose fetches take the writer's wait or longer has each outcome written at once (the writer
+    told so while the next claim is still to be made, or while claimed targets wait), not after its wait."""
+    monkeypatch.setattr(writer_module, "WRITE_WAIT", 0.05)
+    monkeypatch.setattr(runner_module, "PREFETCH_WINDOW", 10_000.0)  # the second claim takes the rest
+
+    def page(target: dcache.BatchTarget) -> str:
+        time.sleep(writer_module.WRITE_WAIT * 1.2)
+        return "page"
+
+    runner = Runner(page, name="w", concurrency=1)
+    told: list[tuple[bool, int]] = []  # each flush: whether the runner was quiet, and the targets waiting
+
+    class Watched(Writer):
+        def flush(self) -> None:
+            told.append((runner._stop.is_set() or time.monotonic() < runner._quiet_until, len(runner._ready)))
+            super().flush()
+
+    monkeypatch.setattr(runner_module, "Writer", Watched)
+    job_id = submit([f"https://a.example/{i}" for i in range(3)])
+    with running(runner):
+        wait_for(lambda: job_final(job_id), "the job to finish")
+    # after the first fetch the next claim was still to come; after the second a claimed target waited
+    assert (False, 0) in told and (False, 1) in told, told
+    assert [t.status for t in dcache.batch_targets(job_id) or []] == ["done"] * 3
 
 
 @pytest.mark.slow  # the held claims' second case; the fast lane holds at most 4,000

@@ -58,8 +58,8 @@ DEFAULT_GRACE = 30.0
 @dataclass(frozen=True)
 class Progress:
     """What a runner has done since it started: targets claimed, written done, written failed, put back to be
-    retried, and lost (another runner held them when the write came); ``running``: fetches in flight now;
-    ``given_back``: put back untried (a paced target not sent by its ``send_by``, or a ``GiveBack``)."""
+    retried, lost (another runner held them, or another outcome of theirs was written); ``running``: fetches
+    in flight now; ``given_back``: put back untried (a paced target past its ``send_by``, a ``GiveBack``)."""
 
     claimed: int
     done: int
@@ -228,15 +228,15 @@ class Runner:
                 self._flush_if_idle(fetched_in=time.monotonic() - started)
 
     def _flush_if_idle(self, *, fetched_in: float | None = None) -> None:
-        """Count a worker's fetch done (it took ``fetched_in`` seconds); then, with none in flight or waiting
-        and no claim under way, nor one to come whose outcomes the writer would wait for (not stopping, the
-        last claim found something, and fetches take less than its wait), it waits for no more."""
+        """Count a worker's fetch done (in ``fetched_in`` seconds). With none in flight and no claim under
+        way, the writer waits for no more when that fetch took its wait or longer (the next would too), or
+        when none waits and no claim is to come (stopping, or the last found nothing a moment ago)."""
         with self._lock:
             if fetched_in is not None:
                 self._busy -= 1
             quiet = self._stop.is_set() or time.monotonic() < self._quiet_until
-            soon = not quiet and (fetched_in is None or self._writer.would_wait(fetched_in))
-            idle = not soon and not self._busy and not self._ready and not self._claiming
+            slow = fetched_in is not None and not self._writer.would_wait(fetched_in)
+            idle = not self._busy and not self._claiming and (slow or (quiet and not self._ready))
         if idle:
             self._writer.flush()
 

@@ -178,12 +178,16 @@ class Writer:
         the store could not take now (unavailable, say), to be written again."""
         writes: dict[str, list[Outcome]] = defaultdict(list)
         left: list[Outcome] = []
+        # a target's result sent again beside its next claim's outcome: the result is written (in a round
+        # of its own too, the retry would then find its claim ended), and the retry is not
+        finished = {(outcome.job_id, outcome.idx) for outcome in batch if outcome.status != "pending"}
         for outcome in batch:
-            if outcome.status == "pending":
-                if not self._retry(outcome):
-                    left.append(outcome)
-            else:
+            if outcome.status != "pending":
                 writes[outcome.job_id].append(outcome)
+            elif (outcome.job_id, outcome.idx) in finished:
+                self.tally("lost", 1)
+            elif not self._retry(outcome):
+                left.append(outcome)
         for job_id, outcomes in writes.items():
             try:
                 written = self._write_job(job_id, outcomes)
@@ -202,7 +206,14 @@ class Writer:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
         names its target, which is dropped (its holder writes it) before the call is made again; an outcome
         the store refuses (its text) fails its target alone, with the refusal as its error."""
-        entries = {o.idx: _entry(o) for o in outcomes}
+        entries: dict[int, dict[str, Any]] = {}
+        # two outcomes of one target (one sent again, beside its next claim's): a result over a failure, else
+        # the first
+        for outcome in outcomes:
+            kept = entries.get(outcome.idx)
+            if kept is None or (kept["status"] == "failed" and outcome.status == "done"):
+                entries[outcome.idx] = _entry(outcome)
+        superseded = len(outcomes) - len(entries)
         failed_here: set[int] = set()  # entries refused once, and written as failures since
         while entries:
             try:
@@ -231,7 +242,7 @@ class Writer:
                 log.info("sift runner %s: %s", self.runner, gone)
                 return 0
             done = sum(entry["status"] == "done" for entry in entries.values())
-            for name, count in (("done", done), ("failed", len(entries) - done)):
+            for name, count in (("done", done), ("failed", len(entries) - done), ("lost", superseded)):
                 if count:
                     self.tally(name, count)
             return written
