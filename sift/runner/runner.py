@@ -168,7 +168,7 @@ class Runner:
             _take_back_earlier_claims(self)
             for worker in workers:
                 worker.start()
-            keeper.start()  # after the first claim has begun: the claim need not wait for its round
+            keeper.start()  # after the workers: their first claim need not wait for its first round
             while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
                 pass
             with self._wake:  # idle workers see the stop now, not at their next look
