@@ -329,8 +329,22 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
         dcache.create_batch_job(
             make_job(f"job-{j:02d}", targets_total=100, created_at=10**6 + j), make_targets(100)
         )
+    # The finished jobs paused, and 5,000 paused callers with no live job, analyzed: what the server knows
+    # of these tables decides their plans. A small one, or an empty one the server has analyzed (autovacuum
+    # may, after earlier tests' writes to the worker's schema), is rightly read by a table scan.
+    with db.atomic():
+        db.backend.executemany(
+            "INSERT INTO batch_paused_job (job_id, paused_at) VALUES (%s, 1)",
+            [(f"old-{i}",) for i in range(5_000)],
+        )
+        db.backend.executemany(
+            "INSERT INTO batch_paused_caller (caller, paused_at) VALUES (%s, 1)",
+            [(f"gone-{i}",) for i in range(5_000)],
+        )
     db.execute_sql("ANALYZE batch_job")
     db.execute_sql("ANALYZE batch_target")  # every target pending: a table scan looks cheap for LIMIT 1
+    db.execute_sql("ANALYZE batch_paused_job")
+    db.execute_sql("ANALYZE batch_paused_caller")
     for _ in range(10):
         dcache.claim_batch_targets(100, now=10**7)  # the 10 oldest jobs have no pending target left
     db.execute_sql(f"SET plan_cache_mode = {plan_mode}")
