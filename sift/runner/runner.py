@@ -40,7 +40,7 @@ from ..dcache.clock import unix_time
 from .outcomes import MAX_SECONDS, Backoff, Fail, GiveBack, Retry, storable_message
 from .writer import RETRY_WAIT, Outcome, Writer
 
-__all__ = ["IDLE_WAIT", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
+__all__ = ["GROW_AFTER", "IDLE_WAIT", "LOOK_EVERY", "PREFETCH", "PREFETCH_WINDOW", "Progress", "Runner"]
 
 log = logging.getLogger("sift.runner")
 
@@ -51,6 +51,11 @@ PREFETCH = 256
 #: A claim takes ahead what the workers started in about this long (seconds), measured over the last claim:
 #: slow fetches claim little beyond the free workers, so the targets left pending stay for other runners.
 PREFETCH_WINDOW = 0.25
+#: A fetch that returns within this long is quick (seconds): it holds the interpreter's lock for most of its
+#: time, so another worker would not fetch more. Workers start one at a time while fetches are not quick.
+GROW_AFTER = 0.001
+#: How often the run thread looks for claimed targets left waiting while every worker's fetch ran (seconds).
+LOOK_EVERY = 0.5
 #: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
 DEFAULT_GRACE = 30.0
 
@@ -59,7 +64,8 @@ DEFAULT_GRACE = 30.0
 class Progress:
     """What a runner has done since it started: targets claimed, written done, written failed, put back to be
     retried, lost (another runner held them, or another outcome of theirs was written); ``running``: fetches
-    in flight now; ``given_back``: put back untried (a paced target past its ``send_by``, a ``GiveBack``)."""
+    in flight now; ``given_back``: put back untried (a paced target past its ``send_by``, a ``GiveBack``);
+    ``workers``: worker threads started (as fetches need them, at most ``concurrency``)."""
 
     claimed: int
     done: int
@@ -68,6 +74,7 @@ class Progress:
     lost: int
     running: int
     given_back: int = 0
+    workers: int = 0
 
 
 Fetch = Callable[..., str]
@@ -136,6 +143,9 @@ class Runner:
         self._wake = threading.Condition(self._lock)  # idle workers, woken when a claim left them targets
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
         self._busy = 0
+        self._taken = 0  # targets taken by workers so far
+        self._quick: bool | None = None  # whether the last fetch was quick (None: no fetch yet, or stuck)
+        self._workers = _Workers(self.name, self.concurrency, self._work)
         self._quiet_until = 0.0
         self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
         self._claiming = False
@@ -157,20 +167,17 @@ class Runner:
             self._started = True
         restore = _stop_on_sigterm(self.stop)
         writer = self._writer = Writer(self.name, self._tally, self._held.settled, self._held.resending)
-        workers = [
-            threading.Thread(target=self._work, name=f"sift-worker {self.name} {i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
-        log.info("sift runner %s: started, %d workers", self.name, self.concurrency)
+        log.info("sift runner %s: started, up to %d workers", self.name, self.concurrency)
         try:
             writer.start()
             _take_back_earlier_claims(self)
-            for worker in workers:
-                worker.start()
-            keeper.start()  # after the workers: their first claim need not wait for its first round
-            while not self._stop.wait(0.5):  # wakes now and then: a SIGTERM's handler runs between waits
-                pass
+            self._workers.start_one()  # and each other as fetches need them (see _work)
+            keeper.start()  # after the first worker: its first claim need not wait for its first round
+            taken = 0
+            while not self._stop.wait(LOOK_EVERY):  # a SIGTERM's handler runs between waits
+                taken = self._unstick(taken)
+            workers = self._workers.close()
             with self._wake:  # idle workers see the stop now, not at their next look
                 self._wake.notify_all()
             deadline = time.monotonic() + self._grace
@@ -200,7 +207,7 @@ class Runner:
     def progress(self) -> Progress:
         """The counts so far (see :class:`Progress`)."""
         with self._lock:
-            return Progress(running=self._busy, **self._counts)
+            return Progress(running=self._busy, workers=self._workers.started, **self._counts)
 
     # -- the threads ----------------------------------------------------------------------------------------
 
@@ -221,6 +228,9 @@ class Runner:
                     if not self._ready and not self._stop.is_set():
                         self._wake.wait(IDLE_WAIT / 4)
                 continue
+            workers = self._workers  # read without the lock: a look a moment old starts one a moment later
+            if _worker_wanted(len(self._ready), self._quick, self._busy, workers.started, self.concurrency):
+                workers.start_one()
             started = time.monotonic()
             try:
                 self._writer.put(self._outcome(target))
@@ -234,9 +244,11 @@ class Runner:
         with self._lock:
             if fetched_in is not None:
                 self._busy -= 1
-            quiet = self._stop.is_set() or time.monotonic() < self._quiet_until
+                self._quick = fetched_in < GROW_AFTER
+            if self._busy or self._claiming:
+                return
             slow = fetched_in is not None and not self._writer.would_wait(fetched_in)
-            idle = not self._busy and not self._claiming and (slow or (quiet and not self._ready))
+            idle = slow or (not self._ready and (self._stop.is_set() or time.monotonic() < self._quiet_until))
         if idle:
             self._writer.flush()
 
@@ -245,13 +257,11 @@ class Runner:
         claimer at a time, see ``_claim_size``); None when nothing was claimable a moment ago."""
         with self._lock:
             if self._ready:
-                self._busy += 1
-                return self._ready.popleft()
+                return self._next_ready()
         with self._held.claim_lock:
             with self._lock:
                 if self._ready:
-                    self._busy += 1
-                    return self._ready.popleft()
+                    return self._next_ready()
                 if time.monotonic() < self._quiet_until or self._stop.is_set():
                     return None
                 free = max(1, self.concurrency - self._busy)
@@ -275,17 +285,32 @@ class Runner:
                     self._last_claim = (time.monotonic(), len(claimed))
                     # a paced target first, to the claimer and then the first free workers: it must leave
                     # by its send_by, while the others may wait their turn
-                    paced = [t for t in claimed if t.send_by is not None]
-                    ordered = paced + [t for t in claimed if t.send_by is None]
-                    self._ready.extendleft(reversed(ordered[1 : len(paced)]))
-                    self._ready.extend(ordered[max(1, len(paced)) :])
+                    self._ready.extend(sorted(claimed, key=lambda target: target.send_by is None))
                     self._wake.notify(len(claimed) - 1)
-                    self._busy += 1
-                    return ordered[0]
+                    return self._next_ready()
                 self._last_claim = None
                 self._quiet_until = time.monotonic() + IDLE_WAIT
             self._flush_if_idle()  # nothing to claim: what the workers finished need not wait for more
             return None
+
+    def _next_ready(self) -> BatchTarget:
+        """The first claimed target waiting, counted busy and taken; the lock held."""
+        self._busy += 1
+        self._taken += 1
+        return self._ready.popleft()
+
+    def _unstick(self, taken: int) -> int:
+        """A look of the run thread, ``taken`` at the last: claimed targets waited since, none taken, every
+        worker fetching. Fetches are slow now, whatever the last said: workers start as in ``_work``. Returns
+        the count taken now."""
+        with self._lock:
+            stuck = bool(self._ready) and self._taken == taken and self._busy >= self._workers.started
+            if stuck:
+                self._quick = None
+            taken = self._taken
+        if stuck:
+            self._workers.start_one()
+        return taken
 
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
@@ -295,7 +320,7 @@ class Runner:
         if target.send_by is not None and unix_time() > target.send_by:
             return _untried(target)  # a paced host's next request may already be on its way
         if self._waiting_hosts:
-            asked = self._host_waiting(target)
+            asked = _host_waiting(self, target)
             if asked is not None:  # not tried: back untried, to wait as that answer asked
                 return _untried(target, not_before=math.ceil(asked[0]), error=storable_message(asked[1]))
         try:
@@ -307,7 +332,7 @@ class Runner:
             return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)  # as Fail keeps them
         except Retry as retry:
             if retry.host_wide:
-                return self._host_asked_to_wait(target, retry)
+                return _host_asked_to_wait(self, target, retry)
             return self._retry(target, retry.error, retry.after)
         except Exception as exc:
             return self._retry(target, _text(exc), None)
@@ -318,31 +343,6 @@ class Runner:
         if error is not None:
             return Outcome(job_id, idx, "failed", error=error)
         return Outcome(job_id, idx, "done", result=result)
-
-    def _host_asked_to_wait(self, target: BatchTarget, retry: Retry) -> Outcome:
-        """The site asked every request to wait (``Retry(host_wide=True)``, a 429 or 503 with
-        ``Retry-After``): no runner claims its targets before then (``back_off_host``, at most
-        ``MAX_BACK_OFF`` ahead), and this target is retried as any other."""
-        wait = self.backoff.delay(int(target.attempts)) if retry.after is None else retry.after
-        host = url_host(str(target.url))
-        if host and wait > 0:
-            with self._lock:  # the targets claimed ahead are not fetched before then either
-                self._waiting_hosts[host] = (unix_time() + wait, retry.error)
-            try:
-                back_off_host(host, unix_time() + wait)
-            except BatchError:  # the target's own retry still waits; the other targets are only early
-                log.exception("sift runner %s: could not back off %s", self.name, host)
-        return self._retry(target, retry.error, wait)
-
-    def _host_waiting(self, target: BatchTarget) -> tuple[float, str] | None:
-        """Until when, and with what error, ``target``'s host asked this runner to wait (None: no wait)."""
-        host = url_host(str(target.url))
-        with self._lock:
-            asked = self._waiting_hosts.get(host)
-            if asked is not None and asked[0] <= unix_time():
-                del self._waiting_hosts[host]
-                asked = None
-        return asked
 
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
@@ -428,6 +428,71 @@ class _HeldClaims:
             return [key for key in keys if key not in self._keys]
 
 
+class _Workers:
+    """A runner's worker threads, ``work`` each, started one at a time as its fetches need them, at most
+    ``most``; none after ``close``."""
+
+    def __init__(self, runner: str, most: int, work: Callable[[], None]) -> None:
+        self.runner, self.most, self.work = runner, most, work
+        self.started = 0
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def start_one(self) -> None:
+        """One more worker, unless ``most`` have started or the runner is stopping. The first must start;
+        another that cannot (the process out of threads) is done without, with a warning."""
+        with self._lock:
+            if self._closed or len(self._threads) >= self.most:
+                return
+            name = f"sift-worker {self.runner} {len(self._threads)}"
+            thread = threading.Thread(target=self.work, name=name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                if not self._threads:
+                    raise
+                log.warning(
+                    "sift runner %s: no worker thread could start; %d work on", self.runner, self.started
+                )
+                return
+            self._threads.append(thread)
+            self.started = len(self._threads)
+
+    def close(self) -> list[threading.Thread]:
+        """No more start; the threads started."""
+        with self._lock:
+            self._closed = True
+            return list(self._threads)
+
+
+def _host_asked_to_wait(runner: Runner, target: BatchTarget, retry: Retry) -> Outcome:
+    """The site asked every request to wait (``Retry(host_wide=True)``, a 429 or 503 with
+    ``Retry-After``): no runner claims its targets before then (``back_off_host``, at most
+    ``MAX_BACK_OFF`` ahead), and this target is retried as any other."""
+    wait = runner.backoff.delay(int(target.attempts)) if retry.after is None else retry.after
+    host = url_host(str(target.url))
+    if host and wait > 0:
+        with runner._lock:  # the targets claimed ahead are not fetched before then either
+            runner._waiting_hosts[host] = (unix_time() + wait, retry.error)
+        try:
+            back_off_host(host, unix_time() + wait)
+        except BatchError:  # the target's own retry still waits; the other targets are only early
+            log.exception("sift runner %s: could not back off %s", runner.name, host)
+    return runner._retry(target, retry.error, wait)
+
+
+def _host_waiting(runner: Runner, target: BatchTarget) -> tuple[float, str] | None:
+    """Until when, and with what error, ``target``'s host asked ``runner`` to wait (None: no wait)."""
+    host = url_host(str(target.url))
+    with runner._lock:
+        asked = runner._waiting_hosts.get(host)
+        if asked is not None and asked[0] <= unix_time():
+            del runner._waiting_hosts[host]
+            asked = None
+    return asked
+
+
 def _keeper_round(runner: Runner) -> None:
     """One round of ``runner``'s keeper: give back claims it does not know of (after a claim in doubt),
     renew, requeue stale claims, finish, evict and sweep."""
@@ -493,6 +558,13 @@ def _claim_size(free: int, prefetch: int, last_claim: tuple[float, int] | None, 
     if elapsed * prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
         return free + prefetch
     return free + int(count * PREFETCH_WINDOW / elapsed)
+
+
+def _worker_wanted(ready: int, quick: bool | None, busy: int, started: int, most: int) -> bool:
+    """Whether one more worker should start: claimed targets wait (``ready``), each worker started is
+    fetching, fewer than ``most`` have started, and the last fetch was not ``quick`` (None: none has ended
+    yet, or the workers were found stuck)."""
+    return ready > 0 and quick is not True and busy >= started and started < most
 
 
 def _stop_on_sigterm(stop: Callable[[], None]) -> Any:

@@ -1,10 +1,11 @@
 """The shipped Runner against huey, and how soon its results can be read.
 
-A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of 16 threads whose fetch returns
-at once stores every result (its writer commits what has arrived together), then one read of all results;
-against huey at the same ``synchronous`` setting writing each result (``peers.huey_batch``). And, on a
-store at NORMAL, the time from each ``fetch`` returning to its result being readable by another process
-(a plain ``sqlite3`` reader there, looking every millisecond)."""
+A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of ``concurrency=16`` whose fetch
+returns at once stores every result (its writer commits what has arrived together; its workers start as
+fetches need them, and the case says how many did), then one read of all results; against huey at the
+same ``synchronous`` setting writing each result (``peers.huey_batch``). And, on a store at NORMAL, the
+time from each ``fetch`` returning to its result being readable by another process (a plain ``sqlite3``
+reader there, looking every millisecond)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ RUNNER_GOALS = {"normal": 0.5, "full": 0.2}
 VISIBLE_GOAL_MS = 50.0
 
 
-def _runner_until_done(job_id: str, fetch: Any) -> None:
+def _runner_until_done(job_id: str, fetch: Any) -> int:
+    """Run a Runner until the job is done; the count of its workers started."""
     runner = Runner(fetch, name=f"bench-{job_id}", concurrency=RUNNER_THREADS)
     thread = threading.Thread(target=runner.run, kwargs={"grace": 30})
     thread.start()
@@ -42,17 +44,21 @@ def _runner_until_done(job_id: str, fetch: Any) -> None:
     finally:
         runner.stop()
         thread.join()
+    return runner.progress().workers
 
 
-def runner_batch(job_id: str, targets: int) -> Any:
+def runner_batch(job_id: str, targets: int, workers: list[int] | None = None) -> Any:
     """One batch: submit the job, run a Runner until the job is done, stop it, read every result. The job
-    and its targets are built before, as huey's payloads and sift's own batches are (``peers``)."""
+    and its targets are built before, as huey's payloads and sift's own batches are (``peers``). The count
+    of workers the Runner started goes to ``workers``."""
     job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
     rows = make_targets(targets, options=OPTIONS)
 
     def run() -> None:
         dcache.create_batch_job(job, rows)
-        _runner_until_done(job_id, lambda target: RESULT_1K)
+        started = _runner_until_done(job_id, lambda target: RESULT_1K)
+        if workers is not None:
+            workers.append(started)
         got = dcache.batch_targets(job_id)
         if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
             raise AssertionError("runner: the batch's results are not all there")
@@ -68,9 +74,10 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
         dcache.open_db(tmp / f"runner-sift-{name}.db", durable=durable)
         storage = huey_storage(tmp / f"runner-huey-{name}.db", synchronous)
         samples: dict[str, list[float]] = {"runner": [], "huey": []}
+        workers: list[int] = []
         for rnd in range(sizes.runner_rounds + 1):  # round 0 warms up, untimed
             sides = {
-                "runner": runner_batch(f"runner-{name}-{rnd}", targets),
+                "runner": runner_batch(f"runner-{name}-{rnd}", targets, workers),
                 "huey": huey_batch(storage, f"runner-{name}-{rnd}", targets),
             }
             for side in alternate(rnd, tuple(sides)):
@@ -81,9 +88,11 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
         storage.close()
         dcache.close_db()
         huey_case = report.case(f"peers/runner/{name}/huey", targets, samples["huey"])
-        ratio = report.pair(report.case(f"peers/runner/{name}/runner", targets, samples["runner"]), huey_case)
+        runner_case = report.case(f"peers/runner/{name}/runner", targets, samples["runner"])
+        runner_case.extra.update(workers_started_min=min(workers), workers_started_max=max(workers))
+        ratio = report.pair(runner_case, huey_case)
         report.goal(
-            f"peers: a {targets}-target batch through a Runner of {RUNNER_THREADS} threads at "
+            f"peers: a {targets}-target batch through a Runner of concurrency={RUNNER_THREADS} at "
             f"synchronous={name.upper()}, runner/huey",
             ratio,
             RUNNER_GOALS[name],
