@@ -1,12 +1,13 @@
-"""How many worker threads a Runner runs: they start as its fetches need them, up to ``concurrency``. Slow
-fetches run at the full concurrency at once; quick ones (``GROW_AFTER``) on the workers already started,
-as more threads would only take turns at the interpreter's lock; and workers found stuck in slow fetches
-with targets waiting (a look every ``LOOK_EVERY``) are joined by more."""
+"""How many worker threads a Runner runs: they start as its fetches need them, up to ``concurrency``. While
+fetches are slow one worker stays free to claim or take the next target, so they run at the full
+concurrency at once; quick ones (``GROW_AFTER``) run on the workers already started, as more threads would
+only take turns at the interpreter's lock, except that each paced target gets a worker at once; workers
+found stuck in their fetches (a look every ``LOOK_EVERY``) are joined by more, and one that an error ended
+is replaced."""
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from helpers import make_job, make_targets
 from test_runner import WAIT, job_final, running, wait_for
 
 from sift import dcache
+from sift.dcache import claims as claims_module
 from sift.runner import Fail, Runner
 from sift.runner import runner as runner_module
+from sift.runner.writer import Writer
 
 pytestmark = pytest.mark.slow  # the fast lane holds at most 4,000 cases
 
@@ -43,20 +46,19 @@ def worker_threads(name: str) -> int:
 
 
 @pytest.mark.parametrize(
-    ("ready", "quick", "busy", "started", "most", "wanted"),
+    ("paced_next", "quick", "busy", "alive", "most", "wanted"),
     [
-        (5, None, 1, 1, 8, True),  # no fetch has ended yet
-        (5, False, 3, 3, 8, True),  # the last fetch was slow
-        (5, True, 3, 3, 8, False),  # the last fetch was quick: another thread would only take turns
-        (0, False, 3, 3, 8, False),  # no target waits
-        (5, False, 2, 3, 8, False),  # a worker is free to take the next
-        (5, False, 8, 8, 8, False),  # all have started
+        (False, False, 3, 3, 8, True),  # fetches are slow: one stays free for the next target
+        (False, True, 3, 3, 8, False),  # fetches are quick: another thread would only take turns
+        (True, True, 3, 3, 8, True),  # a paced target waits: it must leave by its send_by
+        (False, False, 2, 3, 8, False),  # a worker is free
+        (True, False, 8, 8, 8, False),  # all run
     ],
 )
-def test_a_worker_starts_when_targets_wait_every_worker_fetches_and_the_last_fetch_was_not_quick(
-    ready: int, quick: bool | None, busy: int, started: int, most: int, wanted: bool
+def test_a_worker_about_to_fetch_starts_another_while_fetches_are_slow_or_a_paced_target_waits(
+    paced_next: bool, quick: bool, busy: int, alive: int, most: int, wanted: bool
 ) -> None:
-    assert runner_module._worker_wanted(ready, quick, busy, started, most) is wanted
+    assert runner_module._worker_wanted(paced_next, quick, busy, alive, most) is wanted
 
 
 def test_slow_fetches_run_at_the_full_concurrency_at_once(
@@ -78,7 +80,7 @@ def test_workers_stuck_in_slow_fetches_after_quick_ones_are_joined_by_more(
     monkeypatch.setattr(runner_module, "LOOK_EVERY", 0.05)
     submit_job("stuck", 4)
     runner = Runner(meeting(4), name="w", concurrency=4, prefetch=0)
-    runner._quick = True  # as after quick fetches: no worker starts for the next fetch
+    runner._until_quick = 0  # as after quick fetches: no worker starts for the next fetch
     with running(runner):
         wait_for(lambda: job_final("stuck"), "the job to finish")
         assert runner.progress().workers == 4
@@ -92,7 +94,7 @@ def test_quick_fetches_run_on_the_workers_started(file_store: Path, monkeypatch:
     monkeypatch.setattr(runner_module, "LOOK_EVERY", 60.0)
     submit_job("quick", 300)
     runner = Runner(lambda target: f"page {target.idx}", name="w", concurrency=16)
-    runner._quick = True  # as after a quick fetch
+    runner._until_quick = 0  # as after quick fetches
     with running(runner):
         wait_for(lambda: job_final("quick"), "the job to finish")
         assert runner.progress().workers == 1 == worker_threads("w")
@@ -101,25 +103,114 @@ def test_quick_fetches_run_on_the_workers_started(file_store: Path, monkeypatch:
 
 
 @pytest.mark.parametrize(
-    ("ready", "taken_since", "busy", "started"),
+    ("taken_since", "busy", "alive", "stuck"),
     [
-        (3, False, 2, 2),  # targets waited since the last look, none taken, every worker fetching
-        (3, True, 2, 2),  # a target was taken since: the workers move
-        (0, False, 2, 2),  # no target waits
-        (3, False, 1, 2),  # a worker is free to take the next
+        (False, 2, 2, True),  # every worker fetching, none took a target since the last look
+        (True, 2, 2, False),  # a target was taken since: the workers move
+        (False, 1, 2, False),  # a worker is free to claim or take the next
+        (False, 8, 8, False),  # all run
     ],
 )
 def test_the_run_threads_look_starts_a_worker_only_when_the_workers_are_stuck(
-    ready: int, taken_since: bool, busy: int, started: int
+    taken_since: bool, busy: int, alive: int, stuck: bool
 ) -> None:
-    """The look's cases, the workers' threads stand-ins that end at once."""
+    """The look's cases, with stand-ins for the workers' threads that wait until the test ends."""
+    done = threading.Event()
+
+    def work() -> None:
+        done.wait(WAIT)
+
     runner = Runner(lambda target: "page", name="w", concurrency=8)
-    runner._workers = runner_module._Workers("w", 8, lambda: None)
-    for _ in range(started):
-        runner._workers.start_one()
-    waiting = dcache.BatchTarget(idx=0, url="https://a.example/0", options="{}")
-    runner._ready, runner._busy, runner._taken, runner._quick = deque([waiting] * ready), busy, 10, True
-    taken = runner._unstick(10 - taken_since)
-    stuck = ready > 0 and not taken_since and busy >= started
-    assert (taken, runner._workers.started) == (10, started + stuck)
-    assert runner._quick is (None if stuck else True)  # found stuck: fetches are slow now
+    runner._workers = runner_module._Workers("w", 8, work)
+    try:
+        for _ in range(alive):
+            runner._workers.start_one()
+        runner._busy, runner._taken, runner._until_quick = busy, 10, 0
+        assert runner._unstick(10 - taken_since) == 10
+        assert runner._workers.alive == alive + stuck
+        assert runner._until_quick == (8 if stuck else 0)  # found stuck: fetches are slow now
+    finally:
+        done.set()
+
+
+@pytest.mark.parametrize("quick_before", [False, True])
+def test_a_fetch_that_hangs_leaves_a_worker_to_claim_the_next_job(
+    shared_store: str, monkeypatch: pytest.MonkeyPatch, quick_before: bool
+) -> None:
+    """With no fetch ended yet, the worker in the hanging fetch started a free one first; after quick
+    fetches, the run thread's look finds it stuck and starts one."""
+    monkeypatch.setattr(runner_module, "LOOK_EVERY", 0.05 if quick_before else 60.0)
+    release = threading.Event()
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        if target.job_id == "hangs" and not release.wait(2 * WAIT):  # past the wait for the next job
+            raise Fail("never released")
+        return "page"
+
+    submit_job("hangs", 1)
+    runner = Runner(fetch, name="w", concurrency=4)
+    runner._until_quick = 0 if quick_before else 1
+    with running(runner):
+        wait_for(lambda: runner.progress().running == 1, "the hanging fetch")
+        submit_job("next", 5)
+        wait_for(lambda: job_final("next"), "the next job to finish beside the hanging fetch")
+        release.set()
+        wait_for(lambda: job_final("hangs"), "the hanging job to finish")
+
+
+def test_each_paced_target_gets_a_worker_at_once_after_quick_fetches(
+    shared_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a send_by no busy machine misses, and no look: only the paced targets can start the workers
+    monkeypatch.setattr(claims_module, "_SEND_WINDOW_MS", 600_000)
+    monkeypatch.setattr(runner_module, "LOOK_EVERY", 60.0)
+    dcache.set_host_policy("*", min_interval=60)
+    job = make_job("paced", targets_total=6)
+    dcache.create_batch_job(
+        job, [dcache.BatchTarget(idx=i, url=f"https://h{i}.example/", options="{}") for i in range(6)]
+    )
+    runner = Runner(meeting(6), name="w", concurrency=8, prefetch=0)
+    runner._until_quick = 0  # as after quick fetches
+    with running(runner):
+        wait_for(lambda: job_final("paced"), "the paced job to finish")
+        assert runner.progress().given_back == 0
+    targets = dcache.batch_targets("paced") or []
+    assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "met", 1)] * 6
+
+
+class Escaped(BaseException):
+    """What a fetch may let escape that is no Exception (as asyncio.CancelledError is)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_worker_ended_by_an_escaping_error_is_replaced(
+    shared_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "LOOK_EVERY", 0.05)
+    submit_job("escapes", 1)
+    fetches = meeting(4)
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        if target.job_id == "escapes":
+            raise Escaped
+        return fetches(target)
+
+    runner = Runner(fetch, name="w", concurrency=4)
+    with running(runner):
+        wait_for(lambda: runner.progress().running == 0 and runner.progress().claimed == 1, "the escape")
+        submit_job("meets", 4)
+        wait_for(lambda: job_final("meets"), "four fetches at once after a worker ended")
+
+
+def test_fetches_count_as_quick_once_concurrency_fetches_in_a_row_were() -> None:
+    """One quick fetch at the start; after a slow one, ``concurrency`` quick ones in a row: a load of mostly
+    quick fetches with a slow one now and then keeps a worker free for the next target."""
+    runner = Runner(lambda target: "page", name="w", concurrency=3)
+    runner._writer = Writer("w", lambda name, n: None)
+    quick, slow = runner_module.GROW_AFTER / 2, runner_module.GROW_AFTER
+    seen = []
+    for fetched_in in (quick, quick, slow, quick, quick, slow, quick, quick, quick, quick):
+        runner._busy = 2  # another fetch in flight: nothing to flush
+        runner._flush_if_idle(fetched_in=fetched_in)
+        seen.append(runner._until_quick)
+    assert seen == [0, 0, 3, 2, 1, 3, 2, 1, 0, 0]

@@ -52,9 +52,10 @@ PREFETCH = 256
 #: slow fetches claim little beyond the free workers, so the targets left pending stay for other runners.
 PREFETCH_WINDOW = 0.25
 #: A fetch that returns within this long is quick (seconds): it holds the interpreter's lock for most of its
-#: time, so another worker would not fetch more. Workers start one at a time while fetches are not quick.
+#: time, so another worker would not fetch more. Until ``concurrency`` fetches in a row were quick (one, at
+#: the start), a worker stays free.
 GROW_AFTER = 0.001
-#: How often the run thread looks for claimed targets left waiting while every worker's fetch ran (seconds).
+#: How often the run thread looks for workers stuck in their fetches, none taking a target (seconds).
 LOOK_EVERY = 0.5
 #: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
 DEFAULT_GRACE = 30.0
@@ -65,7 +66,7 @@ class Progress:
     """What a runner has done since it started: targets claimed, written done, written failed, put back to be
     retried, lost (another runner held them, or another outcome of theirs was written); ``running``: fetches
     in flight now; ``given_back``: put back untried (a paced target past its ``send_by``, a ``GiveBack``);
-    ``workers``: worker threads started (as fetches need them, at most ``concurrency``)."""
+    ``workers``: worker threads running (started as fetches need them, at most ``concurrency``)."""
 
     claimed: int
     done: int
@@ -144,7 +145,8 @@ class Runner:
         self._counts = dict.fromkeys(("claimed", "done", "failed", "retried", "lost", "given_back"), 0)
         self._busy = 0
         self._taken = 0  # targets taken by workers so far
-        self._quick: bool | None = None  # whether the last fetch was quick (None: no fetch yet, or stuck)
+        self._until_quick = 1  # fetches still to end quick, in a row, before fetches count as quick
+        self._paced_next = False  # whether the first target waiting is paced
         self._workers = _Workers(self.name, self.concurrency, self._work)
         self._quiet_until = 0.0
         self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
@@ -207,7 +209,7 @@ class Runner:
     def progress(self) -> Progress:
         """The counts so far (see :class:`Progress`)."""
         with self._lock:
-            return Progress(running=self._busy, workers=self._workers.started, **self._counts)
+            return Progress(running=self._busy, workers=self._workers.alive, **self._counts)
 
     # -- the threads ----------------------------------------------------------------------------------------
 
@@ -229,7 +231,8 @@ class Runner:
                         self._wake.wait(IDLE_WAIT / 4)
                 continue
             workers = self._workers  # read without the lock: a look a moment old starts one a moment later
-            if _worker_wanted(len(self._ready), self._quick, self._busy, workers.started, self.concurrency):
+            quick = not self._until_quick
+            if _worker_wanted(self._paced_next, quick, self._busy, workers.alive, self.concurrency):
                 workers.start_one()
             started = time.monotonic()
             try:
@@ -244,7 +247,9 @@ class Runner:
         with self._lock:
             if fetched_in is not None:
                 self._busy -= 1
-                self._quick = fetched_in < GROW_AFTER
+                self._until_quick = (
+                    max(0, self._until_quick - 1) if fetched_in < GROW_AFTER else self.concurrency
+                )
             if self._busy or self._claiming:
                 return
             slow = fetched_in is not None and not self._writer.would_wait(fetched_in)
@@ -297,19 +302,22 @@ class Runner:
         """The first claimed target waiting, counted busy and taken; the lock held."""
         self._busy += 1
         self._taken += 1
-        return self._ready.popleft()
+        target = self._ready.popleft()
+        self._paced_next = bool(self._ready) and self._ready[0].send_by is not None
+        return target
 
     def _unstick(self, taken: int) -> int:
-        """A look of the run thread, ``taken`` at the last: claimed targets waited since, none taken, every
-        worker fetching. Fetches are slow now, whatever the last said: workers start as in ``_work``. Returns
-        the count taken now."""
+        """A look of the run thread, ``taken`` at the last: every worker fetching, none took a target since,
+        fewer than ``concurrency`` run. Fetches are slow now, whatever the last said: a worker starts, to
+        claim or take the next target, and others as in ``_work``. Returns the count taken now."""
         with self._lock:
-            stuck = bool(self._ready) and self._taken == taken and self._busy >= self._workers.started
+            workers = self._workers
+            stuck = self._taken == taken and self._busy >= workers.alive and workers.alive < self.concurrency
             if stuck:
-                self._quick = None
+                self._until_quick = self.concurrency
             taken = self._taken
         if stuck:
-            self._workers.start_one()
+            workers.start_one()
         return taken
 
     def _outcome(self, target: BatchTarget) -> Outcome:
@@ -430,34 +438,43 @@ class _HeldClaims:
 
 class _Workers:
     """A runner's worker threads, ``work`` each, started one at a time as its fetches need them, at most
-    ``most``; none after ``close``."""
+    ``most`` running (``alive``, one that ended by an error included); none after ``close``."""
 
     def __init__(self, runner: str, most: int, work: Callable[[], None]) -> None:
         self.runner, self.most, self.work = runner, most, work
-        self.started = 0
+        self.alive = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closed = False
 
     def start_one(self) -> None:
-        """One more worker, unless ``most`` have started or the runner is stopping. The first must start;
-        another that cannot (the process out of threads) is done without, with a warning."""
+        """One more worker, unless ``most`` run or the runner is stopping. The first must start; another
+        that cannot (the process out of threads) is done without, and no more are tried, with a warning."""
         with self._lock:
-            if self._closed or len(self._threads) >= self.most:
+            if self._closed or self.alive >= self.most:
                 return
             name = f"sift-worker {self.runner} {len(self._threads)}"
-            thread = threading.Thread(target=self.work, name=name, daemon=True)
+            thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self.alive += 1
             try:
                 thread.start()
             except RuntimeError:
-                if not self._threads:
+                self.alive -= 1
+                if not self.alive:
                     raise
+                self.most = self.alive
                 log.warning(
-                    "sift runner %s: no worker thread could start; %d work on", self.runner, self.started
+                    "sift runner %s: no more worker threads could start; %d run", self.runner, self.alive
                 )
                 return
             self._threads.append(thread)
-            self.started = len(self._threads)
+
+    def _run(self) -> None:
+        try:
+            self.work()
+        finally:  # ended, by the stop or by an error that escaped: another may start in its place
+            with self._lock:
+                self.alive -= 1
 
     def close(self) -> list[threading.Thread]:
         """No more start; the threads started."""
@@ -560,11 +577,12 @@ def _claim_size(free: int, prefetch: int, last_claim: tuple[float, int] | None, 
     return free + int(count * PREFETCH_WINDOW / elapsed)
 
 
-def _worker_wanted(ready: int, quick: bool | None, busy: int, started: int, most: int) -> bool:
-    """Whether one more worker should start: claimed targets wait (``ready``), each worker started is
-    fetching, fewer than ``most`` have started, and the last fetch was not ``quick`` (None: none has ended
-    yet, or the workers were found stuck)."""
-    return ready > 0 and quick is not True and busy >= started and started < most
+def _worker_wanted(paced_next: bool, quick: bool, busy: int, alive: int, most: int) -> bool:
+    """Whether a worker about to fetch should start one more first: each worker running is fetching, fewer
+    than ``most`` run, and either fetches are not ``quick`` (see ``GROW_AFTER``), so that one stays free to
+    claim or take the next target, or the first target waiting is paced (it must leave by its
+    ``send_by``)."""
+    return busy >= alive and alive < most and (not quick or paced_next)
 
 
 def _stop_on_sigterm(stop: Callable[[], None]) -> Any:

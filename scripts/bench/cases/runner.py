@@ -33,7 +33,7 @@ VISIBLE_GOAL_MS = 50.0
 
 
 def _runner_until_done(job_id: str, fetch: Any) -> int:
-    """Run a Runner until the job is done; the count of its workers started."""
+    """Run a Runner until the job is done; the count of its workers running then."""
     runner = Runner(fetch, name=f"bench-{job_id}", concurrency=RUNNER_THREADS)
     thread = threading.Thread(target=runner.run, kwargs={"grace": 30})
     thread.start()
@@ -41,10 +41,10 @@ def _runner_until_done(job_id: str, fetch: Any) -> int:
         job = dcache.batch_job(job_id)
         while job is not None and job.status in ("queued", "running"):
             job = dcache.wait_for_batch_job(job_id, timeout=120, since=job)
+        return runner.progress().workers
     finally:
         runner.stop()
         thread.join()
-    return runner.progress().workers
 
 
 def runner_batch(job_id: str, targets: int, workers: list[int] | None = None) -> Any:
