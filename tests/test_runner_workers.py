@@ -214,3 +214,41 @@ def test_fetches_count_as_quick_once_concurrency_fetches_in_a_row_were() -> None
         runner._flush_if_idle(fetched_in=fetched_in)
         seen.append(runner._until_quick)
     assert seen == [0, 0, 3, 2, 1, 3, 2, 1, 0, 0]
+
+
+def test_a_worker_that_cannot_start_is_done_without_unless_it_is_the_first(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    done = threading.Event()
+
+    def work() -> None:
+        done.wait(WAIT)
+
+    def refused(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    try:
+        workers = runner_module._Workers("w", 4, work)
+        workers.start_one()
+        with monkeypatch.context() as patch:
+            patch.setattr(threading.Thread, "start", refused)
+            workers.start_one()
+            workers.start_one()
+            with pytest.raises(RuntimeError):  # no worker at all: run() fails as it would have
+                runner_module._Workers("first", 4, work).start_one()
+        assert (workers.alive, workers.started) == (1, 1)
+        warnings = [r for r in caplog.records if "could not start" in r.getMessage()]
+        assert len(warnings) == 1  # the first time only
+        workers.start_one()  # threads again: it starts
+        assert (workers.alive, workers.started) == (2, 2)
+    finally:
+        done.set()
+
+
+def test_workers_that_ended_are_not_kept() -> None:
+    workers = runner_module._Workers("w", 4, lambda: None)
+    for _ in range(5):
+        workers.start_one()
+        wait_for(lambda: workers.alive == 0, "the worker to end")
+    assert workers.started == 5
+    assert len(workers.close()) == 1  # the last; those before ended by the next start

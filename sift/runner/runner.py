@@ -56,7 +56,7 @@ PREFETCH_WINDOW = 0.25
 #: the start), a worker stays free.
 GROW_AFTER = 0.001
 #: How often the run thread looks for workers stuck in their fetches, none taking a target (seconds).
-LOOK_EVERY = 0.5
+LOOK_EVERY = 0.1
 #: The grace a SIGTERM gives in-flight fetches unless ``run(grace=...)`` says otherwise (seconds).
 DEFAULT_GRACE = 30.0
 
@@ -443,31 +443,35 @@ class _Workers:
     def __init__(self, runner: str, most: int, work: Callable[[], None]) -> None:
         self.runner, self.most, self.work = runner, most, work
         self.alive = 0
+        self.started = 0  # ever: each its number
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # those not known to have ended
         self._closed = False
+        self._short = False  # a start failed, and was logged
 
     def start_one(self) -> None:
         """One more worker, unless ``most`` run or the runner is stopping. The first must start; another
-        that cannot (the process out of threads) is done without, and no more are tried, with a warning."""
+        that cannot (the process out of threads) is done without, with a warning the first time."""
         with self._lock:
             if self._closed or self.alive >= self.most:
                 return
-            name = f"sift-worker {self.runner} {len(self._threads)}"
+            name = f"sift-worker {self.runner} {self.started}"
             thread = threading.Thread(target=self._run, name=name, daemon=True)
             self.alive += 1
             try:
                 thread.start()
             except RuntimeError:
                 self.alive -= 1
-                if not self.alive:
+                if not self.started:
                     raise
-                self.most = self.alive
-                log.warning(
-                    "sift runner %s: no more worker threads could start; %d run", self.runner, self.alive
-                )
+                if not self._short:
+                    log.warning(
+                        "sift runner %s: a worker thread could not start; %d run", self.runner, self.alive
+                    )
+                self._short = True
                 return
-            self._threads.append(thread)
+            self.started += 1
+            self._threads = [*(t for t in self._threads if t.is_alive()), thread]
 
     def _run(self) -> None:
         try:
