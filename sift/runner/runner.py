@@ -437,8 +437,9 @@ class _HeldClaims:
 
 
 class _Workers:
-    """A runner's worker threads, ``work`` each, started one at a time as its fetches need them, at most
-    ``most`` running (``alive``, one that ended by an error included); none after ``close``."""
+    """A runner's worker threads, ``work`` each, started one at a time as its fetches need them: at most
+    ``most`` running at once (``alive``; one ended by an error makes room for another), none after
+    ``close``."""
 
     def __init__(self, runner: str, most: int, work: Callable[[], None]) -> None:
         self.runner, self.most, self.work = runner, most, work
@@ -481,7 +482,7 @@ class _Workers:
                 self.alive -= 1
 
     def close(self) -> list[threading.Thread]:
-        """No more start; the threads started."""
+        """No more start; the threads started that had not ended, to be joined."""
         with self._lock:
             self._closed = True
             return list(self._threads)
