@@ -87,14 +87,15 @@ class Runner:
     any other exception, with its text as the error) puts it back to pending until ``after`` seconds have
     passed (None: ``backoff.delay(attempts)``), and at ``max_attempts`` fails it with that error.
 
-    A claim takes the free workers' count plus what they started in the last ``PREFETCH_WINDOW`` seconds,
-    at most ``prefetch`` more (0: none), and is made only when no claimed target waits: at most
-    ``concurrency + prefetch`` wait at once. ``per_job``, ``per_host``, ``weights`` and ``fair`` are
-    ``claim_batch_targets``'s. A keeper renews the claims every ``renew_every`` seconds, requeues other
-    runners' claims stale for ``stale_after`` seconds, finishes the jobs whose targets are all final, and
-    evicts down to ``budget`` bytes and sweeps jobs ``sweep_ttl`` old when given; claims under ``name`` at
-    the start, a dead earlier run's, are requeued first. ``allow_private=True`` calls ``fetch(target,
-    allow_private=True)``."""
+    Worker threads start as fetches need them (see ``GROW_AFTER``): slow fetches run ``concurrency`` at once,
+    quick ones on a few threads. A claim takes the free workers' count (``concurrency`` less the fetches in
+    flight) plus what they started in the last ``PREFETCH_WINDOW`` seconds, at most ``prefetch`` more (0:
+    none), and is made only when no claimed target waits: at most ``concurrency + prefetch`` wait at once.
+    ``per_job``, ``per_host``, ``weights`` and ``fair`` are ``claim_batch_targets``'s. A keeper renews the
+    claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
+    finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
+    ``sweep_ttl`` old when given; claims under ``name`` at the start, a dead earlier run's, are requeued
+    first. ``allow_private=True`` calls ``fetch(target, allow_private=True)``."""
 
     def __init__(
         self,
