@@ -3,7 +3,7 @@ fetches are slow one worker stays free to claim or take the next target, so they
 concurrency at once; quick ones (``GROW_AFTER``) run on the workers already started, as more threads would
 only take turns at the interpreter's lock, except that each paced target gets a worker at once; workers
 found stuck in their fetches (a look every ``LOOK_EVERY``) are joined by more, and one that an error ended
-is replaced."""
+is replaced, its target retried."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from test_runner import WAIT, job_final, running, wait_for
 
 from sift import dcache
 from sift.dcache import claims as claims_module
-from sift.runner import Fail, Runner
+from sift.runner import Backoff, Fail, Runner
 from sift.runner import runner as runner_module
 from sift.runner.writer import Writer
 
@@ -200,6 +200,33 @@ def test_a_worker_ended_by_an_escaping_error_is_replaced(
         wait_for(lambda: runner.progress().running == 0 and runner.progress().claimed == 1, "the escape")
         submit_job("meets", 4)
         wait_for(lambda: job_final("meets"), "four fetches at once after a worker ended")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_target_of_a_fetch_an_escaping_error_ended_is_retried_while_the_runner_runs(
+    shared_store: str,
+) -> None:
+    """Its attempt counts, as any error's: a target that ends every worker fetching it fails at
+    ``max_attempts`` with that error, and its job finishes, rather than stay claimed until the stop."""
+    submit_job("escapes", 2)
+    fetched: list[int] = []
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        fetched.append(int(target.idx))
+        if target.idx == 1 or fetched.count(0) == 1:
+            raise Escaped("a worker's end")
+        return "page"
+
+    runner = Runner(fetch, name="w", concurrency=2, max_attempts=2, backoff=Backoff(first=0.01, jitter=0))
+    with running(runner):
+        wait_for(lambda: job_final("escapes"), "the job to finish while the runner runs")
+        assert runner.progress().retried == 2
+    targets = dcache.batch_targets("escapes") or []
+    assert [(t.status, t.result, t.error, t.attempts) for t in targets] == [
+        ("done", "page", None, 2),
+        ("failed", None, "Escaped: a worker's end", 2),
+    ]
+    assert sorted(fetched) == [0, 0, 1, 1]
 
 
 def test_fetches_count_as_quick_once_concurrency_fetches_in_a_row_were() -> None:

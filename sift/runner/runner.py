@@ -324,7 +324,8 @@ class Runner:
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
         runner to wait is not fetched, but given back untried to wait as that answer asked (see
-        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
+        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``. An error escaping
+        ``fetch`` that is no ``Exception`` is raised again, its target's retry handed to the writer."""
         job_id, idx = str(target.job_id), int(target.idx)
         if target.send_by is not None and unix_time() > target.send_by:
             return _untried(target)  # a paced host's next request may already be on its way
@@ -345,6 +346,9 @@ class Runner:
             return self._retry(target, retry.error, retry.after)
         except Exception as exc:
             return self._retry(target, _text(exc), None)
+        except BaseException as exc:  # not the runner's to stop: its worker ends, replaced, not its target
+            self._writer.put(self._retry(target, _text(exc), None))
+            raise
         if not isinstance(result, str):
             return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
         result = validation.plain(result)
