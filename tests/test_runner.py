@@ -246,9 +246,15 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
         if len(sent) > 1:
             decided.set()
         put_back(job_id, idx, **kwargs)
-        if len(sent) == 1:  # taken; its answer lost once the runner has claimed the target again
-            claimed_again.wait(WAIT)
+        if len(sent) == 1:  # taken, its answer lost
             raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+
+    sending = runner_module._HeldClaims.sending
+
+    def once_claimed_again(held: Any, batch: list[Outcome], again: int) -> Any:
+        if again:  # the second sending waits for the new claim: whatever the writer's wait, it comes after
+            claimed_again.wait(WAIT)
+        return sending(held, batch, again)
 
     class LetGo(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -267,6 +273,7 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
         return "page"
 
     monkeypatch.setattr(writer_module, "retry_batch_target", answer_lost_once)
+    monkeypatch.setattr(runner_module._HeldClaims, "sending", once_claimed_again)
     job_id = submit(["https://a.example/0"])
     runner = Runner(page, name="w", concurrency=1)
     handler = LetGo()
@@ -280,6 +287,62 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
     assert attempts == ([1, 2] if answer == "retry" else [1, 1])
     targets = dcache.batch_targets(job_id) or []
     assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", attempts[-1])]
+    assert runner.progress().lost == 0 and held_claims() == 0
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+@pytest.mark.parametrize("answer", ["retry", "give_back"])
+def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_alone(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, answer: str
+) -> None:
+    """The runner's claim was requeued as stale while its fetch went on (another runner's keeper took the
+    runner for dead), and the runner claimed the target again. The first fetch's retry (or give-back) is
+    not sent when it ends: it would put the target back from under the second fetch, which writes the
+    result. The target is fetched twice, not three times."""
+    put_back = dcache.retry_batch_target
+    sent: list[int] = []
+    first_in_flight = threading.Event()
+    fetched_again = threading.Event()
+    decided = threading.Event()  # the first fetch's outcome: sent, or let go of
+
+    def counted(job_id: str, idx: int, **kwargs: Any) -> None:
+        sent.append(idx)
+        put_back(job_id, idx, **kwargs)
+        decided.set()
+
+    class LetGo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "claimed again before this outcome was sent: not put back" in record.getMessage():
+                decided.set()
+
+    attempts: list[int] = []
+
+    def page(target: dcache.BatchTarget) -> str:
+        attempts.append(int(target.attempts))
+        if len(attempts) == 1:
+            first_in_flight.set()
+            fetched_again.wait(WAIT)
+            raise Retry("503", after=0) if answer == "retry" else GiveBack("not sent by its send_by")
+        fetched_again.set()
+        decided.wait(WAIT)  # in flight while the first fetch's outcome is written or let go of
+        return "page"
+
+    monkeypatch.setattr(writer_module, "retry_batch_target", counted)
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(page, name="w", concurrency=2)
+    handler = LetGo()
+    logging.getLogger("sift.runner").addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
+            wait_for(first_in_flight.is_set, "the first fetch")
+            assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
+            wait_for(lambda: job_final(job_id), "the job to finish")
+    finally:
+        logging.getLogger("sift.runner").removeHandler(handler)
+    assert decided.is_set() and sent == []  # let go of, not sent
+    assert attempts == [1, 2]
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", 2)]
     assert runner.progress().lost == 0 and held_claims() == 0
 
 
@@ -326,6 +389,31 @@ def test_a_result_sent_again_is_written_though_its_target_was_claimed_again(
     targets = dcache.batch_targets(job_id) or []
     assert [(t.status, t.result) for t in targets] == [("done", "page 1")]
     assert runner.progress().lost == 1 and held_claims() == 0
+
+
+RETRY_0, RESULT_0 = Outcome("j", 0, "pending", error="503"), Outcome("j", 0, "done", result="page")
+
+
+@pytest.mark.slow  # the rule's cases; the fast lane holds at most 4,000
+@pytest.mark.parametrize(
+    ("claims", "batch", "again", "sent"),
+    [
+        (2, [RETRY_0], 0, []),  # another claim's fetch is still to say: not put back from under it
+        (1, [RETRY_0], 0, [RETRY_0]),  # its own claim's outcome
+        (2, [RESULT_0, RETRY_0], 0, [RESULT_0, RETRY_0]),  # both claims' outcomes: the write decides
+        (2, [RETRY_0, RESULT_0], 1, [RESULT_0]),  # sent again, the target claimed again since
+        (1, [RETRY_0], 1, [RETRY_0]),  # sent again, not claimed since
+        (2, [RESULT_0], 0, [RESULT_0]),  # a result puts no target back
+    ],
+)
+def test_a_round_lets_go_of_a_put_back_whose_target_another_claim_of_the_runner_holds(
+    claims: int, batch: list[Outcome], again: int, sent: list[Outcome]
+) -> None:
+    held = runner_module._HeldClaims("w")
+    held._keys[("j", 0)] = claims
+    with held.sending(batch, again) as kept:
+        assert kept == sent
+    assert held._keys[("j", 0)] == claims - (len(batch) - len(sent))  # each let go of settles its claim
 
 
 @pytest.mark.slow  # the same round's cases; the fast lane holds at most 4,000

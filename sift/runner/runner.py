@@ -169,7 +169,7 @@ class Runner:
                 raise RuntimeError("a Runner runs once")
             self._started = True
         restore = _stop_on_sigterm(self.stop)
-        writer = self._writer = Writer(self.name, self._tally, self._held.settled, self._held.resending)
+        writer = self._writer = Writer(self.name, self._tally, self._held.settled, self._held.sending)
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
         log.info("sift runner %s: started, up to %d workers", self.name, self.concurrency)
         try:
@@ -420,21 +420,32 @@ class _HeldClaims:
                     self._keys.pop(key, None)
 
     @contextlib.contextmanager
-    def resending(self, outcomes: list[Outcome]) -> Iterator[list[Outcome]]:
-        """With no claim under way, of ``outcomes`` (sent before, perhaps taken by the store: the answer lost)
-        those still to be sent: not a retry or give-back whose target the runner has claimed again since (it
-        would put the target back from under that fetch), let go of here. A result is written over it."""
+    def sending(self, batch: list[Outcome], again: int) -> Iterator[list[Outcome]]:
+        """With no claim under way, the writer's round of ``batch`` (its first ``again`` sent before, perhaps
+        taken by the store: the answer lost), less each retry or give-back whose target the runner holds more
+        claims of than the round has outcomes of it (than they have, for those sent again), let go of here:
+        another claim's fetch is still to say what becomes of that target (a claim requeued as stale and
+        made again), and it would put the target back from under that fetch. A result is written over it."""
         with self.claim_lock:
             with self._lock:
-                waiting = Counter((outcome.job_id, outcome.idx) for outcome in outcomes)
-                again = {key for key, count in waiting.items() if self._keys[key] > count}
-            dropped = [o for o in outcomes if o.status == "pending" and (o.job_id, o.idx) in again]
+                resent = Counter((outcome.job_id, outcome.idx) for outcome in batch[:again])
+                whole = Counter((outcome.job_id, outcome.idx) for outcome in batch)
+                held = {key: self._keys[key] for key in whole if key in self._keys}
+            dropped = [
+                at
+                for at, outcome in enumerate(batch)
+                if outcome.status == "pending"
+                and held.get(key := (outcome.job_id, outcome.idx), 0) > (resent if at < again else whole)[key]
+            ]
             if dropped:
-                self.settled(dropped, [])
-                for outcome in dropped:
-                    log.info("sift runner %s: target %d of job %s, claimed again since it was put back: not "
-                             "put back again", self.runner, outcome.idx, outcome.job_id)  # fmt: skip
-            yield [o for o in outcomes if o.status != "pending" or (o.job_id, o.idx) not in again]
+                self.settled([batch[at] for at in dropped], [])
+                for at in dropped:
+                    outcome = batch[at]
+                    since = "since it was put back" if at < again else "before this outcome was sent"
+                    log.info("sift runner %s: target %d of job %s, claimed again %s: not put back",
+                             self.runner, outcome.idx, outcome.job_id, since)  # fmt: skip
+            gone = set(dropped)
+            yield [outcome for at, outcome in enumerate(batch) if at not in gone]
 
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:

@@ -77,14 +77,14 @@ class Writer:
         runner: str,
         tally: Any,
         settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
-        resending: Callable[[list[Outcome]], AbstractContextManager[list[Outcome]]] | None = None,
+        sending: Callable[[list[Outcome], int], AbstractContextManager[list[Outcome]]] | None = None,
     ) -> None:
         self.runner = runner
         self.tally = tally
         self.settled = settled  # settled(batch, left) after each round: what of batch is done with
-        # resending(outcomes): around a round that writes again what the store could not take (the answer
-        # lost, perhaps taken all the same), the outcomes still to be written
-        self.resending = resending
+        # sending(batch, again): around a round that puts a target back or writes again what the store could
+        # not take (its first ``again``: the answer lost, perhaps taken all the same), the outcomes to write
+        self.sending = sending
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: list[Outcome] = []
@@ -151,11 +151,10 @@ class Writer:
         while not stopping:
             batch, stopping = self._gather(carried)
             again, carried = len(carried), []
-            if again and self.resending is not None:
-                with self.resending(batch[:again]) as kept:
-                    batch = kept + batch[again:]
-                    if batch:
-                        carried = self._round(batch)
+            if self.sending is not None and (again or any(o.status == "pending" for o in batch)):
+                with self.sending(batch, again) as kept:
+                    if kept:
+                        carried = self._round(kept)
             elif batch:
                 carried = self._round(batch)
             if carried and not stopping:  # the store may come back: the claims are still this runner's
