@@ -250,15 +250,17 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
             raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
 
     sending = runner_module._HeldClaims.sending
+    sendings: list[int] = []
 
-    def once_claimed_again(held: Any, batch: list[Outcome], again: int) -> Any:
-        if again:  # the second sending waits for the new claim: whatever the writer's wait, it comes after
+    def once_claimed_again(held: Any, put_back: list[Outcome]) -> Any:
+        sendings.append(len(put_back))
+        if len(sendings) > 1:  # the second sending waits for the new claim, whatever the writer's wait
             claimed_again.wait(WAIT)
-        return sending(held, batch, again)
+        return sending(held, put_back)
 
     class LetGo(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "claimed again since it was put back" in record.getMessage():
+            if "is held by a newer claim: not put back" in record.getMessage():
                 decided.set()
 
     attempts: list[int] = []
@@ -312,7 +314,7 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
 
     class LetGo(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "claimed again before this outcome was sent: not put back" in record.getMessage():
+            if "is held by a newer claim: not put back" in record.getMessage():
                 decided.set()
 
     attempts: list[int] = []
@@ -344,6 +346,43 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
     targets = dcache.batch_targets(job_id) or []
     assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", 2)]
     assert runner.progress().lost == 0 and held_claims() == 0
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_the_newest_claims_retry_is_sent_while_a_claim_requeued_as_stale_still_fetches(store: Any) -> None:
+    """The runner's claim was requeued as stale while its fetch hangs, and the runner claimed the target
+    again; that second fetch answers first, with a retry. It is sent (the newest claim's), so the target is
+    fetched a third time and finishes while the first fetch still hangs; that one's late retry then finds
+    the target done, and is dropped as a lost claim."""
+    first_in_flight = threading.Event()
+    hang = threading.Event()
+    attempts: list[int] = []
+
+    def page(target: dcache.BatchTarget) -> str:
+        attempts.append(int(target.attempts))
+        if len(attempts) == 1:
+            first_in_flight.set()
+            hang.wait(WAIT)
+            raise Retry("timed out", after=0)
+        if len(attempts) == 2:
+            raise Retry("503", after=0)
+        return f"page {len(attempts)}"
+
+    job_id = submit(["https://a.example/0"])
+    runner = Runner(page, name="w", concurrency=3)
+    try:
+        with running(runner):
+            wait_for(first_in_flight.is_set, "the first fetch")
+            assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
+            wait_for(lambda: job_final(job_id), "the job to finish while the first fetch hangs")
+            assert not hang.is_set() and attempts == [1, 2, 3]
+            hang.set()
+            wait_for(lambda: runner.progress().lost == 1, "the first fetch's retry to be dropped")
+    finally:
+        hang.set()
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page 3", 3)]
+    assert held_claims() == 0
 
 
 @pytest.mark.slow  # waits out the writer's wait before it writes again
@@ -391,29 +430,49 @@ def test_a_result_sent_again_is_written_though_its_target_was_claimed_again(
     assert runner.progress().lost == 1 and held_claims() == 0
 
 
-RETRY_0, RESULT_0 = Outcome("j", 0, "pending", error="503"), Outcome("j", 0, "done", result="page")
+def outcomes_of(claim: dcache.BatchTarget | None) -> tuple[Outcome, Outcome]:
+    """A retry and a result of target 0 of job ``j``, by ``claim``."""
+    retry = Outcome("j", 0, "pending", error="503", claim=claim)
+    return retry, Outcome("j", 0, "done", result="p", claim=claim)
 
 
 @pytest.mark.slow  # the rule's cases; the fast lane holds at most 4,000
 @pytest.mark.parametrize(
-    ("claims", "batch", "again", "sent"),
+    ("held", "of", "sent"),
     [
-        (2, [RETRY_0], 0, []),  # another claim's fetch is still to say: not put back from under it
-        (1, [RETRY_0], 0, [RETRY_0]),  # its own claim's outcome
-        (2, [RESULT_0, RETRY_0], 0, [RESULT_0, RETRY_0]),  # both claims' outcomes: the write decides
-        (2, [RETRY_0, RESULT_0], 1, [RESULT_0]),  # sent again, the target claimed again since
-        (1, [RETRY_0], 1, [RETRY_0]),  # sent again, not claimed since
-        (2, [RESULT_0], 0, [RESULT_0]),  # a result puts no target back
+        (2, 0, False),  # a newer claim's fetch says what becomes of the target: not put back from under it
+        (2, 1, True),  # the newest claim's own: an older one's fetch, still going on, is no reason to wait
+        (1, 0, True),  # its own claim's, the one held
+        (3, 1, False),
+        (1, None, True),  # a claim that names none
     ],
 )
-def test_a_round_lets_go_of_a_put_back_whose_target_another_claim_of_the_runner_holds(
-    claims: int, batch: list[Outcome], again: int, sent: list[Outcome]
+def test_a_put_back_is_sent_unless_a_newer_claim_of_the_runner_holds_its_target(
+    held: int, of: int | None, sent: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    held = runner_module._HeldClaims("w")
-    held._keys[("j", 0)] = claims
-    with held.sending(batch, again) as kept:
-        assert kept == sent
-    assert held._keys[("j", 0)] == claims - (len(batch) - len(sent))  # each let go of settles its claim
+    claims = [dcache.BatchTarget(job="j", idx=0, url="https://x/0", options="{}") for _ in range(held)]
+    holder = runner_module._HeldClaims("w")
+    holder._claims[("j", 0)] = list(claims)
+    retry, _ = outcomes_of(claims[of] if of is not None else None)
+    with caplog.at_level(logging.INFO, logger="sift.runner"), holder.sending([retry]) as kept:
+        assert kept == ([retry] if sent else [])
+    assert ("is held by a newer claim: not put back" in caplog.text) is not sent
+
+
+@pytest.mark.slow  # the rule's cases; the fast lane holds at most 4,000
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_a_settled_outcome_lets_go_of_its_own_claim(order: tuple[int, int]) -> None:
+    """Whichever of two claims of a target has its outcome settled first, the other stays held; an outcome
+    carried to be written again holds its claim."""
+    first, second = (dcache.BatchTarget(job="j", idx=0, url="https://x/0", options="{}") for _ in range(2))
+    claims = [first, second]
+    holder = runner_module._HeldClaims("w")
+    holder._claims[("j", 0)] = list(claims)
+    settled, left = (outcomes_of(claims[at])[1] for at in order)
+    holder.settled([settled, left], [left])
+    assert holder._claims[("j", 0)] == [claims[order[1]]] and holder._claims[("j", 0)][0] is claims[order[1]]
+    holder.settled([left], [])
+    assert holder.unknown([("j", 0)]) == [("j", 0)]
 
 
 @pytest.mark.slow  # the same round's cases; the fast lane holds at most 4,000

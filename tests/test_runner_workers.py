@@ -182,6 +182,13 @@ class Escaped(BaseException):
     """What a fetch may let escape that is no Exception (as asyncio.CancelledError is)."""
 
 
+class Unsayable(BaseException):
+    """An escaping error whose text cannot be made: its ``__str__`` raises one that is no Exception either."""
+
+    def __str__(self) -> str:
+        raise Escaped("from __str__")
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_worker_ended_by_an_escaping_error_is_replaced(
     shared_store: str, monkeypatch: pytest.MonkeyPatch
@@ -203,18 +210,23 @@ def test_a_worker_ended_by_an_escaping_error_is_replaced(
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize(
+    ("escaping", "error"),
+    [(Escaped("a worker's end"), "Escaped: a worker's end"), (Unsayable(), "Unsayable")],
+)
 def test_the_target_of_a_fetch_an_escaping_error_ended_is_retried_while_the_runner_runs(
-    shared_store: str,
+    shared_store: str, escaping: BaseException, error: str
 ) -> None:
     """Its attempt counts, as any error's: a target that ends every worker fetching it fails at
-    ``max_attempts`` with that error, and its job finishes, rather than stay claimed until the stop."""
+    ``max_attempts`` with that error (its name, when its text cannot be made), and its job finishes, rather
+    than stay claimed until the stop."""
     submit_job("escapes", 2)
     fetched: list[int] = []
 
     def fetch(target: dcache.BatchTarget) -> str:
         fetched.append(int(target.idx))
         if target.idx == 1 or fetched.count(0) == 1:
-            raise Escaped("a worker's end")
+            raise escaping
         return "page"
 
     runner = Runner(fetch, name="w", concurrency=2, max_attempts=2, backoff=Backoff(first=0.01, jitter=0))
@@ -224,7 +236,7 @@ def test_the_target_of_a_fetch_an_escaping_error_ended_is_retried_while_the_runn
     targets = dcache.batch_targets("escapes") or []
     assert [(t.status, t.result, t.error, t.attempts) for t in targets] == [
         ("done", "page", None, 2),
-        ("failed", None, "Escaped: a worker's end", 2),
+        ("failed", None, error, 2),
     ]
     assert sorted(fetched) == [0, 0, 1, 1]
 

@@ -9,7 +9,7 @@ import math
 import signal
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -338,8 +338,8 @@ class Runner:
             result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
         except GiveBack:
             return _untried(target)
-        except Fail as fail:
-            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint)  # as Fail keeps them
+        except Fail as fail:  # its error and hint as Fail keeps them
+            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint, claim=target)
         except Retry as retry:
             if retry.host_wide:
                 return _host_asked_to_wait(self, target, retry)
@@ -350,12 +350,13 @@ class Runner:
             self._writer.put(self._retry(target, _text(exc), None))
             raise
         if not isinstance(result, str):
-            return Outcome(job_id, idx, "failed", error=f"fetch returned {type(result).__name__}, not text")
+            error = f"fetch returned {type(result).__name__}, not text"
+            return Outcome(job_id, idx, "failed", error=error, claim=target)
         result = validation.plain(result)
         error = _unstorable(result)
         if error is not None:
-            return Outcome(job_id, idx, "failed", error=error)
-        return Outcome(job_id, idx, "done", result=result)
+            return Outcome(job_id, idx, "failed", error=error, claim=target)
+        return Outcome(job_id, idx, "done", result=result, claim=target)
 
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
@@ -363,11 +364,11 @@ class Runner:
         job_id, idx, attempts = str(target.job_id), int(target.idx), int(target.attempts)
         error = storable_message(error)
         if attempts >= self.max_attempts:
-            return Outcome(job_id, idx, "failed", error=error)
+            return Outcome(job_id, idx, "failed", error=error, claim=target)
         wait = self.backoff.delay(attempts) if after is None else after
         # rounded up: the target is claimed no earlier than ``wait`` seconds from now
         not_before = math.ceil(unix_time() + wait) if wait > 0 else None
-        return Outcome(job_id, idx, "pending", error=error, not_before=not_before)
+        return Outcome(job_id, idx, "pending", error=error, not_before=not_before, claim=target)
 
     def _keep(self) -> None:
         """The keeper: at once, then every ``renew_every`` seconds until the runner has stopped."""
@@ -382,15 +383,16 @@ class Runner:
 
 class _HeldClaims:
     """The targets a runner holds by its own claims, until its writer settles their outcomes; and whether a
-    claim failed as the store answered (``in_doubt``), having perhaps been made all the same. Counted by
-    claim: a target put back to pending may be claimed again before its writer's round has settled.
+    claim failed as the store answered (``in_doubt``), having perhaps been made all the same. Held by
+    claim, oldest first: a target put back to pending may be claimed again before its writer's round has
+    settled, and a claim requeued as stale while its fetch goes on may be made again beside it.
     ``claim_lock``: one claim at a time, and none while the held claims are checked against the store."""
 
     def __init__(self, runner: str) -> None:
         self.runner = runner
         self.claim_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._keys: Counter[tuple[str, int]] = Counter()
+        self._claims: dict[tuple[str, int], list[BatchTarget]] = {}  # each its claimed target, in order
         self.in_doubt = False
 
     def claim(self, limit: int, **request: Any) -> list[BatchTarget]:
@@ -401,55 +403,49 @@ class _HeldClaims:
         except Exception:
             self.in_doubt = True
             raise
-        keys = [(str(target.job_id), int(target.idx)) for target in claimed]
         with self._lock:
-            self._keys.update(keys)
+            for target in claimed:
+                self._claims.setdefault((str(target.job_id), int(target.idx)), []).append(target)
         return claimed
 
     def settled(self, batch: list[Outcome], left: list[Outcome]) -> None:
-        """The writer's round of ``batch``: each outcome it did not leave to write again lets go of one
-        claim of its target."""
-        gone = Counter((outcome.job_id, outcome.idx) for outcome in batch)
-        gone.subtract((outcome.job_id, outcome.idx) for outcome in left)
+        """The writer's round of ``batch``: each outcome it did not leave to write again lets go of its
+        claim (an outcome that names none, of its target's oldest)."""
+        carried = {id(outcome) for outcome in left}
         with self._lock:
-            for key, count in gone.items():
-                held = self._keys[key] - count
-                if held > 0:
-                    self._keys[key] = held
-                else:
-                    self._keys.pop(key, None)
+            for outcome in batch:
+                key = (outcome.job_id, outcome.idx)
+                held = self._claims.get(key)
+                if not held or (carried and id(outcome) in carried):
+                    continue
+                if len(held) == 1:  # the usual case: its one claim
+                    del self._claims[key]
+                    continue
+                del held[next((at for at, claim in enumerate(held) if claim is outcome.claim), 0)]
 
     @contextlib.contextmanager
-    def sending(self, batch: list[Outcome], again: int) -> Iterator[list[Outcome]]:
-        """With no claim under way, the writer's round of ``batch`` (its first ``again`` sent before, perhaps
-        taken by the store: the answer lost), less each retry or give-back whose target the runner holds more
-        claims of than the round has outcomes of it (than they have, for those sent again), let go of here:
-        another claim's fetch is still to say what becomes of that target (a claim requeued as stale and
-        made again), and it would put the target back from under that fetch. A result is written over it."""
+    def sending(self, put_back: list[Outcome]) -> Iterator[list[Outcome]]:
+        """With no claim under way, the retries and give-backs of ``put_back`` to send: not one whose target
+        the runner holds by a newer claim, let go of here (an INFO line names it). That claim's fetch says
+        what becomes of the target; this one would put it back from under it (its claim requeued as stale
+        while its fetch went on, or its first sending taken by the store with the answer lost)."""
         with self.claim_lock:
             with self._lock:
-                resent = Counter((outcome.job_id, outcome.idx) for outcome in batch[:again])
-                whole = Counter((outcome.job_id, outcome.idx) for outcome in batch)
-                held = {key: self._keys[key] for key in whole if key in self._keys}
-            dropped = [
-                at
-                for at, outcome in enumerate(batch)
-                if outcome.status == "pending"
-                and held.get(key := (outcome.job_id, outcome.idx), 0) > (resent if at < again else whole)[key]
-            ]
-            if dropped:
-                self.settled([batch[at] for at in dropped], [])
-                for at in dropped:
-                    outcome = batch[at]
-                    since = "since it was put back" if at < again else "before this outcome was sent"
-                    log.info("sift runner %s: target %d of job %s, claimed again %s: not put back",
-                             self.runner, outcome.idx, outcome.job_id, since)  # fmt: skip
-            gone = set(dropped)
-            yield [outcome for at, outcome in enumerate(batch) if at not in gone]
+                newer = [self._newer_claim(outcome) for outcome in put_back]
+            for outcome, superseded in zip(put_back, newer, strict=True):
+                if superseded:
+                    log.info("sift runner %s: target %d of job %s is held by a newer claim: not put back",
+                             self.runner, outcome.idx, outcome.job_id)  # fmt: skip
+            yield [outcome for outcome, superseded in zip(put_back, newer, strict=True) if not superseded]
+
+    def _newer_claim(self, outcome: Outcome) -> bool:
+        """Whether a claim held of the outcome's target was made after the outcome's own (the lock held)."""
+        held = self._claims.get((outcome.job_id, outcome.idx), [])
+        return any(claim is outcome.claim for claim in held[:-1])
 
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:
-            return [key for key in keys if key not in self._keys]
+            return [key for key in keys if key not in self._claims]
 
 
 class _Workers:
@@ -617,7 +613,7 @@ def _untried(target: BatchTarget, *, not_before: int | None = None, error: str |
     """Back to pending untried, its attempt given back: at once, its error as it was, or not before
     ``not_before`` with ``error``."""
     job_id, idx = str(target.job_id), int(target.idx)
-    return Outcome(job_id, idx, "pending", error=error, not_before=not_before, attempted=False)
+    return Outcome(job_id, idx, "pending", error=error, not_before=not_before, attempted=False, claim=target)
 
 
 def _seconds(field: str, value: Any, *, allow_zero: bool = False) -> float:
@@ -655,6 +651,6 @@ def _text(exc: BaseException) -> str:
     """``Name: text`` of an exception, or its name alone when its text is empty or cannot be made."""
     try:
         text = str(exc)
-    except Exception:  # a user's __str__ that raises: the target is retried all the same
+    except BaseException:  # a user's __str__ that raises, whatever: the target is retried all the same
         text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 from ..dcache import (
@@ -45,8 +45,9 @@ WRITE_WAIT = 0.005
 class Outcome(NamedTuple):
     """What a fetch of target ``idx`` of ``job_id`` came to: a write (``status`` done or failed, with its
     result, error and hint) or, with status pending, a retry not before ``not_before`` (``attempted``
-    False: given back untried, its error kept when ``error`` is None). A tuple: a worker makes one a
-    target, a third of a frozen dataclass's time."""
+    False: given back untried, its error kept when ``error`` is None). ``claim``: the claimed target it
+    says of, which tells one claim of a target from another. A tuple: a worker makes one a target, a third
+    of a frozen dataclass's time."""
 
     job_id: str
     idx: int
@@ -56,6 +57,7 @@ class Outcome(NamedTuple):
     hint: str | None = None
     not_before: int | None = None
     attempted: bool = True
+    claim: Any = None
 
 
 #: How long the writer waits before writing again a round the store refused (seconds).
@@ -77,13 +79,12 @@ class Writer:
         runner: str,
         tally: Any,
         settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
-        sending: Callable[[list[Outcome], int], AbstractContextManager[list[Outcome]]] | None = None,
+        sending: Callable[[list[Outcome]], AbstractContextManager[list[Outcome]]] | None = None,
     ) -> None:
         self.runner = runner
         self.tally = tally
         self.settled = settled  # settled(batch, left) after each round: what of batch is done with
-        # sending(batch, again): around a round that puts a target back or writes again what the store could
-        # not take (its first ``again``: the answer lost, perhaps taken all the same), the outcomes to write
+        # sending(put_back): around a round's retries and give-backs, those to send
         self.sending = sending
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -150,13 +151,7 @@ class Writer:
         stopping = False
         while not stopping:
             batch, stopping = self._gather(carried)
-            again, carried = len(carried), []
-            if self.sending is not None and (again or any(o.status == "pending" for o in batch)):
-                with self.sending(batch, again) as kept:
-                    if kept:
-                        carried = self._round(kept)
-            elif batch:
-                carried = self._round(batch)
+            carried = self._round(batch) if batch else []
             if carried and not stopping:  # the store may come back: the claims are still this runner's
                 time.sleep(RETRY_WAIT)
             # stopping: the runner releases what was not written
@@ -173,20 +168,25 @@ class Writer:
         return carried
 
     def write(self, batch: list[Outcome]) -> list[Outcome]:
-        """One round: the retries, then each job's writes in one call, then the jobs finished. Returns what
-        the store could not take now (unavailable, say), to be written again."""
+        """One round: the retries and give-backs (those ``sending`` lets through), then each job's writes in
+        one call, then the jobs finished. Returns what the store could not take now (unavailable, say), to be
+        written again."""
         writes: dict[str, list[Outcome]] = defaultdict(list)
         left: list[Outcome] = []
         # a target's result sent again beside its next claim's outcome: the result is written (in a round
         # of its own too, the retry would then find its claim ended), and the retry is not
         finished = {(outcome.job_id, outcome.idx) for outcome in batch if outcome.status != "pending"}
+        put_back: list[Outcome] = []
         for outcome in batch:
             if outcome.status != "pending":
                 writes[outcome.job_id].append(outcome)
             elif (outcome.job_id, outcome.idx) in finished:
                 self.tally("lost", 1)
-            elif not self._retry(outcome):
-                left.append(outcome)
+            else:
+                put_back.append(outcome)
+        if put_back:
+            with self.sending(put_back) if self.sending is not None else nullcontext(put_back) as kept:
+                left += [outcome for outcome in kept if not self._retry(outcome)]
         for job_id, outcomes in writes.items():
             try:
                 written = self._write_job(job_id, outcomes)
