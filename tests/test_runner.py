@@ -475,6 +475,27 @@ def test_a_settled_outcome_lets_go_of_its_own_claim(order: tuple[int, int]) -> N
     assert holder.unknown([("j", 0)]) == [("j", 0)]
 
 
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_a_round_that_fails_unexpectedly_carries_only_what_it_had_not_settled(store: Any) -> None:
+    """The round's put-backs are settled before its results are written; should what follows fail in a way
+    the writer did not foresee, only the outcomes not yet settled are carried to be written again (a
+    put-back sent a second time could put its target back from under a newer claim)."""
+    dcache.create_batch_job(make_job("j", targets_total=2), [dcache.BatchTarget(idx=i, url=f"https://x/{i}",
+                            options="{}") for i in range(2)])  # fmt: skip
+    dcache.claim_batch_targets(2, runner="w")
+    calls: list[list[Outcome]] = []
+
+    def settled(batch: list[Outcome], left: list[Outcome]) -> None:
+        calls.append(batch)
+        if len(calls) == 2:
+            raise RuntimeError("a bug in what settles a round (a test's)")
+
+    writer = Writer("w", lambda name, n: None, settled)
+    retry, result = Outcome("j", 0, "pending", error="503"), Outcome("j", 1, "done", result="page")
+    assert writer._round([retry, result]) == [result]
+    assert calls == [[retry], [result]]
+
+
 @pytest.mark.slow  # the same round's cases; the fast lane holds at most 4,000
 @pytest.mark.parametrize(
     ("sent_again", "next_outcome", "written"),
@@ -561,25 +582,84 @@ def test_an_outcome_of_a_fetch_slower_than_the_writers_wait_is_written_at_once(
 
 
 @pytest.mark.slow  # the held claims' second case; the fast lane holds at most 4,000
-def test_a_target_claimed_again_before_its_writers_round_settles_is_still_held(store: Any) -> None:
-    """A target put back to pending is claimable at once, so its runner may claim it again before the
-    writer's round that put it back has settled. It still holds it then: after a claim in doubt, the
-    keeper's give-back leaves it to the worker fetching it."""
+def test_a_target_claimed_again_beside_its_stale_claim_is_held_until_each_outcome_settles(store: Any) -> None:
+    """A claim requeued as stale while its fetch goes on may be made again by its runner: it holds both, so
+    after a claim in doubt the keeper's give-back leaves the target to the workers fetching it; each
+    outcome settled lets go of its own claim."""
     job_id = submit(["https://a.example/0"])
     runner = Runner(lambda target: "page", name="w")
     held = runner._held
-    assert [t.idx for t in held.claim(1, runner="w")] == [0]
-    # the writer's write of a GiveBack, then the runner's next claim, then that round's settle
-    dcache.retry_batch_target(job_id, 0, runner="w", error=None, not_before=None, attempted=False)
-    assert [t.idx for t in held.claim(1, runner="w")] == [0]
-    held.settled([Outcome(job_id, 0, "pending", attempted=False)], [])
+    [first] = held.claim(1, runner="w")
+    assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
+    [second] = held.claim(1, runner="w")
     held.in_doubt = True
     runner_module._give_back_unknown_claims(runner)
     assert held.unknown([(job_id, 0)]) == [] and not held.in_doubt
     assert [(t.status, t.runner) for t in dcache.batch_targets(job_id) or []] == [("running", "w")]
-    # its outcome settled, the claim is let go of: then unknown, and given back
-    held.settled([Outcome(job_id, 0, "done", result="page")], [])
+    held.settled([Outcome(job_id, 0, "pending", error="timed out", claim=first)], [])
+    assert held._claims[(job_id, 0)][0] is second
+    held.settled([Outcome(job_id, 0, "pending", error="timed out", claim=first)], [])  # once only
+    assert held._claims[(job_id, 0)][0] is second
+    held.settled([Outcome(job_id, 0, "done", result="page", claim=second)], [])
     assert held.unknown([(job_id, 0)]) == [(job_id, 0)]
+
+
+@pytest.mark.slow  # waits out the claim's pause after an error
+def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's round puts target 0 back and then writes target 1's result, slowly. Meanwhile a worker
+    claims target 0 again, and that claim's answer is lost. The round let go of target 0's earlier claim
+    before claims went on, so the keeper's next round knows the new claim for one none of the runner's
+    claims returned, and gives it back: the job finishes."""
+    meet = threading.Barrier(2, timeout=WAIT)
+    fetched: list[int] = []
+
+    def page(target: dcache.BatchTarget) -> str:
+        fetched.append(int(target.idx))
+        if fetched.count(int(target.idx)) == 1:
+            meet.wait()  # both first outcomes in one round: the retry of 0 and the result of 1
+            if target.idx == 0:
+                raise Retry("503", after=0)
+        return "page"
+
+    put_back, write = dcache.retry_batch_target, dcache.update_batch_targets
+    claim = dcache.claim_batch_targets
+    sent, in_doubt, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        done = put_back(*args, **kwargs)
+        sent.set()
+        return done
+
+    def slow_write(*args: Any, **kwargs: Any) -> Any:
+        if sent.is_set():
+            go_on.wait(WAIT)  # the round's results, written while claims go on
+        return write(*args, **kwargs)
+
+    def answer_lost(limit: int, **kwargs: Any) -> list[dcache.BatchTarget]:
+        claimed = claim(limit, **kwargs)
+        if sent.is_set() and not in_doubt.is_set() and any(t.idx == 0 for t in claimed):
+            in_doubt.set()
+            raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+        return claimed
+
+    monkeypatch.setattr(writer_module, "retry_batch_target", retry)
+    monkeypatch.setattr(writer_module, "update_batch_targets", slow_write)
+    monkeypatch.setattr(runner_module, "claim_batch_targets", answer_lost)
+    job_id = submit(["https://a.example/0", "https://a.example/1"])
+    runner = Runner(page, name="w", concurrency=2, renew_every=30)
+    try:
+        with running(runner):
+            wait_for(in_doubt.is_set, "a claim in doubt of target 0 while the round's results are written")
+            runner_module._give_back_unknown_claims(runner)  # the keeper's next round, before it renews
+            go_on.set()
+            wait_for(lambda: job_final(job_id), "the job to finish")
+    finally:
+        go_on.set()
+    assert sorted(fetched) == [0, 0, 1]
+    assert [(t.status, t.attempts) for t in dcache.batch_targets(job_id) or []] == [("done", 2), ("done", 1)]
+    assert held_claims() == 0
 
 
 @pytest.mark.slow  # the held claims' third case; the fast lane holds at most 4,000

@@ -409,8 +409,8 @@ class _HeldClaims:
         return claimed
 
     def settled(self, batch: list[Outcome], left: list[Outcome]) -> None:
-        """The writer's round of ``batch``: each outcome it did not leave to write again lets go of its
-        claim (an outcome that names none, of its target's oldest)."""
+        """Outcomes of the writer's round of ``batch``: each it did not leave to write again lets go of its
+        claim, once (an outcome that names none, of its target's oldest)."""
         carried = {id(outcome) for outcome in left}
         with self._lock:
             for outcome in batch:
@@ -418,10 +418,13 @@ class _HeldClaims:
                 held = self._claims.get(key)
                 if not held or (carried and id(outcome) in carried):
                     continue
-                if len(held) == 1:  # the usual case: its one claim
-                    del self._claims[key]
+                claim = outcome.claim
+                at = 0 if claim is None or held[0] is claim else _position(held, claim)
+                if at is None:  # let go of already
                     continue
-                del held[next((at for at, claim in enumerate(held) if claim is outcome.claim), 0)]
+                del held[at]
+                if not held:
+                    del self._claims[key]
 
     @contextlib.contextmanager
     def sending(self, put_back: list[Outcome]) -> Iterator[list[Outcome]]:
@@ -441,7 +444,7 @@ class _HeldClaims:
     def _newer_claim(self, outcome: Outcome) -> bool:
         """Whether a claim held of the outcome's target was made after the outcome's own (the lock held)."""
         held = self._claims.get((outcome.job_id, outcome.idx), [])
-        return any(claim is outcome.claim for claim in held[:-1])
+        return _position(held[:-1], outcome.claim) is not None
 
     def unknown(self, keys: list[tuple[str, int]]) -> list[tuple[str, int]]:
         with self._lock:
@@ -498,6 +501,11 @@ class _Workers:
         with self._lock:
             self._closed = True
             return list(self._threads)
+
+
+def _position(claims: list[BatchTarget], claim: BatchTarget) -> int | None:
+    """Where ``claim`` itself is among ``claims`` (a model's ``==`` is its key's, which claims share)."""
+    return next((at for at, held in enumerate(claims) if held is claim), None)
 
 
 def _host_asked_to_wait(runner: Runner, target: BatchTarget, retry: Retry) -> Outcome:

@@ -157,26 +157,24 @@ class Writer:
             # stopping: the runner releases what was not written
 
     def _round(self, batch: list[Outcome]) -> list[Outcome]:
-        """``write(batch)``, settled; what the store could not take, to be written again."""
+        """``write(batch)``; what the store could not take, to be written again."""
+        settled: set[int] = set()
         try:
-            carried = self.write(batch)
+            return self.write(batch, settled)
         except Exception:
             log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(batch))
-            carried = batch  # a rewrite changes nothing
-        if self.settled is not None:
-            self.settled(batch, carried)
-        return carried
+            return [outcome for outcome in batch if id(outcome) not in settled]  # a rewrite changes nothing
 
-    def write(self, batch: list[Outcome]) -> list[Outcome]:
+    def write(self, batch: list[Outcome], settled: set[int] | None = None) -> list[Outcome]:
         """One round: the retries and give-backs (those ``sending`` lets through), then each job's writes in
-        one call, then the jobs finished. Returns what the store could not take now (unavailable, say), to be
-        written again."""
+        one call, then the jobs finished; each outcome settled once done with (its ``id`` added to
+        ``settled``). Returns what the store could not take now (unavailable, say), to be written again."""
         writes: dict[str, list[Outcome]] = defaultdict(list)
-        left: list[Outcome] = []
         # a target's result sent again beside its next claim's outcome: the result is written (in a round
         # of its own too, the retry would then find its claim ended), and the retry is not
         finished = {(outcome.job_id, outcome.idx) for outcome in batch if outcome.status != "pending"}
         put_back: list[Outcome] = []
+        rest: list[Outcome] = []
         for outcome in batch:
             if outcome.status != "pending":
                 writes[outcome.job_id].append(outcome)
@@ -184,9 +182,14 @@ class Writer:
                 self.tally("lost", 1)
             else:
                 put_back.append(outcome)
+                continue
+            rest.append(outcome)
+        left: list[Outcome] = []
         if put_back:
             with self.sending(put_back) if self.sending is not None else nullcontext(put_back) as kept:
-                left += [outcome for outcome in kept if not self._retry(outcome)]
+                left = [outcome for outcome in kept if not self._retry(outcome)]
+                # before claims go on: a claim of a target put back, even one in doubt, is then no earlier one
+                self._settle(put_back, left, settled)
         for job_id, outcomes in writes.items():
             try:
                 written = self._write_job(job_id, outcomes)
@@ -199,7 +202,16 @@ class Writer:
                     finish_batch_job(job_id)
                 except Exception:  # written: the keeper's finish_complete_jobs finishes the job
                     log.exception("sift runner %s: finishing job %s failed", self.runner, job_id)
+        self._settle(rest, left, settled)
         return left
+
+    def _settle(self, outcomes: list[Outcome], left: list[Outcome], settled: set[int] | None) -> None:
+        """``outcomes`` done with, but those ``left`` to be written again: their claims let go of."""
+        if self.settled is not None:
+            self.settled(outcomes, left)
+        if settled is not None:
+            carried = {id(outcome) for outcome in left}
+            settled.update(id(outcome) for outcome in outcomes if id(outcome) not in carried)
 
     def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
