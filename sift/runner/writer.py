@@ -207,7 +207,7 @@ class Writer:
 
     def _settle(self, outcomes: list[Outcome], left: list[Outcome], settled: set[int] | None) -> None:
         """``outcomes`` done with, but those ``left`` to be written again: their claims let go of."""
-        if self.settled is not None:
+        if self.settled is not None and outcomes:
             self.settled(outcomes, left)
         if settled is not None:
             carried = {id(outcome) for outcome in left}
