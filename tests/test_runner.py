@@ -60,6 +60,23 @@ def running(runner: Runner) -> Iterator[Runner]:
         assert not thread.is_alive()
 
 
+@contextmanager
+def let_go_of(decided: threading.Event) -> Iterator[None]:
+    """``decided`` set when the runner lets go of a retry or give-back (its INFO line names each)."""
+
+    class LetGo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is held by a newer claim: not put back" in record.getMessage():
+                decided.set()
+
+    handler, logger = LetGo(), logging.getLogger("sift.runner")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
 def submit(urls: list[str], caller: str = "alice") -> str:
     return dcache.submit(caller, urls, idem_key="").job_id
 
@@ -258,11 +275,6 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
             claimed_again.wait(WAIT)
         return sending(held, put_back)
 
-    class LetGo(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "is held by a newer claim: not put back" in record.getMessage():
-                decided.set()
-
     attempts: list[int] = []
 
     def page(target: dcache.BatchTarget) -> str:
@@ -278,13 +290,8 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
     monkeypatch.setattr(runner_module._HeldClaims, "sending", once_claimed_again)
     job_id = submit(["https://a.example/0"])
     runner = Runner(page, name="w", concurrency=1)
-    handler = LetGo()
-    logging.getLogger("sift.runner").addHandler(handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
-            wait_for(lambda: job_final(job_id), "the job to finish")
-    finally:
-        logging.getLogger("sift.runner").removeHandler(handler)
+    with let_go_of(decided), caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
+        wait_for(lambda: job_final(job_id), "the job to finish")
     assert decided.is_set() and sent == [0]  # sent once: the second sending let go of
     assert attempts == ([1, 2] if answer == "retry" else [1, 1])
     targets = dcache.batch_targets(job_id) or []
@@ -312,11 +319,6 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
         put_back(job_id, idx, **kwargs)
         decided.set()
 
-    class LetGo(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "is held by a newer claim: not put back" in record.getMessage():
-                decided.set()
-
     attempts: list[int] = []
 
     def page(target: dcache.BatchTarget) -> str:
@@ -332,15 +334,10 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
     monkeypatch.setattr(writer_module, "retry_batch_target", counted)
     job_id = submit(["https://a.example/0"])
     runner = Runner(page, name="w", concurrency=2)
-    handler = LetGo()
-    logging.getLogger("sift.runner").addHandler(handler)
-    try:
-        with caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
-            wait_for(first_in_flight.is_set, "the first fetch")
-            assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
-            wait_for(lambda: job_final(job_id), "the job to finish")
-    finally:
-        logging.getLogger("sift.runner").removeHandler(handler)
+    with let_go_of(decided), caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
+        wait_for(first_in_flight.is_set, "the first fetch")
+        assert dcache.requeue_stale_claims(0, runner="w", reason="its runner went quiet") == 1
+        wait_for(lambda: job_final(job_id), "the job to finish")
     assert decided.is_set() and sent == []  # let go of, not sent
     assert attempts == [1, 2]
     targets = dcache.batch_targets(job_id) or []
