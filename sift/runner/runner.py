@@ -384,8 +384,7 @@ class Runner:
 class _HeldClaims:
     """The targets a runner holds by its own claims, until its writer settles their outcomes; and whether a
     claim failed as the store answered (``in_doubt``), having perhaps been made all the same. Held by
-    claim, oldest first: a target put back to pending may be claimed again before its writer's round has
-    settled, and a claim requeued as stale while its fetch goes on may be made again beside it.
+    claim, oldest first: a claim requeued as stale while its fetch goes on may be made again beside it.
     ``claim_lock``: one claim at a time, and none while the held claims are checked against the store."""
 
     def __init__(self, runner: str) -> None:
@@ -503,7 +502,7 @@ class _Workers:
             return list(self._threads)
 
 
-def _position(claims: list[BatchTarget], claim: BatchTarget) -> int | None:
+def _position(claims: list[BatchTarget], claim: BatchTarget | None) -> int | None:
     """Where ``claim`` itself is among ``claims`` (a model's ``==`` is its key's, which claims share)."""
     return next((at for at, held in enumerate(claims) if held is claim), None)
 

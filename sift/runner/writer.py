@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 from ..dcache import (
+    BatchTarget,
     ClaimLost,
     InvalidBatchInput,
     JobNotFound,
@@ -57,7 +58,7 @@ class Outcome(NamedTuple):
     hint: str | None = None
     not_before: int | None = None
     attempted: bool = True
-    claim: Any = None
+    claim: BatchTarget | None = None
 
 
 #: How long the writer waits before writing again a round the store refused (seconds).
@@ -83,7 +84,8 @@ class Writer:
     ) -> None:
         self.runner = runner
         self.tally = tally
-        self.settled = settled  # settled(batch, left) after each round: what of batch is done with
+        # settled(outcomes, left): what of a round's outcomes is done with (its put-backs before claims go on)
+        self.settled = settled
         # sending(put_back): around a round's retries and give-backs, those to send
         self.sending = sending
         self._lock = threading.Lock()
@@ -157,7 +159,8 @@ class Writer:
             # stopping: the runner releases what was not written
 
     def _round(self, batch: list[Outcome]) -> list[Outcome]:
-        """``write(batch)``; what the store could not take, to be written again."""
+        """``write(batch)``; what the store could not take, to be written again (after an error it did not
+        foresee, every outcome it had not settled)."""
         settled: set[int] = set()
         try:
             return self.write(batch, settled)
