@@ -102,6 +102,7 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
     "finish_batch_job": lambda _: dcache.finish_batch_job("job-2", now=2_000),  # running, every target done
     "finish_complete_jobs": lambda _: dcache.finish_complete_jobs(now=2_000),  # job-2, if still running
     "retry_batch_target": lambda _: _retried_one(),
+    "retry_batch_targets": lambda _: _retried_one(many=True),
     "retry_failed_targets": lambda _: _reopened_one(),
     "rescue_stale_jobs": lambda _: dcache.rescue_stale_jobs(0, "host lost", now=2_000),
     "set_batch_job_status": lambda _: dcache.set_batch_job_status("job-2", "done", now=2_000),
@@ -148,13 +149,17 @@ PUBLIC_CALLS: dict[str, Callable[[Path], object]] = {
 }
 
 
-def _retried_one() -> object:
-    """A target claimed by "retrier" (of a new job when none is pending), then put back to wait."""
+def _retried_one(*, many: bool = False) -> object:
+    """A target claimed by "retrier" (of a new job when none is pending), then put back to wait; ``many``:
+    by ``retry_batch_targets``."""
     claimed = dcache.claim_batch_targets(1, runner="retrier", now=2_000)
     if not claimed:
         dcache.create_batch_job(make_job(_new_id(), targets_total=1), make_targets(1))
         claimed = dcache.claim_batch_targets(1, runner="retrier", now=2_000)
     target = claimed[0]
+    if many:
+        retries = [{"idx": target.idx, "error": "later", "not_before": 3_000}]
+        return dcache.retry_batch_targets(target.job_id, retries, runner="retrier")
     return dcache.retry_batch_target(
         target.job_id, target.idx, runner="retrier", error="later", not_before=3_000
     )

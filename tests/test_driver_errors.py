@@ -58,6 +58,7 @@ WRITES = [
     "requeue_stale_claims",
     "requeue_in_flight",
     "retry_batch_target",
+    "retry_batch_targets",
     "retry_failed_targets",
     "finish_complete_jobs",
     "finish_batch_job",

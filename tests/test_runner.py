@@ -253,18 +253,19 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
     sending of that outcome, a moment later, is not made: it would put the target back from under the
     fetch of its new claim. The target is fetched twice, not three times, and ends done at once."""
     monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.1)
-    put_back = dcache.retry_batch_target
+    put_back = dcache.retry_batch_targets
     sent: list[int] = []
     claimed_again = threading.Event()  # the target's second fetch has begun
     decided = threading.Event()  # the writer's second sending of the outcome: made, or let go of
 
-    def answer_lost_once(job_id: str, idx: int, **kwargs: Any) -> None:
-        sent.append(idx)
+    def answer_lost_once(job_id: str, retries: list[dict[str, Any]], **kwargs: Any) -> int:
+        sent.extend(retry["idx"] for retry in retries)
         if len(sent) > 1:
             decided.set()
-        put_back(job_id, idx, **kwargs)
+        done = put_back(job_id, retries, **kwargs)
         if len(sent) == 1:  # taken, its answer lost
             raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+        return done
 
     sending = runner_module._HeldClaims.sending
     sendings: list[int] = []
@@ -286,7 +287,7 @@ def test_an_outcome_sent_again_after_its_answer_was_lost_leaves_the_targets_new_
             decided.wait(WAIT)  # in flight while the writer would send the first outcome again
         return "page"
 
-    monkeypatch.setattr(writer_module, "retry_batch_target", answer_lost_once)
+    monkeypatch.setattr(writer_module, "retry_batch_targets", answer_lost_once)
     monkeypatch.setattr(runner_module._HeldClaims, "sending", once_claimed_again)
     job_id = submit(["https://a.example/0"])
     runner = Runner(page, name="w", concurrency=1)
@@ -308,16 +309,17 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
     runner for dead), and the runner claimed the target again. The first fetch's retry (or give-back) is
     not sent when it ends: it would put the target back from under the second fetch, which writes the
     result. The target is fetched twice, not three times."""
-    put_back = dcache.retry_batch_target
+    put_back = dcache.retry_batch_targets
     sent: list[int] = []
     first_in_flight = threading.Event()
     fetched_again = threading.Event()
     decided = threading.Event()  # the first fetch's outcome: sent, or let go of
 
-    def counted(job_id: str, idx: int, **kwargs: Any) -> None:
-        sent.append(idx)
-        put_back(job_id, idx, **kwargs)
+    def counted(job_id: str, retries: list[dict[str, Any]], **kwargs: Any) -> int:
+        sent.extend(retry["idx"] for retry in retries)
+        done = put_back(job_id, retries, **kwargs)
         decided.set()
+        return done
 
     attempts: list[int] = []
 
@@ -331,7 +333,7 @@ def test_an_outcome_of_a_claim_requeued_as_stale_leaves_the_targets_new_claim_al
         decided.wait(WAIT)  # in flight while the first fetch's outcome is written or let go of
         return "page"
 
-    monkeypatch.setattr(writer_module, "retry_batch_target", counted)
+    monkeypatch.setattr(writer_module, "retry_batch_targets", counted)
     job_id = submit(["https://a.example/0"])
     runner = Runner(page, name="w", concurrency=2)
     with let_go_of(decided), caplog.at_level(logging.INFO, logger="sift.runner"), running(runner):
@@ -620,7 +622,7 @@ def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
                 raise Retry("503", after=0)
         return "page"
 
-    put_back, write = dcache.retry_batch_target, dcache.update_batch_targets
+    put_back, write = dcache.retry_batch_targets, dcache.update_batch_targets
     claim = dcache.claim_batch_targets
     sent, in_doubt, go_on = threading.Event(), threading.Event(), threading.Event()
 
@@ -641,7 +643,7 @@ def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
             raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
         return claimed
 
-    monkeypatch.setattr(writer_module, "retry_batch_target", retry)
+    monkeypatch.setattr(writer_module, "retry_batch_targets", retry)
     monkeypatch.setattr(writer_module, "update_batch_targets", slow_write)
     monkeypatch.setattr(runner_module, "claim_batch_targets", answer_lost)
     job_id = submit(["https://a.example/0", "https://a.example/1"])
@@ -777,6 +779,54 @@ def test_what_fetch_says_that_the_store_cannot_hold_fails_or_is_cleaned_for_its_
     assert job is not None and (job.status, job.targets_done) == ("partial", 9)
     assert held_claims() == 0
     assert dcache.check_store().ok
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_the_writer_puts_a_rounds_targets_back_in_one_call_a_job_dropping_only_what_the_store_refuses(
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's retries and give-backs go to the store in one ``retry_batch_targets`` call for each job. A
+    lost claim refuses the call and is dropped (counted lost), as is a retry the store refuses (logged); the
+    call is then made again with the rest."""
+    for job_id, count in (("a", 3), ("b", 2)):
+        targets = [dcache.BatchTarget(idx=i, url=f"https://x/{i}", options="{}") for i in range(count)]
+        dcache.create_batch_job(make_job(job_id, targets_total=count), targets)
+    dcache.claim_batch_targets(5, runner="r1", now=1_000, fair=False)
+    dcache.requeue_stale_claims(10, now=2_000)  # r1's claims went stale
+    assert [(t.job_id, t.idx) for t in dcache.claim_batch_targets(1, runner="r2", now=2_001)] == [("a", 0)]
+    assert len(dcache.claim_batch_targets(4, runner="r1", now=2_002, fair=False)) == 4
+    put_back = dcache.retry_batch_targets
+    calls: list[tuple[str, list[int]]] = []
+
+    def counted(job_id: str, retries: list[dict[str, Any]], **kwargs: Any) -> int:
+        calls.append((job_id, [retry["idx"] for retry in retries]))
+        return put_back(job_id, retries, **kwargs)
+
+    monkeypatch.setattr(writer_module, "retry_batch_targets", counted)
+    tally: dict[str, int] = {}
+    writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+    outcomes = [
+        Outcome("a", 0, "pending", error="503"),  # r2's now
+        Outcome("a", 1, "pending", error="503", not_before=3_000),
+        Outcome("a", 2, "pending", attempted=False),
+        Outcome("b", 0, "pending", error="reset"),
+        Outcome("b", 1, "pending", error="reset", not_before=-5),  # a time no target may wait for
+    ]
+    with caplog.at_level(logging.WARNING, logger="sift.runner"):
+        assert writer.write(outcomes) == []
+    assert calls == [("a", [0, 1, 2]), ("a", [1, 2]), ("b", [0, 1]), ("b", [0])]
+    assert "target 1 of job b: retries[1].not_before: " in caplog.text
+    assert tally == {"lost": 1, "retried": 2, "given_back": 1}
+    states = [
+        (t.job_id, t.idx, t.status, t.runner, t.error) for j in "ab" for t in dcache.batch_targets(j) or []
+    ]
+    assert states == [
+        ("a", 0, "running", "r2", None),
+        ("a", 1, "pending", None, "503"),
+        ("a", 2, "pending", None, None),
+        ("b", 0, "pending", None, "reset"),
+        ("b", 1, "running", "r1", None),  # never taken: released when the runner stops
+    ]
 
 
 def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_from_a_group(
@@ -1042,7 +1092,9 @@ def test_the_writer_writes_again_a_round_the_store_refused(
             writer.put(Outcome(job_id, 1, "failed", error="gone"))
             writer.put(Outcome(job_id, 2, "pending", error="busy"))  # a retry: left running, it was lost
             wait_for(lambda: "outcomes failed" in caplog.text, "the refused round")
-            wait_for(lambda: "putting back target 2 failed" in caplog.text, "the refused retry")
+            wait_for(
+                lambda: f"putting back 1 of job {job_id}'s targets failed" in caplog.text, "the refused retry"
+            )
         holder.execute("ROLLBACK")
         holder.close()
         wait_for(lambda: held_claims() == 0, "the round written again")

@@ -110,6 +110,7 @@ def test_waiting_targets_count_as_pending_work(store: Any) -> None:
     assert dcache.check_store().ok
 
 
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
 def test_a_retry_by_a_runner_that_lost_the_claim_writes_nothing(store: Any) -> None:
     dcache.create_batch_job(make_job("a", targets_total=1), make_targets(1))
     claim_all(runner="r1", now=2_000)
@@ -153,6 +154,91 @@ def test_retry_refuses_bad_input_naming_the_field(store: Any) -> None:
     dcache.create_batch_job(make_job("a", targets_total=1), make_targets(1))
     claim_all()
     refuse_each((repr(arguments)[:80], retry_with(arguments), field) for field, arguments in BAD_RETRIES)
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_retry_batch_targets_puts_each_back_as_retry_batch_target_does(store: Any) -> None:
+    """Job "a" put back in one call, job "b" target by target with the same arguments: the same rows."""
+    retries: list[dict[str, Any]] = [
+        {"idx": 0, "error": "503 busy", "not_before": 2_010},
+        {"idx": 2, "attempted": False},
+        {"idx": 3, "error": "reset", "not_before": None, "attempted": True},
+    ]
+    for job_id in ("a", "b"):
+        dcache.create_batch_job(make_job(job_id, targets_total=4), make_targets(4))
+    claim_all(now=2_000)
+    assert dcache.retry_batch_targets("a", retries, runner="r1", now=2_001) == 3
+    for retry in retries:
+        arguments = {"error": None, "not_before": None, **retry}
+        dcache.retry_batch_target("b", arguments.pop("idx"), runner="r1", now=2_001, **arguments)
+
+    def rows(job_id: str) -> list[tuple[Any, ...]]:
+        return [
+            (t.idx, t.status, t.error, t.runner, t.heartbeat, t.attempts, not_before(job_id, int(t.idx)))
+            for t in dcache.batch_targets(job_id) or []
+        ]
+
+    assert rows("a") == rows("b")
+    assert rows("a") == [
+        (0, "pending", "503 busy", None, None, 1, 2_010),
+        (1, "running", None, "r1", 2_000, 1, None),
+        (2, "pending", None, None, None, 0, None),
+        (3, "pending", "reset", None, None, 1, None),
+    ]
+    assert [(job(j).targets_done, job(j).lease, job(j).status) for j in "ab"] == [(0, 2_001, "running")] * 2
+    assert dcache.retry_batch_targets("a", [], runner="r1", now=2_002) == 0
+    assert job("a").lease == 2_001  # nothing put back: nothing written
+    assert dcache.check_store().ok
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_retry_batch_targets_refuses_the_whole_call_for_one_lost_or_missing_target(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=3), make_targets(3))
+    claim_all(runner="r1", now=2_000, limit=2)
+    claim_all(runner="r2", now=2_000, limit=1)
+    before = snapshot()
+    with pytest.raises(dcache.ClaimLost) as lost:
+        dcache.retry_batch_targets("a", [{"idx": 0}, {"idx": 2}, {"idx": 1}], runner="r1", now=2_001)
+    assert (lost.value.idx, lost.value.runner, lost.value.holder) == (2, "r1", "r2")
+    assert snapshot() == before  # target 0, put back before, is not
+    with pytest.raises(dcache.TargetNotFound) as missing:
+        dcache.retry_batch_targets("a", [{"idx": 0}, {"idx": 7}], runner="r1", now=2_001)
+    assert missing.value.idx == 7
+    with pytest.raises(dcache.JobNotFound):
+        dcache.retry_batch_targets("zz", [{"idx": 0}], runner="r1", now=2_001)
+    assert snapshot() == before
+
+
+#: retry_batch_targets with one bad argument, and the field it names.
+BAD_BATCH_RETRIES: list[tuple[str, dict[str, Any]]] = [
+    ("job_id", {"job_id": ""}),
+    ("retries", {"retries": 5}),
+    ("retries", {"retries": "idx"}),
+    ("retries", {"retries": {"idx": 0}}),
+    ("retries[1]", {"retries": [{"idx": 0}, 1]}),
+    ("retries[0].idx", {"retries": [{"error": "e"}]}),
+    ("retries[0].result", {"retries": [{"idx": 0, "result": "page"}]}),
+    ("retries[1].idx", {"retries": [{"idx": 0}, {"idx": -1}]}),
+    ("retries[1].idx", {"retries": [{"idx": 0}, {"idx": 0}]}),
+    ("retries[0].error", {"retries": [{"idx": 0, "error": 5}]}),
+    ("retries[0].error", {"retries": [{"idx": 0, "error": "x" * 100_000}]}),
+    ("retries[1].not_before", {"retries": [{"idx": 0}, {"idx": 1, "not_before": 1.5}]}),
+    ("retries[0].attempted", {"retries": [{"idx": 0, "attempted": 0}]}),
+    ("runner", {"runner": ""}),
+    ("now", {"now": "soon"}),
+]
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_retry_batch_targets_refuses_bad_input_naming_the_field(store: Any) -> None:
+    dcache.create_batch_job(make_job("a", targets_total=2), make_targets(2))
+    claim_all()
+
+    def call(arguments: dict[str, Any]) -> Callable[[], object]:
+        given = {"job_id": "a", "retries": [{"idx": 0}, {"idx": 1}], "runner": "r1", **arguments}
+        return lambda: dcache.retry_batch_targets(given.pop("job_id"), given.pop("retries"), **given)
+
+    refuse_each((repr(arguments)[:80], call(arguments), field) for field, arguments in BAD_BATCH_RETRIES)
 
 
 def finished_partial_job() -> None:

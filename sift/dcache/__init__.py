@@ -95,7 +95,7 @@ from .reports import (
     VacuumReport,
 )
 from .restore import restore_store
-from .retries import retry_batch_target, retry_failed_targets
+from .retries import retry_batch_target, retry_batch_targets, retry_failed_targets
 from .space import (
     relation_space,
     store_space,
@@ -184,6 +184,7 @@ __all__ = [
     "relation_space",
     "release_claims",
     "retry_batch_target",
+    "retry_batch_targets",
     "retry_failed_targets",
     "renew_claims",
     "requeue_in_flight",

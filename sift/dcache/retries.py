@@ -7,16 +7,19 @@ claim moves the targets that have come due back among the claimable ones first (
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import peewee
 
 from . import validation
 from .counters import counters
 from .database import db, retried
-from .errors import ClaimLost, JobNotFound, TargetNotFound
+from .errors import ClaimLost, InvalidBatchInput, JobNotFound, TargetNotFound
 from .models import BatchJob, BatchTarget, JobStatus, TargetStatus, target_not_before
 from .statements import Slot, Statement
 
-__all__ = ["retry_batch_target", "retry_failed_targets"]
+__all__ = ["retry_batch_target", "retry_batch_targets", "retry_failed_targets"]
 
 J = BatchJob
 T = BatchTarget
@@ -96,18 +99,85 @@ def retry_batch_target(
     now = validation.now(now)
     if type(attempted) is not bool:
         validation.invalid("attempted", f"must be True or False, got {attempted!r}")
+    _put_back(job_id, [(idx, error, not_before, 0 if attempted else 1)], runner, now)
+
+
+#: The fields of one entry of ``retry_batch_targets``: ``retry_batch_target``'s per-target arguments.
+RETRY_KEYS = frozenset({"idx", "error", "not_before", "attempted"})
+
+#: A checked entry: idx, error, not_before, and the attempt given back (1) or not (0).
+_PutBack = tuple[int, str | None, int | None, int]
+
+
+@retried
+def retry_batch_targets(job_id: str, retries: Iterable[Any], *, runner: str, now: int | None = None) -> int:
+    """Many targets of one job that ``runner`` holds put back in one transaction, each as
+    ``retry_batch_target`` puts one back; ``retries`` holds mappings of its per-target arguments (``idx``,
+    and optionally ``error``, ``not_before``, ``attempted``). Any bad entry, missing target or lost claim
+    (``ClaimLost``) refuses the whole call, writing nothing. Returns how many targets were put back."""
+    job_id = validation.job_id(job_id)
+    if isinstance(retries, (str, bytes, Mapping)) or not isinstance(retries, Iterable):
+        validation.invalid("retries", f"must be an iterable of mappings, got {type(retries).__name__}")
+    put_back = [_put_back_of(position, entry) for position, entry in enumerate(retries)]
+    named: dict[int, int] = {}
+    for position, (idx, *_rest) in enumerate(put_back):
+        if named.setdefault(idx, position) != position:
+            validation.invalid(
+                f"retries[{position}].idx", f"names target {idx} again (retries[{named[idx]}])"
+            )
+    runner = validation.key("runner", runner)
+    now = validation.now(now)
+    if put_back:
+        _put_back(job_id, put_back, runner, now)
+    return len(put_back)
+
+
+def _put_back_of(position: int, entry: Any) -> _PutBack:
+    """Entry ``position`` of retry_batch_targets' retries, checked; a refusal names it
+    (``retries[3].not_before``)."""
+    where = f"retries[{position}]"
+    if not isinstance(entry, Mapping):
+        validation.invalid(
+            where, f"must be a mapping of idx, error, not_before, attempted; got {type(entry).__name__}"
+        )
+    if unknown := sorted(map(str, entry.keys() - RETRY_KEYS)):
+        validation.invalid(f"{where}.{unknown[0]}", "is not a field of a target's retry")
+    if "idx" not in entry:
+        validation.invalid(f"{where}.idx", "is required")
+    try:
+        idx = validation.count("idx", entry["idx"])
+        error = entry.get("error")
+        error = None if error is None else validation.message("error", error)
+        not_before = entry.get("not_before")
+        not_before = None if not_before is None else validation.count("not_before", not_before)
+        attempted = entry.get("attempted", True)
+        if type(attempted) is not bool:
+            validation.invalid("attempted", f"must be True or False, got {attempted!r}")
+    except InvalidBatchInput as exc:
+        raise InvalidBatchInput(f"{where}.{exc.field}", exc.problem) from None
+    return idx, error, not_before, 0 if attempted else 1
+
+
+def _put_back(job_id: str, put_back: list[_PutBack], runner: str, now: int) -> None:
+    """Checked retries of one job's targets, in one write transaction: the job locked before its targets,
+    as every target write; the first target ``runner`` does not hold refuses them all."""
     with db.write():
-        if not _LOCK_RETRIED_JOB.rows(job_id=job_id):  # the job before its target, as every target write
+        if not _LOCK_RETRIED_JOB.rows(job_id=job_id):
             raise JobNotFound(job_id)
-        given_back = 0 if attempted else 1
-        if not _RETRY.run(
-            job_id=job_id, idx=idx, error=error, runner=runner, not_before=not_before, given_back=given_back
-        ):
-            state = _TARGET_STATE.rows(job_id=job_id, idx=idx)
-            if not state:
-                raise TargetNotFound(job_id, idx)
-            counters.add("late_writes_refused")
-            raise ClaimLost(job_id, idx, runner, state[0][1])
+        for idx, error, not_before, given_back in put_back:
+            if not _RETRY.run(
+                job_id=job_id,
+                idx=idx,
+                error=error,
+                runner=runner,
+                not_before=not_before,
+                given_back=given_back,
+            ):
+                state = _TARGET_STATE.rows(job_id=job_id, idx=idx)
+                if not state:
+                    raise TargetNotFound(job_id, idx)
+                counters.add("late_writes_refused")
+                raise ClaimLost(job_id, idx, runner, state[0][1])
         _LEASE_RETRIED.run(job_id=job_id, now=now)
 
 

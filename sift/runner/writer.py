@@ -27,7 +27,7 @@ from ..dcache import (
     JobNotFound,
     TargetNotFound,
     finish_batch_job,
-    retry_batch_target,
+    retry_batch_targets,
     update_batch_targets,
 )
 from .outcomes import storable_message
@@ -190,7 +190,11 @@ class Writer:
         left: list[Outcome] = []
         if put_back:
             with self.sending(put_back) if self.sending is not None else nullcontext(put_back) as kept:
-                left = [outcome for outcome in kept if not self._retry(outcome)]
+                by_job: dict[str, list[Outcome]] = defaultdict(list)
+                for outcome in kept:
+                    by_job[outcome.job_id].append(outcome)
+                for job_id, outcomes in by_job.items():
+                    left += self._retry_job(job_id, outcomes)
                 # before claims go on: a claim of a target put back, even one in doubt, is then no earlier one
                 self._settle(put_back, left, settled)
         for job_id, outcomes in writes.items():
@@ -262,37 +266,60 @@ class Writer:
             return written
         return 0
 
-    def _retry(self, outcome: Outcome) -> bool:
-        """The outcome's ``retry_batch_target``; False when the store could not take it now (to be sent
-        again), True when done, or never to be done (the claim lost, the target gone)."""
-        try:
-            retry_batch_target(
-                outcome.job_id,
-                outcome.idx,
-                runner=self.runner,
-                error=outcome.error,
-                not_before=outcome.not_before,
-                attempted=outcome.attempted,
-            )
-        except ClaimLost as lost:
-            self.tally("lost", 1)
-            log.info("sift runner %s: %s", self.runner, lost)
-        except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
-            log.info("sift runner %s: %s", self.runner, gone)
-        except InvalidBatchInput as refused:  # never taken: the claim is released when the runner stops
-            log.warning(
-                "sift runner %s: target %d of job %s: %s", self.runner, outcome.idx, outcome.job_id, refused
-            )
-        except Exception:
-            log.exception("sift runner %s: putting back target %d failed", self.runner, outcome.idx)
-            return False
-        else:
-            self.tally("retried" if outcome.attempted else "given_back", 1)
-        return True
+    def _retry_job(self, job_id: str, outcomes: list[Outcome]) -> list[Outcome]:
+        """The job's retries and give-backs in one ``retry_batch_targets`` call; what the store could not
+        take now, to be sent again. A lost claim or a target gone refuses the whole call and names its
+        target, which is dropped before the call is made again; so is a retry the store refuses (it is never
+        taken: the claim is released when the runner stops); a job gone drops them all."""
+        entries: dict[int, Outcome] = {}
+        for outcome in outcomes:  # one target put back twice (a claim that names none): the first is sent
+            if outcome.idx in entries:
+                self.tally("lost", 1)
+            else:
+                entries[outcome.idx] = outcome
+        while entries:
+            try:
+                retry_batch_targets(
+                    job_id, [_retry_entry(outcome) for outcome in entries.values()], runner=self.runner
+                )
+            except (ClaimLost, TargetNotFound) as lost:
+                if isinstance(lost, ClaimLost):
+                    self.tally("lost", 1)
+                log.info("sift runner %s: %s", self.runner, lost)
+                entries.pop(lost.idx)
+                continue
+            except JobNotFound as gone:  # swept or deleted meanwhile
+                log.info("sift runner %s: %s", self.runner, gone)
+                return []
+            except InvalidBatchInput as refused:
+                at = _REFUSED_RETRY.match(refused.field or "")
+                if at is None or int(at[1]) >= len(entries):  # not one entry's: none is ever taken
+                    log.warning("sift runner %s: job %s: %s", self.runner, job_id, refused)
+                    return []
+                idx = list(entries)[int(at[1])]
+                log.warning("sift runner %s: target %d of job %s: %s", self.runner, idx, job_id, refused)
+                del entries[idx]
+                continue
+            except Exception:
+                log.exception(
+                    "sift runner %s: putting back %d of job %s's targets failed",
+                    self.runner,
+                    len(entries),
+                    job_id,
+                )
+                return list(entries.values())
+            tried = sum(outcome.attempted for outcome in entries.values())
+            for name, count in (("retried", tried), ("given_back", len(entries) - tried)):
+                if count:
+                    self.tally(name, count)
+            return []
+        return []
 
 
 #: The entry an ``update_batch_targets`` refusal names: ``results[3].result``.
 _REFUSED_ENTRY = re.compile(r"results\[(\d+)\]")
+#: The entry a ``retry_batch_targets`` refusal names: ``retries[3].not_before``.
+_REFUSED_RETRY = re.compile(r"retries\[(\d+)\]")
 
 
 def _entry(outcome: Outcome) -> dict[str, Any]:
@@ -304,3 +331,12 @@ def _entry(outcome: Outcome) -> dict[str, Any]:
     if outcome.hint is not None:
         entry["hint"] = outcome.hint
     return entry
+
+
+def _retry_entry(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "idx": outcome.idx,
+        "error": outcome.error,
+        "not_before": outcome.not_before,
+        "attempted": outcome.attempted,
+    }
