@@ -661,6 +661,50 @@ def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
     assert held_claims() == 0
 
 
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_the_keeper_renews_no_claim_while_the_writer_puts_targets_back(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper's round that comes while the writer puts a round's targets back renews once they are back,
+    not beside them: on PostgreSQL the two, each locking the runner's rows in its own order, could
+    deadlock."""
+    job_id = submit([f"https://a.example/{i}" for i in range(3)])
+    runner = Runner(lambda target: "page", name="w")
+    claimed = runner._held.claim(3, runner="w", now=1_000)
+    putting_back = threading.Event()
+    renewed_during: list[bool] = []
+    renew, put_back = dcache.renew_claims, dcache.retry_batch_targets
+
+    def watched_renew(name: str, **kwargs: Any) -> int:
+        renewed_during.append(putting_back.is_set())
+        return renew(name, **kwargs)
+
+    keeper = threading.Thread(target=runner_module._keeper_round, args=(runner,), daemon=True)
+
+    def keeper_comes(job_id: str, retries: list[dict[str, Any]], **kwargs: Any) -> int:
+        putting_back.set()
+        keeper.start()
+        keeper.join(0.5)  # a round free to renew now does so within this, on a machine however busy
+        try:
+            return put_back(job_id, retries, **kwargs)
+        finally:
+            putting_back.clear()
+
+    monkeypatch.setattr(runner_module, "renew_claims", watched_renew)
+    monkeypatch.setattr(writer_module, "retry_batch_targets", keeper_comes)
+    writer = Writer("w", lambda name, n: None, runner._held.settled, runner._held.sending)
+    outcomes = [Outcome(job_id, int(t.idx), "pending", error="503", claim=t) for t in claimed[:2]]
+    assert writer.write(outcomes) == []
+    keeper.join(WAIT)
+    assert not keeper.is_alive() and renewed_during == [False]
+    targets = dcache.batch_targets(job_id) or []
+    assert [(t.status, t.heartbeat is not None and t.heartbeat > 1_000) for t in targets] == [
+        ("pending", False),
+        ("pending", False),
+        ("running", True),  # renewed, after the put-back
+    ]
+
+
 @pytest.mark.slow  # the held claims' third case; the fast lane holds at most 4,000
 def test_a_give_back_that_fails_leaves_the_claims_renewed_and_in_doubt(
     store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -787,7 +831,7 @@ def test_the_writer_puts_a_rounds_targets_back_in_one_call_a_job_dropping_only_w
 ) -> None:
     """A round's retries and give-backs go to the store in one ``retry_batch_targets`` call for each job. A
     lost claim refuses the call and is dropped (counted lost), as is a retry the store refuses (logged); the
-    call is then made again with the rest."""
+    rest are then sent one a call."""
     for job_id, count in (("a", 3), ("b", 2)):
         targets = [dcache.BatchTarget(idx=i, url=f"https://x/{i}", options="{}") for i in range(count)]
         dcache.create_batch_job(make_job(job_id, targets_total=count), targets)
@@ -814,7 +858,7 @@ def test_the_writer_puts_a_rounds_targets_back_in_one_call_a_job_dropping_only_w
     ]
     with caplog.at_level(logging.WARNING, logger="sift.runner"):
         assert writer.write(outcomes) == []
-    assert calls == [("a", [0, 1, 2]), ("a", [1, 2]), ("b", [0, 1]), ("b", [0])]
+    assert calls == [("a", [0, 1, 2]), ("a", [1]), ("a", [2]), ("b", [0, 1]), ("b", [0])]
     assert "target 1 of job b: retries[1].not_before: " in caplog.text
     assert tally == {"lost": 1, "retried": 2, "given_back": 1}
     states = [
@@ -827,6 +871,31 @@ def test_the_writer_puts_a_rounds_targets_back_in_one_call_a_job_dropping_only_w
         ("b", 0, "pending", None, "reset"),
         ("b", 1, "running", "r1", None),  # never taken: released when the runner stops
     ]
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+@pytest.mark.parametrize(
+    ("first_not_before", "tally"),
+    [(None, {"retried": 1, "lost": 1}), (-5, {"retried": 1})],
+)
+def test_a_second_put_back_of_one_target_in_a_round_is_sent_alone_after_the_first(
+    store: Any, first_not_before: int | None, tally: dict[str, int]
+) -> None:
+    """Two put-backs of one target in one round (outcomes that name no claim): the second is sent after the
+    first, alone. It finds the claim ended by the first (counted lost), or, the first refused, puts the
+    target back itself."""
+    job_id = submit(["https://a.example/0"])
+    dcache.claim_batch_targets(1, runner="w")
+    counted: dict[str, int] = {}
+    writer = Writer("w", lambda name, n: counted.__setitem__(name, counted.get(name, 0) + n))
+    outcomes = [
+        Outcome(job_id, 0, "pending", error="first", not_before=first_not_before),
+        Outcome(job_id, 0, "pending", error="second"),
+    ]
+    assert writer.write(outcomes) == []
+    assert counted == tally
+    ((status, error),) = [(t.status, t.error) for t in dcache.batch_targets(job_id) or []]
+    assert (status, error) == ("pending", "first" if first_not_before is None else "second")
 
 
 def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_from_a_group(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import peewee
@@ -267,7 +267,8 @@ def put_batch_targets(job_id: str, targets: Iterable[BatchTarget]) -> None:
 #: which sqlite3 binds as it is (a bool goes through its adaptation first).
 TargetWrite = tuple[int, str, int, int, str | None, str | None, str | None]
 #: The keys of one entry of update_batch_targets' results.
-TARGET_WRITE_KEYS = frozenset({"idx", "status", "result", "error", "hint"})
+_TARGET_WRITE_FIELDS = ("idx", "status", "result", "error", "hint")
+TARGET_WRITE_KEYS = frozenset(_TARGET_WRITE_FIELDS)
 
 
 def update_batch_target(
@@ -378,15 +379,7 @@ def _target_write_of(position: int, entry: Any) -> TargetWrite:
         if quick is not None:
             return quick
     where = f"results[{position}]"
-    if not isinstance(entry, Mapping):
-        validation.invalid(
-            where, f"must be a mapping of idx, status, result, error, hint; got {type(entry).__name__}"
-        )
-    if unknown := sorted(map(str, entry.keys() - TARGET_WRITE_KEYS)):
-        validation.invalid(f"{where}.{unknown[0]}", "is not a field of a target's write")
-    for key in ("idx", "status"):
-        if key not in entry:
-            validation.invalid(f"{where}.{key}", "is required")
+    validation.entry(where, entry, _TARGET_WRITE_FIELDS, ("idx", "status"), "a target's write")
     try:
         return _target_write(
             entry["idx"], entry["status"], entry.get("result"), entry.get("error"), entry.get("hint")

@@ -103,7 +103,7 @@ def retry_batch_target(
 
 
 #: The fields of one entry of ``retry_batch_targets``: ``retry_batch_target``'s per-target arguments.
-RETRY_KEYS = frozenset({"idx", "error", "not_before", "attempted"})
+RETRY_FIELDS = ("idx", "error", "not_before", "attempted")
 
 #: A checked entry: idx, error, not_before, and the attempt given back (1) or not (0).
 _PutBack = tuple[int, str | None, int | None, int]
@@ -136,14 +136,7 @@ def _put_back_of(position: int, entry: Any) -> _PutBack:
     """Entry ``position`` of retry_batch_targets' retries, checked; a refusal names it
     (``retries[3].not_before``)."""
     where = f"retries[{position}]"
-    if not isinstance(entry, Mapping):
-        validation.invalid(
-            where, f"must be a mapping of idx, error, not_before, attempted; got {type(entry).__name__}"
-        )
-    if unknown := sorted(map(str, entry.keys() - RETRY_KEYS)):
-        validation.invalid(f"{where}.{unknown[0]}", "is not a field of a target's retry")
-    if "idx" not in entry:
-        validation.invalid(f"{where}.idx", "is required")
+    validation.entry(where, entry, RETRY_FIELDS, ("idx",), "a target's retry")
     try:
         idx = validation.count("idx", entry["idx"])
         error = entry.get("error")
@@ -161,6 +154,9 @@ def _put_back_of(position: int, entry: Any) -> _PutBack:
 def _put_back(job_id: str, put_back: list[_PutBack], runner: str, now: int) -> None:
     """Checked retries of one job's targets, in one write transaction: the job locked before its targets,
     as every target write; the first target ``runner`` does not hold refuses them all."""
+    # On PostgreSQL, renew_claims(runner) beside a call of many targets may deadlock with it (each locks the
+    # runner's rows in its own order; the server ends one, which is tried again): a Runner does not renew
+    # while its writer puts targets back.
     with db.write():
         if not _LOCK_RETRIED_JOB.rows(job_id=job_id):
             raise JobNotFound(job_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from .clock import unix_now
@@ -45,6 +46,19 @@ def _show(value: Any) -> str:
 def invalid(field: str, problem: str) -> NoReturn:
     counters.add("invalid_input")
     raise InvalidBatchInput(field, problem)
+
+
+def entry(where: str, value: Any, fields: tuple[str, ...], required: tuple[str, ...], kind: str) -> None:
+    """``value``, entry ``where`` of a call's list (``results[3]``), is a mapping of ``fields`` alone, with
+    each of ``required``; a refusal names the entry, or its field. ``kind`` names an entry: a target's
+    write."""
+    if not isinstance(value, Mapping):
+        invalid(where, f"must be a mapping of {', '.join(fields)}; got {type(value).__name__}")
+    if unknown := sorted(map(str, value.keys() - set(fields))):
+        invalid(f"{where}.{unknown[0]}", f"is not a field of {kind}")
+    for key in required:
+        if key not in value:
+            invalid(f"{where}.{key}", "is required")
 
 
 def count(field: str, value: Any) -> int:

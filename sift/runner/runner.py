@@ -539,7 +539,10 @@ def _keeper_round(runner: Runner) -> None:
     renew, requeue stale claims, finish, evict and sweep."""
     if runner._held.in_doubt:
         _give_back_unknown_claims(runner)  # never raises: the renewal below must not wait for it
-    renew_claims(runner.name)
+    # with no put-back under way (its writer holds the lock while it sends them): on PostgreSQL the renewal
+    # and a put-back of many targets, each locking the runner's rows in its own order, could deadlock
+    with runner._held.claim_lock:
+        renew_claims(runner.name)
     requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
     finish_complete_jobs()
     if runner.budget is not None:

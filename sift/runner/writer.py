@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 from ..dcache import (
+    BatchError,
     BatchTarget,
     ClaimLost,
     InvalidBatchInput,
@@ -268,52 +269,61 @@ class Writer:
 
     def _retry_job(self, job_id: str, outcomes: list[Outcome]) -> list[Outcome]:
         """The job's retries and give-backs in one ``retry_batch_targets`` call; what the store could not
-        take now, to be sent again. A lost claim or a target gone refuses the whole call and names its
-        target, which is dropped before the call is made again; so is a retry the store refuses (it is never
-        taken: the claim is released when the runner stops); a job gone drops them all."""
-        entries: dict[int, Outcome] = {}
-        for outcome in outcomes:  # one target put back twice (a claim that names none): the first is sent
-            if outcome.idx in entries:
-                self.tally("lost", 1)
+        take now, to be sent again. Once a call is refused (a lost claim, a target gone, a retry the store
+        refuses: each dropped, as a lone retry would be), the rest are sent one a call, as is a second
+        outcome of one target: each is then taken or refused alone. A job gone drops them all."""
+        first: dict[int, Outcome] = {}
+        again: list[list[Outcome]] = []  # sent one a call, after the first call
+        for outcome in outcomes:
+            if outcome.idx in first:
+                again.append([outcome])
             else:
-                entries[outcome.idx] = outcome
-        while entries:
+                first[outcome.idx] = outcome
+        calls: list[list[Outcome]] = [list(first.values()), *again]
+        left: list[Outcome] = []
+        while calls:
+            call = calls.pop(0)
             try:
-                retry_batch_targets(
-                    job_id, [_retry_entry(outcome) for outcome in entries.values()], runner=self.runner
-                )
-            except (ClaimLost, TargetNotFound) as lost:
-                if isinstance(lost, ClaimLost):
-                    self.tally("lost", 1)
-                log.info("sift runner %s: %s", self.runner, lost)
-                entries.pop(lost.idx)
+                retry_batch_targets(job_id, [_retry_entry(outcome) for outcome in call], runner=self.runner)
+            except (ClaimLost, TargetNotFound, InvalidBatchInput) as refused:
+                dropped = self._refused(job_id, call, refused)
+                if len(call) > 1:  # refused as a whole: the rest, each alone
+                    calls = [[outcome] for outcome in call if outcome is not dropped] + calls
                 continue
             except JobNotFound as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
-                return []
-            except InvalidBatchInput as refused:
-                at = _REFUSED_RETRY.match(refused.field or "")
-                if at is None or int(at[1]) >= len(entries):  # not one entry's: none is ever taken
-                    log.warning("sift runner %s: job %s: %s", self.runner, job_id, refused)
-                    return []
-                idx = list(entries)[int(at[1])]
-                log.warning("sift runner %s: target %d of job %s: %s", self.runner, idx, job_id, refused)
-                del entries[idx]
-                continue
+                return left
             except Exception:
                 log.exception(
                     "sift runner %s: putting back %d of job %s's targets failed",
                     self.runner,
-                    len(entries),
+                    len(call),
                     job_id,
                 )
-                return list(entries.values())
-            tried = sum(outcome.attempted for outcome in entries.values())
-            for name, count in (("retried", tried), ("given_back", len(entries) - tried)):
+                left += call
+                continue
+            tried = sum(outcome.attempted for outcome in call)
+            for name, count in (("retried", tried), ("given_back", len(call) - tried)):
                 if count:
                     self.tally(name, count)
-            return []
-        return []
+        return left
+
+    def _refused(self, job_id: str, call: list[Outcome], refused: BatchError) -> Outcome | None:
+        """The outcome of ``call`` whose put-back the store refused, logged and counted (a lost claim), never
+        to be sent again; None when the refusal names none of them (a lone outcome is then dropped too)."""
+        if isinstance(refused, InvalidBatchInput):
+            at = _REFUSED_RETRY.match(refused.field or "")
+            if at is None or int(at[1]) >= len(call):
+                log.warning("sift runner %s: job %s: %s", self.runner, job_id, refused)
+                return None
+            outcome = call[int(at[1])]
+            log.warning("sift runner %s: target %d of job %s: %s", self.runner, outcome.idx, job_id, refused)
+            return outcome
+        if isinstance(refused, ClaimLost):
+            self.tally("lost", 1)
+        log.info("sift runner %s: %s", self.runner, refused)
+        idx = refused.idx if isinstance(refused, ClaimLost | TargetNotFound) else None
+        return next((outcome for outcome in call if outcome.idx == idx), None)
 
 
 #: The entry an ``update_batch_targets`` refusal names: ``results[3].result``.
