@@ -662,46 +662,53 @@ def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
 
 
 @pytest.mark.slow  # the fast lane holds at most 4,000 cases
-def test_the_keeper_renews_no_claim_while_the_writer_puts_targets_back(
-    store: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("call", ["retry_batch_targets", "update_batch_targets"])
+def test_the_keeper_renews_no_claim_during_a_call_of_the_writer(
+    store: Any, monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
-    """A keeper's round that comes while the writer puts a round's targets back renews once they are back,
-    not beside them: on PostgreSQL the two, each locking the runner's rows in its own order, could
-    deadlock."""
+    """A keeper's round that comes while the writer puts targets back, or writes results, renews once that
+    call has ended, not beside it: on PostgreSQL the two, each locking the runner's rows in its own order,
+    could deadlock."""
     job_id = submit([f"https://a.example/{i}" for i in range(3)])
     runner = Runner(lambda target: "page", name="w")
     claimed = runner._held.claim(3, runner="w", now=1_000)
-    putting_back = threading.Event()
+    in_call = threading.Event()
     renewed_during: list[bool] = []
-    renew, put_back = dcache.renew_claims, dcache.retry_batch_targets
+    renew, write = dcache.renew_claims, getattr(dcache, call)
 
     def watched_renew(name: str, **kwargs: Any) -> int:
-        renewed_during.append(putting_back.is_set())
+        renewed_during.append(in_call.is_set())
         return renew(name, **kwargs)
 
     keeper = threading.Thread(target=runner_module._keeper_round, args=(runner,), daemon=True)
 
-    def keeper_comes(job_id: str, retries: list[dict[str, Any]], **kwargs: Any) -> int:
-        putting_back.set()
+    def keeper_comes(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
+        in_call.set()
         keeper.start()
         keeper.join(0.5)  # a round free to renew now does so within this, on a machine however busy
         try:
-            return put_back(job_id, retries, **kwargs)
+            return int(write(job_id, entries, **kwargs))
         finally:
-            putting_back.clear()
+            in_call.clear()
 
     monkeypatch.setattr(runner_module, "renew_claims", watched_renew)
-    monkeypatch.setattr(writer_module, "retry_batch_targets", keeper_comes)
-    writer = Writer("w", lambda name, n: None, runner._held.settled, runner._held.sending)
-    outcomes = [Outcome(job_id, int(t.idx), "pending", error="503", claim=t) for t in claimed[:2]]
+    monkeypatch.setattr(writer_module, call, keeper_comes)
+    held = runner._held
+    writer = Writer("w", lambda name, n: None, held.settled, held.sending, held.writing)
+    status = "pending" if call == "retry_batch_targets" else "done"
+    outcomes = [Outcome(job_id, int(t.idx), status, result="page", claim=t) for t in claimed[:2]]
+    if status == "pending":
+        outcomes = [outcome._replace(result=None, error="503") for outcome in outcomes]
     assert writer.write(outcomes) == []
     keeper.join(WAIT)
     assert not keeper.is_alive() and renewed_during == [False]
     targets = dcache.batch_targets(job_id) or []
-    assert [(t.status, t.heartbeat is not None and t.heartbeat > 1_000) for t in targets] == [
-        ("pending", False),
-        ("pending", False),
-        ("running", True),  # renewed, after the put-back
+    assert [
+        (t.status, t.runner is None, t.heartbeat is not None and t.heartbeat > 1_000) for t in targets
+    ] == [
+        (status, status == "pending", False),
+        (status, status == "pending", False),
+        ("running", False, True),  # renewed, after the call
     ]
 
 

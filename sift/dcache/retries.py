@@ -156,7 +156,7 @@ def _put_back(job_id: str, put_back: list[_PutBack], runner: str, now: int) -> N
     as every target write; the first target ``runner`` does not hold refuses them all."""
     # On PostgreSQL, renew_claims(runner) beside a call of many targets may deadlock with it (each locks the
     # runner's rows in its own order; the server ends one, which is tried again): a Runner does not renew
-    # while its writer puts targets back.
+    # during its writer's calls.
     with db.write():
         if not _LOCK_RETRIED_JOB.rows(job_id=job_id):
             raise JobNotFound(job_id)

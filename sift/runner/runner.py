@@ -169,7 +169,8 @@ class Runner:
                 raise RuntimeError("a Runner runs once")
             self._started = True
         restore = _stop_on_sigterm(self.stop)
-        writer = self._writer = Writer(self.name, self._tally, self._held.settled, self._held.sending)
+        held = self._held
+        writer = self._writer = Writer(self.name, self._tally, held.settled, held.sending, held.writing)
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
         log.info("sift runner %s: started, up to %d workers", self.name, self.concurrency)
         try:
@@ -390,6 +391,9 @@ class _HeldClaims:
     def __init__(self, runner: str) -> None:
         self.runner = runner
         self.claim_lock = threading.Lock()
+        # the writer's calls that write targets and the keeper's renewal, one at a time: on PostgreSQL each
+        # locks the runner's rows in its own order, and two at once could deadlock
+        self.writing = threading.Lock()
         self._lock = threading.Lock()
         self._claims: dict[tuple[str, int], list[BatchTarget]] = {}  # each its claimed target, in order
         self.in_doubt = False
@@ -539,9 +543,7 @@ def _keeper_round(runner: Runner) -> None:
     renew, requeue stale claims, finish, evict and sweep."""
     if runner._held.in_doubt:
         _give_back_unknown_claims(runner)  # never raises: the renewal below must not wait for it
-    # with no put-back under way (its writer holds the lock while it sends them): on PostgreSQL the renewal
-    # and a put-back of many targets, each locking the runner's rows in its own order, could deadlock
-    with runner._held.claim_lock:
+    with runner._held.writing:
         renew_claims(runner.name)
     requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
     finish_complete_jobs()

@@ -82,6 +82,7 @@ class Writer:
         tally: Any,
         settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
         sending: Callable[[list[Outcome]], AbstractContextManager[list[Outcome]]] | None = None,
+        writing: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.runner = runner
         self.tally = tally
@@ -89,6 +90,8 @@ class Writer:
         self.settled = settled
         # sending(put_back): around a round's retries and give-backs, those to send
         self.sending = sending
+        # held around each call that writes targets (its runner's keeper renews under it too)
+        self.writing = nullcontext() if writing is None else writing
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: list[Outcome] = []
@@ -236,7 +239,8 @@ class Writer:
         failed_here: set[int] = set()  # entries refused once, and written as failures since
         while entries:
             try:
-                written = update_batch_targets(job_id, list(entries.values()), runner=self.runner)
+                with self.writing:
+                    written = update_batch_targets(job_id, list(entries.values()), runner=self.runner)
             except ClaimLost as lost:
                 self.tally("lost", 1)
                 log.info("sift runner %s: %s", self.runner, lost)
@@ -284,7 +288,10 @@ class Writer:
         while calls:
             call = calls.pop(0)
             try:
-                retry_batch_targets(job_id, [_retry_entry(outcome) for outcome in call], runner=self.runner)
+                with self.writing:
+                    retry_batch_targets(
+                        job_id, [_retry_entry(outcome) for outcome in call], runner=self.runner
+                    )
             except (ClaimLost, TargetNotFound, InvalidBatchInput) as refused:
                 dropped = self._refused(job_id, call, refused)
                 if len(call) > 1:  # refused as a whole: the rest, each alone
