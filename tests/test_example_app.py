@@ -27,6 +27,7 @@ WORKERS, THREADS = 3, 4
 RUNNERS = 2
 CLIENTS, JOBS_PER_CLIENT = 6, 5
 CANCELLED_JOB = 3  # each client cancels its job 3 right after submitting it
+FAILING_JOB = 4  # each client's job 4 fails whole (urls_of)
 #: Hang guards, seconds: how long a server may take to start, and the whole load to end. Never reached
 #: when the app works; no test here measures speed.
 START_S, LOAD_S = 60, 300
@@ -98,7 +99,7 @@ def serve(target: str, tmp_path: Path) -> tuple[str, list[subprocess.Popen[str]]
 
 def urls_of(client: int, job: int) -> list[str]:
     """Each job's URLs: most fetch, some fail (FAILING_HOST_SUFFIX); every fifth job fails whole."""
-    if job == 4:
+    if job == FAILING_JOB:
         return [f"https://c{client}-{i}{FAILING_HOST_SUFFIX}/" for i in range(2)]
     failing = [f"https://down-{client}-{job}{FAILING_HOST_SUFFIX}/"] if job % 2 else []
     return [f"https://c{client}.example/{job}/{i}" for i in range(2 + job * 3)] + failing
@@ -114,6 +115,7 @@ class Load:
         self.jobs: dict[tuple[int, int], tuple[str, dict[str, Any]]] = {}
         self.errors: list[str] = []
         self.cancels: dict[tuple[int, int], int] = {}
+        self.remade = 0  # keys sent again after their job had failed: each made a new job
         self.lock = threading.Lock()
 
     def request(self, http: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -126,14 +128,23 @@ class Load:
         caller = {"X-Caller": f"client-{n}"}
         try:
             with httpx.Client(timeout=30) as http:
-                ids = []
+                ids: list[str] = []
+                remade: list[str] = []
                 for job in range(JOBS_PER_CLIENT):
                     headers = {**caller, "Idempotency-Key": f"job-{job}"}
                     body = {"urls": urls_of(n, job)}
                     first = self.request(http, "POST", "/v1/jobs", json=body, headers=headers)
                     retry = self.request(http, "POST", "/v1/jobs", json=body, headers=headers)
-                    assert (first.status_code, retry.status_code) == (202, 200), (first.text, retry.text)
-                    assert retry.json()["id"] == first.json()["id"]
+                    if job == FAILING_JOB and retry.status_code == 202:
+                        # its job failed before the key came again: a failed job is not a key's (the
+                        # idempotency rule), so the second request made a new job
+                        was = self.request(http, "GET", f"/v1/jobs/{first.json()['id']}", headers=caller)
+                        assert (first.status_code, was.json()["status"]) == (202, "failed"), was.text
+                        assert retry.json()["id"] != first.json()["id"]
+                        remade.append(retry.json()["id"])
+                    else:
+                        assert (first.status_code, retry.status_code) == (202, 200), (first.text, retry.text)
+                        assert retry.json()["id"] == first.json()["id"]
                     ids.append(first.json()["id"])
                     if job == CANCELLED_JOB:  # cancelled at once: it may finish first (409)
                         cancel = self.request(http, "POST", f"/v1/jobs/{ids[-1]}/cancel", headers=caller)
@@ -150,6 +161,16 @@ class Load:
                         time.sleep(0.05)
                     with self.lock:
                         self.jobs[(n, job)] = (job_id, page)
+                for job_id in remade:  # fails whole too, as the first did
+                    while True:
+                        page = self.request(http, "GET", f"/v1/jobs/{job_id}", headers=caller).json()
+                        if page["status"] not in ("queued", "running"):
+                            break
+                        assert time.monotonic() < deadline, f"job {job_id} never finished: {page}"
+                        time.sleep(0.05)
+                    assert page["status"] == "failed", page
+                    with self.lock:
+                        self.remade += 1
         except Exception as exc:
             with self.lock:
                 self.errors.append(f"client {n}: {exc!r}")
@@ -216,7 +237,8 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
     assert [code for code in load.answers if code >= 500] == []
     for code, err in stopped:  # the runners and gunicorn exit cleanly on SIGTERM
         assert code == 0, err[-2000:]
-    assert f"sift_jobs_created_total {float(CLIENTS * JOBS_PER_CLIENT)}" in scrape  # every worker's creates
+    made = CLIENTS * JOBS_PER_CLIENT + load.remade
+    assert f"sift_jobs_created_total {float(made)}" in scrape  # every worker's creates
     assert len(load.jobs) == CLIENTS * JOBS_PER_CLIENT
     for (client, job), (_, page) in load.jobs.items():
         status, targets = expected(urls_of(client, job))
@@ -231,7 +253,7 @@ def test_the_example_app_under_gunicorn_with_two_runners_one_stopped_mid_load(
             assert found == targets
     assert len(load.cancels) == CLIENTS
     dcache.open_db(new_store, create=False)
-    assert dcache.BatchJob.select().count() == CLIENTS * JOBS_PER_CLIENT  # a retried key made no job
+    assert dcache.BatchJob.select().count() == made  # a retried key made no job but after its job failed
     left = dcache.BatchTarget.select(dcache.BatchTarget.job_id, dcache.BatchTarget.status).where(
         dcache.BatchTarget.status.not_in(["done", "failed"])
     )
