@@ -9,7 +9,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +42,26 @@ TargetWriter = Callable[..., None]
 def write_in_bulk(job_id: str, idx: int, status: str, *, now: int | None = None, **fields: Any) -> None:
     """update_batch_target's call, made as update_batch_targets of that one target."""
     assert dcache.update_batch_targets(job_id, [{"idx": idx, "status": status, **fields}], now=now) == 1
+
+
+class ListedKeys(Mapping[str, Any]):
+    """A mapping whose ``keys()`` is a list, as some hand-written mappings' is: entries of the batch calls
+    are read through the mapping's own iteration, never a set operation on its keys."""
+
+    def __init__(self, **items: Any) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return list(self._items)
 
 
 def snapshot() -> dict[str, list[tuple[Any, ...]]]:

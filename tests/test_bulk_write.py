@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import make_job, make_targets, snapshot
+from helpers import ListedKeys, make_job, make_targets, snapshot
 
 from sift import dcache
 
@@ -53,6 +53,10 @@ def test_results_may_be_any_iterable_and_may_be_empty(jobs: None) -> None:
     written = dcache.update_batch_targets("bulk", (dict(e) for e in RESULTS[:2]), now=2_000)
     assert written == 2
     assert state("bulk")[:2] == (1, 20)
+    assert (
+        dcache.update_batch_targets("bulk", [ListedKeys(idx=4, status="done", result="xy")], now=2_000) == 1
+    )
+    assert state("bulk")[:2] == (2, 22)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,9 @@ def test_results_may_be_any_iterable_and_may_be_empty(jobs: None) -> None:
         ("done", "results[2]"),
         ((4, "done"), "results[2]"),
         ({"idx": 4, "status": "done", "body": "x"}, "results[2].body"),
+        pytest.param(  # the fast lane holds at most 4,000 cases
+            ListedKeys(idx=4, status="done", body="x"), "results[2].body", marks=pytest.mark.slow
+        ),
         ({"status": "done"}, "results[2].idx"),
         ({"idx": 4}, "results[2].status"),
         ({"idx": -1, "status": "done"}, "results[2].idx"),

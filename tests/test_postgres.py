@@ -17,7 +17,7 @@ from conftest import POSTGRES_URL, open_empty_postgres, postgres_target
 from helpers import create_partial, make_job, make_targets, snapshot, stored_job
 
 from sift import dcache
-from sift.dcache import db
+from sift.dcache import db, retries
 from sift.dcache.backends.postgres.connection import PostgresStore
 from sift.dcache.backends.postgres.schema import SCHEMA_VERSION
 from sift.dcache.backends.postgres.writes import CONFLICT_RETRIES
@@ -465,6 +465,67 @@ def test_no_retry_inside_a_callers_transaction(pg: str, monkeypatch: pytest.Monk
     with pytest.raises(dcache.StoreConflict), db.atomic():
         dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
     assert calls["n"] == 1
+
+
+class _FirstRunDeadlocks:
+    """A statement whose first run meets a deadlock (its transaction fails, to be run again); its later runs
+    are the statement's own."""
+
+    def __init__(self, statement: Any) -> None:
+        self.statement, self.runs = statement, 0
+
+    def run(self, **params: Any) -> Any:
+        self.runs += 1
+        if self.runs == 1:
+            db.backend.run_sql("DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$", ())
+        return self.statement.run(**params)
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+@pytest.mark.parametrize("call", ["update_batch_targets", "retry_batch_targets", "submit"])
+def test_a_call_given_a_generator_runs_only_its_transaction_again_after_a_deadlock(
+    pg: str, call: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator is read once: the transaction run again writes every entry, not none."""
+    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(3))
+    dcache.claim_batch_targets(3, runner="r1", now=5)
+    if call == "update_batch_targets":
+        write_targets, calls = _conflicting_writes(1)
+        monkeypatch.setattr(db.backend, "write_targets", write_targets)
+        results = ({"idx": idx, "status": "done", "result": "abc"} for idx in range(3))
+        assert dcache.update_batch_targets("job-1", results, runner="r1", now=6) == 3
+        job = dcache.batch_job("job-1")
+        assert job is not None and (job.targets_done, job.nbytes) == (3, 9)
+        assert calls["n"] == 2
+    elif call == "retry_batch_targets":
+        lease = _FirstRunDeadlocks(retries._LEASE_RETRIED)
+        monkeypatch.setattr(retries, "_LEASE_RETRIED", lease)
+        put_back = ({"idx": idx, "error": "busy"} for idx in range(3))
+        assert dcache.retry_batch_targets("job-1", put_back, runner="r1", now=6) == 3
+        targets = dcache.batch_targets("job-1") or []
+        assert [(t.status, t.error, t.runner) for t in targets] == [("pending", "busy", None)] * 3
+        assert lease.runs == 2
+    else:
+        runs = {"n": 0}
+        lock_key = db.backend.lock_key
+
+        def deadlocks_first(caller: str, idem_key: str) -> None:
+            runs["n"] += 1
+            if runs["n"] == 1:
+                db.backend.run_sql(
+                    "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$", ()
+                )
+            lock_key(caller, idem_key)
+
+        monkeypatch.setattr(db.backend, "lock_key", deadlocks_first)
+        urls = (f"https://example.com/{idx}" for idx in range(2))
+        job_id, created = dcache.submit("caller-1", urls, idem_key="key-1", now=6)
+        assert created
+        assert [t.url for t in dcache.batch_targets(job_id) or []] == [
+            f"https://example.com/{i}" for i in range(2)
+        ]
+        assert runs["n"] == 2
+    assert dcache.check_store().ok
 
 
 # -- Connections ----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from docs_pages import block
-from helpers import make_job
+from helpers import make_job, make_targets, snapshot
 from runner_site import fetch, fetch_private, serving
 
 from sift import dcache
@@ -953,6 +953,47 @@ def test_the_writer_drops_only_a_lost_claim_and_fails_only_a_refused_outcome_fro
     assert tally == {"lost": 1, "done": 2, "failed": 1}
     job = dcache.batch_job("a")
     assert job is not None and job.targets_done == 3
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+@pytest.mark.parametrize("lost", ["every claim, its job cancelled", "half, taken by another runner"])
+def test_a_round_of_many_lost_claims_is_written_in_calls_linear_in_its_size(
+    store: Any, lost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round of 40 results of one job: after its second lost claim, the rest go one a call (40 + 39 + 38
+    entries sent in all, not 40 + 39 + ... as each refusal of the whole call would cost), and every target
+    the runner still holds is written."""
+    dcache.create_batch_job(make_job("a", targets_total=40), make_targets(40))
+    dcache.claim_batch_targets(40, runner="r1", now=1_000)
+    if lost.startswith("every"):
+        dcache.cancel_batch_job("a", now=1_001)
+        held: list[int] = []
+    else:
+        dcache.requeue_stale_claims(10, now=2_000)
+        held = [t.idx for t in dcache.claim_batch_targets(20, runner="r1", now=2_001)]
+        assert len(dcache.claim_batch_targets(20, runner="r2", now=2_001)) == 20
+    before = snapshot()
+    sizes: list[int] = []
+
+    def counted(job_id: str, results: list[dict[str, Any]], **arguments: Any) -> int:
+        sizes.append(len(results))
+        return dcache.update_batch_targets(job_id, results, **arguments)
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", counted)
+    tally: dict[str, int] = {}
+    writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+    order = [idx for pair in zip(range(20), range(20, 40), strict=True) for idx in pair]  # lost ones spread
+    assert writer.write([Outcome("a", idx, "done", result=f"result {idx}") for idx in order]) == []
+    assert sizes == [40, 39] + [1] * 38
+    assert tally == ({"lost": 40} if not held else {"lost": 20, "done": 20})
+    targets = dcache.batch_targets("a") or []
+    if not held:
+        assert snapshot() == before
+    else:
+        assert [(t.status, t.runner, t.result) for t in targets] == [
+            ("done", "r1", f"result {t.idx}") if t.idx in held else ("running", "r2", None) for t in targets
+        ]
+    assert dcache.check_store().ok
 
 
 @pytest.mark.parametrize(

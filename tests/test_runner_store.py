@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, drop_schema, postgres_target
-from helpers import make_job, make_targets, refuse_each, snapshot
+from helpers import ListedKeys, make_job, make_targets, refuse_each, snapshot
 
 from sift import dcache
 from sift.dcache import db
@@ -218,6 +218,7 @@ BAD_BATCH_RETRIES: list[tuple[str, dict[str, Any]]] = [
     ("retries[1]", {"retries": [{"idx": 0}, 1]}),
     ("retries[0].idx", {"retries": [{"error": "e"}]}),
     ("retries[0].result", {"retries": [{"idx": 0, "result": "page"}]}),
+    ("retries[1].result", {"retries": [{"idx": 0}, ListedKeys(idx=1, result="page")]}),
     ("retries[1].idx", {"retries": [{"idx": 0}, {"idx": -1}]}),
     ("retries[1].idx", {"retries": [{"idx": 0}, {"idx": 0}]}),
     ("retries[0].error", {"retries": [{"idx": 0, "error": 5}]}),

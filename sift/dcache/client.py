@@ -15,7 +15,7 @@ import peewee
 
 from . import validation
 from .counters import counters
-from .database import db, retried
+from .database import db, retried, run_retried
 from .errors import IdempotencyConflict, InvalidBatchInput, JobNotFound
 from .jsontext import checked_options
 from .manager import submit_batch_job
@@ -85,7 +85,6 @@ _FAIL_OPEN_TARGETS = Statement(
 _JOB_EXISTS = Statement(lambda: J.select(peewee.SQL("1")).where(J.id == Slot("job_id")))
 
 
-@retried
 def submit(
     caller: str,
     urls: Iterable[Any],
@@ -120,11 +119,15 @@ def submit(
         nbytes=0,
     )
     targets = [BatchTarget(idx=idx, url=url, options=text) for idx, (url, text) in enumerate(requested)]
-    with db.write():  # the lookup, the comparison and the create: one transaction
-        job_id, created = submit_batch_job(job, targets, ttl, now=now)
-        if not created and not _same_request(job_id, checked_class, requested):
-            raise IdempotencyConflict(job_id, idem_key)
-    return Submitted(job_id, created)
+
+    def create() -> Submitted:  # the lookup, the comparison and the create: one transaction
+        with db.write():
+            job_id, created = submit_batch_job(job, targets, ttl, now=now)
+            if not created and not _same_request(job_id, checked_class, requested):
+                raise IdempotencyConflict(job_id, idem_key)
+        return Submitted(job_id, created)
+
+    return run_retried(create)  # urls are read once, above
 
 
 @retried

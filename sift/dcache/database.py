@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import peewee
 
@@ -42,9 +42,10 @@ from .backends import (
 from .counters import counters
 from .errors import InvalidBatchInput, StoreConflict, StoreUnavailable
 
-__all__ = ["StoreDatabase", "close_db", "db", "open_db", "retried"]
+__all__ = ["StoreDatabase", "close_db", "db", "open_db", "retried", "run_retried"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class StoreDatabase(peewee.DatabaseProxy):
@@ -213,7 +214,8 @@ def close_db() -> None:
 
 def retried(fn: F) -> F:
     """A rule whose one transaction runs again after a deadlock or a serialization failure (PostgreSQL),
-    a bounded number of times; past the bound, or inside a caller's transaction, StoreConflict."""
+    a bounded number of times; past the bound, or inside a caller's transaction, StoreConflict. The whole
+    call runs again: a rule that reads an iterable argument uses :func:`run_retried` instead."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -223,3 +225,12 @@ def retried(fn: F) -> F:
             return db.backend.retry(conflict, lambda: fn(*args, **kwargs))
 
     return wrapper  # type: ignore[return-value]
+
+
+def run_retried(run: Callable[[], T]) -> T:
+    """``run()``, one transaction, run again as :func:`retried` runs a rule: for a rule that reads its
+    arguments once (an iterator is used up by its first reading), then runs only the transaction again."""
+    try:
+        return run()
+    except StoreConflict as conflict:
+        return cast(T, db.backend.retry(conflict, run))

@@ -19,7 +19,7 @@ import peewee
 from . import driver_errors, space, validation
 from .clock import unix_now
 from .counters import counters
-from .database import db, retried
+from .database import db, retried, run_retried
 from .errors import (
     ClaimLost,
     DuplicateJob,
@@ -309,7 +309,6 @@ def update_batch_target(
     counters.add("target_writes")
 
 
-@retried
 def update_batch_targets(
     job_id: str, results: Iterable[Any], *, runner: str | None = None, now: int | None = None
 ) -> int:
@@ -327,7 +326,7 @@ def update_batch_targets(
     now = validation.now(now)
     if not writes:
         return 0
-    _write_targets(job_id, writes, runner, now)
+    run_retried(lambda: _write_targets(job_id, writes, runner, now))  # results are read once, above
     counters.add("target_writes", len(writes))
     return len(writes)
 

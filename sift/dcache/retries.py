@@ -14,7 +14,7 @@ import peewee
 
 from . import validation
 from .counters import counters
-from .database import db, retried
+from .database import db, retried, run_retried
 from .errors import ClaimLost, InvalidBatchInput, JobNotFound, TargetNotFound
 from .models import BatchJob, BatchTarget, JobStatus, TargetStatus, target_not_before
 from .statements import Slot, Statement
@@ -109,7 +109,6 @@ RETRY_FIELDS = ("idx", "error", "not_before", "attempted")
 _PutBack = tuple[int, str | None, int | None, int]
 
 
-@retried
 def retry_batch_targets(job_id: str, retries: Iterable[Any], *, runner: str, now: int | None = None) -> int:
     """Many targets of one job that ``runner`` holds put back in one transaction, each as
     ``retry_batch_target`` puts one back; ``retries`` holds mappings of its per-target arguments (``idx``,
@@ -128,7 +127,7 @@ def retry_batch_targets(job_id: str, retries: Iterable[Any], *, runner: str, now
     runner = validation.key("runner", runner)
     now = validation.now(now)
     if put_back:
-        _put_back(job_id, put_back, runner, now)
+        run_retried(lambda: _put_back(job_id, put_back, runner, now))  # retries are read once, above
     return len(put_back)
 
 

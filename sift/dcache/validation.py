@@ -54,7 +54,8 @@ def entry(where: str, value: Any, fields: tuple[str, ...], required: tuple[str, 
     write."""
     if not isinstance(value, Mapping):
         invalid(where, f"must be a mapping of {', '.join(fields)}; got {type(value).__name__}")
-    if unknown := sorted(map(str, value.keys() - set(fields))):
+    # the mapping's own iteration, not keys(): a Mapping may return a list, which has no set difference
+    if unknown := sorted([str(key) for key in value if key not in fields]):
         invalid(f"{where}.{unknown[0]}", f"is not a field of {kind}")
     for key in required:
         if key not in value:

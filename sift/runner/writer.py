@@ -226,8 +226,10 @@ class Writer:
 
     def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
-        names its target, which is dropped (its holder writes it) before the call is made again; an outcome
-        the store refuses (its text) fails its target alone, with the refusal as its error."""
+        names its target, which is dropped (its holder writes it) before the call is made again, and after a
+        second lost claim the rest go one a call (a round of many, a job cancelled or a runner taken for
+        dead, stays linear); an outcome the store refuses (its text) fails its target alone, with the
+        refusal as its error. Returns how many targets were written."""
         entries: dict[int, dict[str, Any]] = {}
         # two outcomes of one target (one sent again, beside its next claim's): a result over a failure, else
         # the first
@@ -237,22 +239,25 @@ class Writer:
                 entries[outcome.idx] = _entry(outcome)
         superseded = len(outcomes) - len(entries)
         failed_here: set[int] = set()  # entries refused once, and written as failures since
+        lost = done = written = 0
         while entries:
+            call = list(entries.values()) if lost < 2 else [next(iter(entries.values()))]
             try:
                 with self.writing:
-                    written = update_batch_targets(job_id, list(entries.values()), runner=self.runner)
-            except ClaimLost as lost:
+                    written += update_batch_targets(job_id, call, runner=self.runner)
+            except ClaimLost as refused:
+                lost += 1
                 self.tally("lost", 1)
-                log.info("sift runner %s: %s", self.runner, lost)
-                entries.pop(lost.idx)
+                log.info("sift runner %s: %s", self.runner, refused)
+                entries.pop(refused.idx)
                 continue
             except InvalidBatchInput as refused:
                 # Written again as it is, the round would be refused for ever, and every outcome after it
                 # with it: the refused one becomes a failure this call can write.
                 at = _REFUSED_ENTRY.match(refused.field or "")
-                if at is None or int(at[1]) >= len(entries):
+                if at is None or int(at[1]) >= len(call):
                     raise
-                idx = list(entries)[int(at[1])]
+                idx = call[int(at[1])]["idx"]
                 log.error("sift runner %s: target %r of job %s: %s", self.runner, idx, job_id, refused)
                 if idx in failed_here or (refused.field or "").endswith(".idx"):
                     del entries[idx]  # no target's write at all: nothing of it can be written
@@ -263,13 +268,15 @@ class Writer:
                 continue
             except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
-                return 0
-            done = sum(entry["status"] == "done" for entry in entries.values())
-            for name, count in (("done", done), ("failed", len(entries) - done), ("lost", superseded)):
+                break
+            for entry in call:
+                done += entry["status"] == "done"
+                del entries[entry["idx"]]
+        if written:
+            for name, count in (("done", done), ("failed", written - done), ("lost", superseded)):
                 if count:
                     self.tally(name, count)
-            return written
-        return 0
+        return written
 
     def _retry_job(self, job_id: str, outcomes: list[Outcome]) -> list[Outcome]:
         """The job's retries and give-backs in one ``retry_batch_targets`` call; what the store could not
