@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -465,6 +466,36 @@ def test_no_retry_inside_a_callers_transaction(pg: str, monkeypatch: pytest.Monk
     with pytest.raises(dcache.StoreConflict), db.atomic():
         dcache.update_batch_target("job-1", 0, "done", result="abc", now=5)
     assert calls["n"] == 1
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+def test_renew_skips_a_claim_whose_row_another_transaction_holds_and_waits_for_none(
+    pg: str, postgres_schema: str
+) -> None:
+    """Target 1's row is held by another session (a write ending its claim, say): the renewal renews the
+    runner's other claims at once, and leaves that one as it was; it never waits for a row, and so never
+    deadlocks with a write of many of the runner's targets, which locks them in its own order."""
+    dcache.create_batch_job(make_job("job-1", targets_total=3), make_targets(3))
+    dcache.claim_batch_targets(3, runner="r1", now=1_000)
+    renewed: list[int] = []
+    renewal = threading.Thread(
+        target=lambda: renewed.append(dcache.renew_claims("r1", now=2_000)), daemon=True
+    )
+    with psycopg.connect(POSTGRES_URL) as other:
+        other.execute(f'SET search_path TO "{postgres_schema}"')
+        other.execute("SELECT 1 FROM batch_target WHERE job_id = 'job-1' AND idx = 1 FOR UPDATE")
+        renewal.start()
+        renewal.join(60)  # a renewal that waited for the row would wait until the rollback below
+        waited = renewal.is_alive()
+        other.rollback()
+    renewal.join()
+    assert not waited and renewed == [2]
+    assert [(t.status, t.runner, t.heartbeat) for t in dcache.batch_targets("job-1") or []] == [
+        ("running", "r1", 2_000),
+        ("running", "r1", 1_000),
+        ("running", "r1", 2_000),
+    ]
+    assert dcache.renew_claims("r1", now=2_001) == 3  # the row let go of: renewed again
 
 
 class _FirstRunDeadlocks:

@@ -41,6 +41,8 @@ HOT_READS: dict[str, tuple[dict[str, Any], set[str]]] = {
     # every claim first moves the delayed targets come due back: only the waiting ones are read
     # each due target's host probed by the policy's key (a host still backed off keeps it waiting)
     "_PROMOTE_DUE": ({"now": 5}, {"batch_target_delayed", "batch_host_policy_pkey"}),
+    # a runner's heartbeat: its claims no other transaction holds, locked, then each read by address
+    "_RENEW": ({"runner": "r", "now": 5}, {"batch_target_running"}),
     # a runner's keeper: the live jobs whose targets are all final
     "_COMPLETE_JOBS": ({}, {"batch_job_live", "batch_job_live_lease", "batch_job_claim", "batch_job_ring"}),
 }
@@ -94,8 +96,8 @@ def test_hot_reads_use_their_index(history: None, name: str, plan_mode: str) -> 
 #: Left out of the generic-plan test: _EXPIRED runs once per chunk of 256 expired jobs, never on the runner's
 #: path, and is planned on every run all the same (its generic plan guesses a third of the jobs expired; its
 #: LIMIT is written in only like the others'): one planning per 256 jobs swept. _TOUCH is a write (its plan,
-#: by primary key, is pinned above), as are the cancel's two, and the claim's move of due targets.
-NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS", "_PROMOTE_DUE"}
+#: by primary key, is pinned above), as are the cancel's two, the claim's move of due targets and the renewal.
+NOT_SETTLED = {"_EXPIRED", "_TOUCH", "_CANCEL_JOB", "_FAIL_OPEN_TARGETS", "_PROMOTE_DUE", "_RENEW"}
 #: The claim's searches (the ring's next caller with its oldest job, a caller's next job, a job's next host;
 #: fair=False's next job), as ClaimOrder runs them (their plans: test_claim.py). On PostgreSQL a claim runs
 #: the same queries inside its server function (claim.sql): test_claim_round_trips.py reads those plans.

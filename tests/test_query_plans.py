@@ -219,7 +219,8 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
         "INTEGER PRIMARY KEY (rowid=?)",
     },
     # claims: one runner's by batch_target_running, the stale ones by a scan of it (running targets only)
-    "_RENEW": {"batch_target_running (runner=?)"},
+    # the renewal picks the runner's claims (PostgreSQL: those no other transaction holds), then each by rowid
+    "_RENEW": {"batch_target_running (runner=?)", "INTEGER PRIMARY KEY (rowid=?)"},
     "_RELEASE": {"batch_target_running (runner=?)"},
     "_STALE_JOBS": {"batch_target_running", f"{JOB_PK} (id=?)"},
     "_FAIL_STALE": {"batch_target_running"},

@@ -20,7 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from conftest import POSTGRES_URL, open_empty_postgres
 from docs_pages import block
 from helpers import make_job, make_targets, snapshot
 from runner_site import fetch, fetch_private, serving
@@ -661,55 +663,78 @@ def test_a_claim_in_doubt_of_a_target_just_put_back_is_given_back(
     assert held_claims() == 0
 
 
+@pytest.fixture
+def pg_schema(postgres_schema: str) -> Iterator[str]:
+    """The worker's PostgreSQL schema, open and empty; yields its name."""
+    open_empty_postgres(postgres_schema)
+    yield postgres_schema
+    dcache.close_db()
+
+
+def sessions_blocked_by(pid: int) -> int:
+    """How many of the server's sessions wait for a lock session ``pid`` holds."""
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+        )
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
 @pytest.mark.slow  # the fast lane holds at most 4,000 cases
-@pytest.mark.parametrize("call", ["retry_batch_targets", "update_batch_targets"])
-def test_the_keeper_renews_no_claim_during_a_call_of_the_writer(
-    store: Any, monkeypatch: pytest.MonkeyPatch, call: str
+@pytest.mark.postgres
+@pytest.mark.parametrize("outcome", ["a result", "a retry"])
+def test_the_keeper_renews_while_a_call_of_the_writer_waits_on_a_lock(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, outcome: str
 ) -> None:
-    """A keeper's round that comes while the writer puts targets back, or writes results, renews once that
-    call has ended, not beside it: on PostgreSQL the two, each locking the runner's rows in its own order,
-    could deadlock."""
-    job_id = submit([f"https://a.example/{i}" for i in range(3)])
-    runner = Runner(lambda target: "page", name="w")
-    claimed = runner._held.claim(3, runner="w", now=1_000)
-    in_call = threading.Event()
-    renewed_during: list[bool] = []
-    renew, write = dcache.renew_claims, getattr(dcache, call)
+    """A runner's writer writes job a's outcome while another session holds job a's row (an operator's open
+    transaction, say), and waits: the keeper goes on renewing the runner's claims meanwhile, job b's (its
+    fetch still running) and job a's alike; once the lock is let go of, the write goes on."""
+    job_a, job_b = submit(["https://a.example/0"]), submit(["https://b.example/0"])
+    fetching, locked, go_on = threading.Semaphore(0), threading.Event(), threading.Event()
 
-    def watched_renew(name: str, **kwargs: Any) -> int:
-        renewed_during.append(in_call.is_set())
-        return renew(name, **kwargs)
+    def fetch(target: dcache.BatchTarget) -> str:
+        if target.job_id == job_b:
+            fetching.release()
+            go_on.wait(WAIT)
+            return "page b"
+        if target.attempts > 1:
+            return "page a"
+        fetching.release()
+        locked.wait(WAIT)  # a claim waits for a job's row it would claim from: claimed first, then locked
+        if outcome == "a retry":
+            raise Retry("503", after=0)
+        return "page a"
 
-    keeper = threading.Thread(target=runner_module._keeper_round, args=(runner,), daemon=True)
+    renewed: list[int] = []
+    renew = dcache.renew_claims
 
-    def keeper_comes(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
-        in_call.set()
-        keeper.start()
-        keeper.join(0.5)  # a round free to renew now does so within this, on a machine however busy
-        try:
-            return int(write(job_id, entries, **kwargs))
-        finally:
-            in_call.clear()
+    def counted_renew(name: str, **kwargs: Any) -> int:
+        renewed.append(renew(name, **kwargs))
+        return renewed[-1]
 
-    monkeypatch.setattr(runner_module, "renew_claims", watched_renew)
-    monkeypatch.setattr(writer_module, call, keeper_comes)
-    held = runner._held
-    writer = Writer("w", lambda name, n: None, held.settled, held.sending, held.writing)
-    status = "pending" if call == "retry_batch_targets" else "done"
-    outcomes = [Outcome(job_id, int(t.idx), status, result="page", claim=t) for t in claimed[:2]]
-    if status == "pending":
-        outcomes = [outcome._replace(result=None, error="503") for outcome in outcomes]
-    assert writer.write(outcomes) == []
-    keeper.join(WAIT)
-    assert not keeper.is_alive() and renewed_during == [False]
-    targets = dcache.batch_targets(job_id) or []
-    assert [
-        (t.status, t.runner is None, t.heartbeat is not None and t.heartbeat > 1_000) for t in targets
-    ] == [
-        (status, status == "pending", False),
-        (status, status == "pending", False),
-        ("running", False, True),  # renewed, after the call
-    ]
+    monkeypatch.setattr(runner_module, "renew_claims", counted_renew)
+    runner = Runner(fetch, name="w", concurrency=2, renew_every=0.05, stale_after=60)
+    try:
+        with psycopg.connect(POSTGRES_URL) as other, running(runner):
+            other.execute(f'SET search_path TO "{pg_schema}"')
+            for _ in range(2):
+                assert fetching.acquire(timeout=WAIT), "both targets claimed and fetched"
+            other.execute("SELECT 1 FROM batch_job WHERE id = %s FOR UPDATE", (job_a,))
+            locked.set()
+            wait_for(lambda: sessions_blocked_by(other.info.backend_pid), "the writer to wait on job a")
+            before = len(renewed)
+            wait_for(lambda: len(renewed) >= before + 3, "three renewals while the writer waits")
+            assert sessions_blocked_by(other.info.backend_pid) == 1  # the writer waits yet
+            assert renewed[before:] == [2] * (len(renewed) - before)  # both claims, each time
+            other.rollback()
+            go_on.set()
+            wait_for(lambda: job_final(job_a) and job_final(job_b), "both jobs to finish")
+    finally:
+        locked.set()
+        go_on.set()
+    results = [(t.status, t.result) for job in (job_a, job_b) for t in dcache.batch_targets(job) or []]
+    assert results == [("done", "page a"), ("done", "page b")]
+    assert held_claims() == 0
 
 
 @pytest.mark.slow  # the held claims' third case; the fast lane holds at most 4,000

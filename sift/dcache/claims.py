@@ -56,8 +56,19 @@ def _stale() -> peewee.Node:
 
 
 _UNCLAIM = {T.runner: None, T.heartbeat: None}
+# The runner's claims that no other transaction holds, locked and then renewed by their address: a claim
+# whose row is held is being ended (its result written, its target put back or requeued), and a renewal that
+# waited for it would wait in the other order from a write of many targets (PostgreSQL: a deadlock).
 _RENEW = Statement(
-    lambda: T.update({T.heartbeat: Slot("now")}).where((T.runner == Slot("runner")) & _running())
+    lambda: T.update({T.heartbeat: Slot("now")}).where(
+        db.backend.among(
+            db.backend.row_address,
+            db.backend.lock_rows(
+                T.select(db.backend.row_address).where((T.runner == Slot("runner")) & _running()),
+                skip_locked=True,
+            ),
+        )
+    )
 )
 # A clean shutdown's release gives the attempt back: only a claim that went stale counts against a target.
 _RELEASE = Statement(
@@ -267,8 +278,9 @@ def _runner(runner: str | None) -> str:
 
 @retried
 def renew_claims(runner: str, *, now: int | None = None) -> int:
-    """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``.
-    Returns how many. It never touches a job (a job's lease is its client's signal, not the runner's)."""
+    """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``,
+    but one whose row another transaction holds (PostgreSQL: a write ending it), which it skips rather than
+    wait for. Returns how many. It never touches a job (a job's lease is its client's signal)."""
     runner = validation.key("runner", runner)
     now = validation.now(now)
     with db.write():

@@ -153,9 +153,6 @@ def _put_back_of(position: int, entry: Any) -> _PutBack:
 def _put_back(job_id: str, put_back: list[_PutBack], runner: str, now: int) -> None:
     """Checked retries of one job's targets, in one write transaction: the job locked before its targets,
     as every target write; the first target ``runner`` does not hold refuses them all."""
-    # On PostgreSQL, renew_claims(runner) beside a call of many targets may deadlock with it (each locks the
-    # runner's rows in its own order; the server ends one, which is tried again): a Runner does not renew
-    # during its writer's calls.
     with db.write():
         if not _LOCK_RETRIED_JOB.rows(job_id=job_id):
             raise JobNotFound(job_id)

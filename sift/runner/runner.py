@@ -170,7 +170,7 @@ class Runner:
             self._started = True
         restore = _stop_on_sigterm(self.stop)
         held = self._held
-        writer = self._writer = Writer(self.name, self._tally, held.settled, held.sending, held.writing)
+        writer = self._writer = Writer(self.name, self._tally, held.settled, held.sending)
         keeper = threading.Thread(target=self._keep, name=f"sift-keeper {self.name}", daemon=True)
         log.info("sift runner %s: started, up to %d workers", self.name, self.concurrency)
         try:
@@ -391,9 +391,6 @@ class _HeldClaims:
     def __init__(self, runner: str) -> None:
         self.runner = runner
         self.claim_lock = threading.Lock()
-        # the writer's calls that write targets and the keeper's renewal, one at a time: on PostgreSQL each
-        # locks the runner's rows in its own order, and two at once could deadlock
-        self.writing = threading.Lock()
         self._lock = threading.Lock()
         self._claims: dict[tuple[str, int], list[BatchTarget]] = {}  # each its claimed target, in order
         self.in_doubt = False
@@ -543,8 +540,7 @@ def _keeper_round(runner: Runner) -> None:
     renew, requeue stale claims, finish, evict and sweep."""
     if runner._held.in_doubt:
         _give_back_unknown_claims(runner)  # never raises: the renewal below must not wait for it
-    with runner._held.writing:
-        renew_claims(runner.name)
+    renew_claims(runner.name)  # beside the writer's calls: it skips the rows they hold, waiting for none
     requeue_stale_claims(runner.stale_after, max_attempts=runner.max_attempts)
     finish_complete_jobs()
     if runner.budget is not None:

@@ -82,7 +82,6 @@ class Writer:
         tally: Any,
         settled: Callable[[list[Outcome], list[Outcome]], None] | None = None,
         sending: Callable[[list[Outcome]], AbstractContextManager[list[Outcome]]] | None = None,
-        writing: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.runner = runner
         self.tally = tally
@@ -90,8 +89,6 @@ class Writer:
         self.settled = settled
         # sending(put_back): around a round's retries and give-backs, those to send
         self.sending = sending
-        # held around each call that writes targets (its runner's keeper renews under it too)
-        self.writing = nullcontext() if writing is None else writing
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._inbox: list[Outcome] = []
@@ -243,8 +240,7 @@ class Writer:
         while entries:
             call = list(entries.values()) if lost < 2 else [next(iter(entries.values()))]
             try:
-                with self.writing:
-                    written += update_batch_targets(job_id, call, runner=self.runner)
+                written += update_batch_targets(job_id, call, runner=self.runner)
             except ClaimLost as refused:
                 lost += 1
                 self.tally("lost", 1)
@@ -295,10 +291,7 @@ class Writer:
         while calls:
             call = calls.pop(0)
             try:
-                with self.writing:
-                    retry_batch_targets(
-                        job_id, [_retry_entry(outcome) for outcome in call], runner=self.runner
-                    )
+                retry_batch_targets(job_id, [_retry_entry(outcome) for outcome in call], runner=self.runner)
             except (ClaimLost, TargetNotFound, InvalidBatchInput) as refused:
                 dropped = self._refused(job_id, call, refused)
                 if len(call) > 1:  # refused as a whole: the rest, each alone
