@@ -682,13 +682,17 @@ def sessions_blocked_by(pid: int) -> int:
 
 @pytest.mark.slow  # the fast lane holds at most 4,000 cases
 @pytest.mark.postgres
-@pytest.mark.parametrize("outcome", ["a result", "a retry"])
+@pytest.mark.parametrize(
+    ("outcome", "in_doubt"), [("a result", False), ("a retry", False), ("a retry", True)]
+)
 def test_the_keeper_renews_while_a_call_of_the_writer_waits_on_a_lock(
-    pg_schema: str, monkeypatch: pytest.MonkeyPatch, outcome: str
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, outcome: str, in_doubt: bool
 ) -> None:
     """A runner's writer writes job a's outcome while another session holds job a's row (an operator's open
     transaction, say), and waits: the keeper goes on renewing the runner's claims meanwhile, job b's (its
-    fetch still running) and job a's alike; once the lock is let go of, the write goes on."""
+    fetch still running) and job a's alike, even with a claim in doubt to make sure of first (its give-back
+    waits for the put-backs' round no longer than a quarter of ``renew_every``); once the lock is let go
+    of, the write goes on."""
     job_a, job_b = submit(["https://a.example/0"]), submit(["https://b.example/0"])
     fetching, locked, go_on = threading.Semaphore(0), threading.Event(), threading.Event()
 
@@ -722,6 +726,7 @@ def test_the_keeper_renews_while_a_call_of_the_writer_waits_on_a_lock(
             other.execute("SELECT 1 FROM batch_job WHERE id = %s FOR UPDATE", (job_a,))
             locked.set()
             wait_for(lambda: sessions_blocked_by(other.info.backend_pid), "the writer to wait on job a")
+            runner._held.in_doubt = in_doubt
             before = len(renewed)
             wait_for(lambda: len(renewed) >= before + 3, "three renewals while the writer waits")
             assert sessions_blocked_by(other.info.backend_pid) == 1  # the writer waits yet
@@ -1019,6 +1024,49 @@ def test_a_round_of_many_lost_claims_is_written_in_calls_linear_in_its_size(
             ("done", "r1", f"result {t.idx}") if t.idx in held else ("running", "r2", None) for t in targets
         ]
     assert dcache.check_store().ok
+
+
+@pytest.mark.slow  # the fast lane holds at most 4,000 cases
+@pytest.mark.parametrize("then", ["the store away", "the job gone"])
+def test_results_sent_one_a_call_that_meet_an_error_send_again_only_those_not_written(
+    store: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, then: str
+) -> None:
+    """Job "a"'s targets 0 and 1 are another runner's now: after their two refusals, r1's results go one a
+    call. The second single call meets the store away: the round sends again only the three results not
+    written yet, and the lost claims are counted once. Or the job is gone by then: nothing is sent again, and
+    its finish is not taken for an error."""
+    dcache.create_batch_job(make_job("a", targets_total=6), make_targets(6))
+    dcache.claim_batch_targets(6, runner="r1", now=1_000)
+    dcache.requeue_stale_claims(10, now=2_000)
+    assert len(dcache.claim_batch_targets(2, runner="r2", now=2_001)) == 2  # targets 0 and 1
+    assert len(dcache.claim_batch_targets(4, runner="r1", now=2_001)) == 4
+    calls: list[list[int]] = []
+
+    def away_once(job_id: str, results: list[dict[str, Any]], **arguments: Any) -> int:
+        calls.append([entry["idx"] for entry in results])
+        if len(calls) == 4:  # the second single call
+            if then == "the store away":
+                raise dcache.StoreUnavailable("database: the server is away (a test's)")
+            db.execute_sql("DELETE FROM batch_target WHERE job_id = 'a'")
+            db.execute_sql("DELETE FROM batch_job WHERE id = 'a'")
+        return dcache.update_batch_targets(job_id, results, **arguments)
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", away_once)
+    tally: dict[str, int] = {}
+    writer = Writer("r1", lambda name, n: tally.__setitem__(name, tally.get(name, 0) + n))
+    with caplog.at_level(logging.INFO, logger="sift.runner"):
+        left = writer.write([Outcome("a", idx, "done", result=f"result {idx}") for idx in range(6)])
+    assert calls[:4] == [[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [2], [3]]
+    assert tally == {"lost": 2, "done": 1}
+    if then == "the job gone":
+        assert left == [] and dcache.batch_job("a") is None
+        assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+        return
+    assert [outcome.idx for outcome in left] == [3, 4, 5]
+    assert writer.write(left) == []
+    assert tally == {"lost": 2, "done": 4}
+    targets = dcache.batch_targets("a") or []
+    assert [(t.status, t.runner) for t in targets] == [("running", "r2")] * 2 + [("done", "r1")] * 4
 
 
 @pytest.mark.parametrize(

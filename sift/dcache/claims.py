@@ -279,8 +279,8 @@ def _runner(runner: str | None) -> str:
 @retried
 def renew_claims(runner: str, *, now: int | None = None) -> int:
     """The runner's heartbeat: every claim ``runner`` holds on a running target gets ``heartbeat = now``,
-    but one whose row another transaction holds (PostgreSQL: a write ending it), which it skips rather than
-    wait for. Returns how many. It never touches a job (a job's lease is its client's signal)."""
+    but one whose row another transaction holds, or changed in that instant (PostgreSQL), which it skips
+    rather than wait for. Returns how many. It never touches a job (a job's lease is its client's signal)."""
     runner = validation.key("runner", runner)
     now = validation.now(now)
     with db.write():

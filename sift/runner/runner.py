@@ -552,22 +552,27 @@ def _keeper_round(runner: Runner) -> None:
 def _give_back_unknown_claims(runner: Runner) -> None:
     """After a claim in doubt: the targets the store says ``runner`` holds that none of its claims returned
     go back to pending untried, rather than be renewed for as long as it runs. With no claim under way, so
-    that every claim made so far has returned."""
-    with runner._held.claim_lock:
+    that every claim made so far has returned: one that is still under way after a quarter of
+    ``renew_every`` (at most a second), or a round's put-backs, puts it off to a later round, so that the
+    renewal after it waits no longer (a claim or a put-back may wait on a lock the store holds for long)."""
+    if not runner._held.claim_lock.acquire(timeout=min(runner.renew_every / 4, 1.0)):
+        return  # in doubt still: made sure of at a later round
+    try:
         runner._held.in_doubt = False  # a claim failing after this (none runs now) sets it again
-        try:
-            name = runner.name
-            held = [(str(target.job_id), int(target.idx)) for target in stale_claims(0, runner=name)]
-            for job_id, idx in runner._held.unknown(held):
-                try:
-                    retry_batch_target(job_id, idx, runner=name, error=None, not_before=None, attempted=False)
-                except (ClaimLost, JobNotFound, TargetNotFound):  # its outcome was written meanwhile
-                    continue
-                log.warning("sift runner %s: target %d of job %s was claimed unknown to it: given back", name,
-                            idx, job_id)  # fmt: skip
-        except Exception:
-            runner._held.in_doubt = True  # made sure of at the next round
-            log.exception("sift runner %s: giving back the claims unknown to it failed", runner.name)
+        name = runner.name
+        held = [(str(target.job_id), int(target.idx)) for target in stale_claims(0, runner=name)]
+        for job_id, idx in runner._held.unknown(held):
+            try:
+                retry_batch_target(job_id, idx, runner=name, error=None, not_before=None, attempted=False)
+            except (ClaimLost, JobNotFound, TargetNotFound):  # its outcome was written meanwhile
+                continue
+            log.warning("sift runner %s: target %d of job %s was claimed unknown to it: given back", name,
+                        idx, job_id)  # fmt: skip
+    except Exception:
+        runner._held.in_doubt = True  # made sure of at the next round
+        log.exception("sift runner %s: giving back the claims unknown to it failed", runner.name)
+    finally:
+        runner._held.claim_lock.release()
 
 
 def _take_back_earlier_claims(runner: Runner) -> None:

@@ -200,14 +200,17 @@ class Writer:
                 self._settle(put_back, left, settled)
         for job_id, outcomes in writes.items():
             try:
-                written = self._write_job(job_id, outcomes)
+                written, unwritten = self._write_job(job_id, outcomes)
             except Exception:
                 log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(outcomes))
                 left += outcomes
                 continue
+            left += unwritten
             if written:
                 try:
                     finish_batch_job(job_id)
+                except JobNotFound as gone:  # swept or deleted since its last write
+                    log.info("sift runner %s: %s", self.runner, gone)
                 except Exception:  # written: the keeper's finish_complete_jobs finishes the job
                     log.exception("sift runner %s: finishing job %s failed", self.runner, job_id)
         self._settle(rest, left, settled)
@@ -221,12 +224,14 @@ class Writer:
             carried = {id(outcome) for outcome in left}
             settled.update(id(outcome) for outcome in outcomes if id(outcome) not in carried)
 
-    def _write_job(self, job_id: str, outcomes: list[Outcome]) -> int:
+    def _write_job(self, job_id: str, outcomes: list[Outcome]) -> tuple[int, list[Outcome]]:
         """The job's outcomes in one ``update_batch_targets`` call; a lost claim refuses the whole call and
         names its target, which is dropped (its holder writes it) before the call is made again, and after a
         second lost claim the rest go one a call (a round of many, a job cancelled or a runner taken for
         dead, stays linear); an outcome the store refuses (its text) fails its target alone, with the
-        refusal as its error. Returns how many targets were written."""
+        refusal as its error. Returns how many targets were written, and what to write again: after an
+        error the store did not foresee, once some were written, the outcomes not written yet (before any
+        was, the error is raised, and all of them are)."""
         entries: dict[int, dict[str, Any]] = {}
         # two outcomes of one target (one sent again, beside its next claim's): a result over a failure, else
         # the first
@@ -234,8 +239,8 @@ class Writer:
             kept = entries.get(outcome.idx)
             if kept is None or (kept["status"] == "failed" and outcome.status == "done"):
                 entries[outcome.idx] = _entry(outcome)
-        superseded = len(outcomes) - len(entries)
         failed_here: set[int] = set()  # entries refused once, and written as failures since
+        unwritten: list[Outcome] = []
         lost = done = written = 0
         while entries:
             call = list(entries.values()) if lost < 2 else [next(iter(entries.values()))]
@@ -265,14 +270,26 @@ class Writer:
             except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
                 break
+            except Exception:
+                if not written:
+                    raise
+                log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(entries))
+                unwritten = [outcome for outcome in outcomes if outcome.idx in entries]
+                break
             for entry in call:
                 done += entry["status"] == "done"
                 del entries[entry["idx"]]
         if written:
+            # an outcome superseded by another of its target's is counted lost, unless it is written again
+            superseded = (
+                len(outcomes)
+                - len({outcome.idx for outcome in outcomes})
+                - (len(unwritten) - len({outcome.idx for outcome in unwritten}))
+            )
             for name, count in (("done", done), ("failed", written - done), ("lost", superseded)):
                 if count:
                     self.tally(name, count)
-        return written
+        return written, unwritten
 
     def _retry_job(self, job_id: str, outcomes: list[Outcome]) -> list[Outcome]:
         """The job's retries and give-backs in one ``retry_batch_targets`` call; what the store could not
