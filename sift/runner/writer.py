@@ -230,8 +230,7 @@ class Writer:
         second lost claim the rest go one a call (a round of many, a job cancelled or a runner taken for
         dead, stays linear); an outcome the store refuses (its text) fails its target alone, with the
         refusal as its error. Returns how many targets were written, and what to write again: after an
-        error the store did not foresee, once some were written, the outcomes not written yet (before any
-        was, the error is raised, and all of them are)."""
+        error the store did not foresee, the outcomes neither written nor dropped yet."""
         entries: dict[int, dict[str, Any]] = {}
         # two outcomes of one target (one sent again, beside its next claim's): a result over a failure, else
         # the first
@@ -270,9 +269,7 @@ class Writer:
             except (JobNotFound, TargetNotFound) as gone:  # swept or deleted meanwhile
                 log.info("sift runner %s: %s", self.runner, gone)
                 break
-            except Exception:
-                if not written:
-                    raise
+            except Exception:  # the store away, say: what is neither written nor dropped goes again
                 log.exception("sift runner %s: writing %d outcomes failed", self.runner, len(entries))
                 unwritten = [outcome for outcome in outcomes if outcome.idx in entries]
                 break
