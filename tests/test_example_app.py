@@ -124,6 +124,15 @@ class Load:
             self.answers.append(answer.status_code)
         return answer
 
+    def finished_page(self, http: httpx.Client, caller: dict[str, str], job_id: str, deadline: float) -> Any:
+        """The job's page once it has finished, polled until ``deadline``."""
+        while True:
+            page = self.request(http, "GET", f"/v1/jobs/{job_id}", headers=caller).json()
+            if page["status"] not in ("queued", "running"):
+                return page
+            assert time.monotonic() < deadline, f"job {job_id} never finished: {page}"
+            time.sleep(0.05)
+
     def client(self, n: int) -> None:
         caller = {"X-Caller": f"client-{n}"}
         try:
@@ -153,21 +162,11 @@ class Load:
                             self.cancels[(n, job)] = cancel.status_code
                 deadline = time.monotonic() + LOAD_S
                 for job, job_id in enumerate(ids):
-                    while True:
-                        page = self.request(http, "GET", f"/v1/jobs/{job_id}", headers=caller).json()
-                        if page["status"] not in ("queued", "running"):
-                            break
-                        assert time.monotonic() < deadline, f"job {job_id} never finished: {page}"
-                        time.sleep(0.05)
+                    page = self.finished_page(http, caller, job_id, deadline)
                     with self.lock:
                         self.jobs[(n, job)] = (job_id, page)
                 for job_id in remade:  # fails whole too, as the first did
-                    while True:
-                        page = self.request(http, "GET", f"/v1/jobs/{job_id}", headers=caller).json()
-                        if page["status"] not in ("queued", "running"):
-                            break
-                        assert time.monotonic() < deadline, f"job {job_id} never finished: {page}"
-                        time.sleep(0.05)
+                    page = self.finished_page(http, caller, job_id, deadline)
                     assert page["status"] == "failed", page
                     with self.lock:
                         self.remade += 1

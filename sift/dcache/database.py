@@ -219,17 +219,15 @@ def retried(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StoreConflict as conflict:
-            return db.backend.retry(conflict, lambda: fn(*args, **kwargs))
+        return run_retried(lambda: fn(*args, **kwargs))
 
     return wrapper  # type: ignore[return-value]
 
 
 def run_retried(run: Callable[[], T]) -> T:
-    """``run()``, one transaction, run again as :func:`retried` runs a rule: for a rule that reads its
-    arguments once (an iterator is used up by its first reading), then runs only the transaction again."""
+    """``run()``, one transaction, run again after a deadlock or a serialization failure as :func:`retried`
+    says: for a rule that reads its arguments once (an iterator is used up by its first reading), then
+    runs only the transaction again."""
     try:
         return run()
     except StoreConflict as conflict:
