@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -525,6 +526,36 @@ def test_a_result_sent_again_beside_its_targets_next_outcome_finishes_it(
     assert tally.get("lost", 0) == 1 and tally.get("retried", 0) == 0
     job = dcache.batch_job("j")
     assert job is not None and (job.status, job.targets_done) == ("done", 1)
+
+
+@pytest.mark.slow  # the idle rule's own case; the fast lane holds at most 4,000
+def test_a_claim_that_found_nothing_holds_the_next_off_for_the_idle_wait(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a claim that found nothing, a worker looking for work makes no claim until ``IDLE_WAIT`` has
+    passed; then the next claim takes a job submitted meanwhile."""
+    now = [1_000.0]
+    monkeypatch.setattr(runner_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    claims: list[int] = []
+
+    class Counted(runner_module._HeldClaims):
+        def claim(self, limit: int, **request: Any) -> list[dcache.BatchTarget]:
+            claimed = super().claim(limit, **request)
+            claims.append(len(claimed))
+            return claimed
+
+    monkeypatch.setattr(runner_module, "_HeldClaims", Counted)
+    runner = Runner(lambda target: "page", name="w", concurrency=1)
+    runner._writer = Writer("w", lambda name, n: None)
+    assert runner._take() is None and claims == [0]
+    job_id = submit(["https://a.example/0"])
+    now[0] += runner_module.IDLE_WAIT / 2
+    assert runner._take() is None and claims == [0]
+    assert [t.status for t in dcache.batch_targets(job_id) or []] == ["pending"]
+    now[0] += runner_module.IDLE_WAIT / 2
+    taken = runner._take()
+    assert taken is not None and (taken.job_id, taken.idx) == (job_id, 0) and claims == [0, 1]
+    assert [(t.status, t.runner) for t in dcache.batch_targets(job_id) or []] == [("running", "w")]
 
 
 @pytest.mark.slow  # the flush rule's own cases; the fast lane holds at most 4,000
