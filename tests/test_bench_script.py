@@ -196,6 +196,11 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
             frames = [v for k, v in extra.items() if k.startswith("wal_frames/") and k != "wal_frames/all"]
             assert extra["wal_frames/all"] == pytest.approx(sum(frames), abs=0.01 * len(frames))
             assert {"wal_frames/batch_target", "wal_frames/batch_job"} <= set(extra)
+    for setting in ("normal", "full") if with_huey() else ():
+        runner = next(c for c in report["cases"] if c["name"] == f"peers/runner/{setting}/runner")
+        longest_ms = max(runner["samples_us"]) * runner["n"] / 1000  # a round's whole batch
+        parts_ms = [runner["extra"][part] for part in ("create_ms", "run_ms", "read_ms")]
+        assert all(0 < ms <= longest_ms for ms in parts_ms), runner
     parts = [c for c in report["cases"] if c["name"].startswith("raw/runner_step_parts/")]
     assert all(c["ratio"] > 0 for c in parts)  # each over the seed's median, measured in the same rounds
     for case in report["cases"]:

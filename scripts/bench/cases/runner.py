@@ -2,8 +2,9 @@
 
 A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of ``concurrency=16`` whose fetch
 returns at once stores every result (its writer commits what has arrived together; its workers start as
-fetches need them, and the case says how many did), then one read of all results; against huey at the
-same ``synchronous`` setting writing each result (``peers.huey_batch``). And, on a store at NORMAL, the
+fetches need them, and the case says how many did, and how long each part of the batch took), then one
+read of all results; against huey at the same ``synchronous`` setting writing each result
+(``peers.huey_batch``). And, on a store at NORMAL, the
 time from each ``fetch`` returning to its result being readable by another process (a plain ``sqlite3``
 reader there, looking every millisecond)."""
 
@@ -47,19 +48,34 @@ def _runner_until_done(job_id: str, fetch: Any) -> int:
         thread.join()
 
 
-def runner_batch(job_id: str, targets: int, workers: list[int] | None = None) -> Any:
+#: A runner's batch in its three parts, each in ms: the submission, the Runner's run (its start until its
+#: stop returned), the read of every result.
+PHASES = ("create_ms", "run_ms", "read_ms")
+
+
+def runner_batch(
+    job_id: str, targets: int, workers: list[int] | None = None, phases: dict[str, list[float]] | None = None
+) -> Any:
     """One batch: submit the job, run a Runner until the job is done, stop it, read every result. The job
     and its targets are built before, as huey's payloads and sift's own batches are (``peers``). The count
-    of workers the Runner started goes to ``workers``."""
+    of workers the Runner started goes to ``workers``, and the time of each part (``PHASES``) to
+    ``phases``."""
     job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
     rows = make_targets(targets, options=OPTIONS)
 
     def run() -> None:
+        t0 = time.perf_counter()
         dcache.create_batch_job(job, rows)
+        t1 = time.perf_counter()
         started = _runner_until_done(job_id, lambda target: RESULT_1K)
+        t2 = time.perf_counter()
+        got = dcache.batch_targets(job_id)
+        t3 = time.perf_counter()
         if workers is not None:
             workers.append(started)
-        got = dcache.batch_targets(job_id)
+        if phases is not None:
+            for name, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                phases.setdefault(name, []).append(seconds * 1000)
         if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
             raise AssertionError("runner: the batch's results are not all there")
         checkpoints_settled()
@@ -75,9 +91,10 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
         storage = huey_storage(tmp / f"runner-huey-{name}.db", synchronous)
         samples: dict[str, list[float]] = {"runner": [], "huey": []}
         workers: list[int] = []
+        phases: dict[str, list[float]] = {}
         for rnd in range(sizes.runner_rounds + 1):  # round 0 warms up, untimed
             sides = {
-                "runner": runner_batch(f"runner-{name}-{rnd}", targets, workers),
+                "runner": runner_batch(f"runner-{name}-{rnd}", targets, workers, phases if rnd else None),
                 "huey": huey_batch(storage, f"runner-{name}-{rnd}", targets),
             }
             for side in alternate(rnd, tuple(sides)):
@@ -90,6 +107,7 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
         huey_case = report.case(f"peers/runner/{name}/huey", targets, samples["huey"])
         runner_case = report.case(f"peers/runner/{name}/runner", targets, samples["runner"])
         runner_case.extra.update(workers_started_min=min(workers), workers_started_max=max(workers))
+        runner_case.extra.update({name: statistics.median(times) for name, times in phases.items()})
         ratio = report.pair(runner_case, huey_case)
         report.goal(
             f"peers: a {targets}-target batch through a Runner of concurrency={RUNNER_THREADS} at "
