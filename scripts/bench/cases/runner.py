@@ -4,9 +4,8 @@ A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of ``c
 returns at once stores every result (its writer commits what has arrived together; its workers start as
 fetches need them, and the case says how many did, and how long each part of the batch took), then one
 read of all results; against huey at the same ``synchronous`` setting writing each result
-(``peers.huey_batch``). And, on a store at NORMAL, the
-time from each ``fetch`` returning to its result being readable by another process (a plain ``sqlite3``
-reader there, looking every millisecond)."""
+(``peers.huey_batch``). And, on a store at NORMAL, the time from each ``fetch`` returning to its result
+being readable by another process (a plain ``sqlite3`` reader there, looking every millisecond)."""
 
 from __future__ import annotations
 
@@ -107,7 +106,7 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
         huey_case = report.case(f"peers/runner/{name}/huey", targets, samples["huey"])
         runner_case = report.case(f"peers/runner/{name}/runner", targets, samples["runner"])
         runner_case.extra.update(workers_started_min=min(workers), workers_started_max=max(workers))
-        runner_case.extra.update({name: statistics.median(times) for name, times in phases.items()})
+        runner_case.extra.update({part: statistics.median(times) for part, times in phases.items()})
         ratio = report.pair(runner_case, huey_case)
         report.goal(
             f"peers: a {targets}-target batch through a Runner of concurrency={RUNNER_THREADS} at "
