@@ -238,6 +238,7 @@ class Writer:
             kept = entries.get(outcome.idx)
             if kept is None or (kept["status"] == "failed" and outcome.status == "done"):
                 entries[outcome.idx] = _entry(outcome)
+        superseded = len(outcomes) - len(entries)  # outcomes of a target beyond the one kept
         failed_here: set[int] = set()  # entries refused once, and written as failures since
         unwritten: list[Outcome] = []
         lost = done = written = 0
@@ -278,11 +279,7 @@ class Writer:
                 del entries[entry["idx"]]
         if written:
             # an outcome superseded by another of its target's is counted lost, unless it is written again
-            superseded = (
-                len(outcomes)
-                - len({outcome.idx for outcome in outcomes})
-                - (len(unwritten) - len({outcome.idx for outcome in unwritten}))
-            )
+            superseded -= len(unwritten) - len({outcome.idx for outcome in unwritten})
             for name, count in (("done", done), ("failed", written - done), ("lost", superseded)):
                 if count:
                     self.tally(name, count)
