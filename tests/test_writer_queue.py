@@ -31,6 +31,7 @@ from sift import dcache
 from sift.dcache import db
 from sift.dcache.backends.sqlite import database as sqlite_database
 from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
+from sift.dcache.backends.sqlite.wal import CheckpointPlace
 from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
 pytestmark = pytest.mark.sqlite_only
@@ -737,6 +738,43 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     assert longest[0] <= bound
     page_size = int(db.execute_sql("PRAGMA page_size").fetchone()[0])
     assert os.path.getsize(f"{file_store}-wal") <= 32 + bound * (24 + page_size)
+    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
+
+
+def test_a_checkpoint_still_running_aside_ends_before_the_one_with_every_writer_held(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint started aside may not have ended when the file grows long (a busy machine). Run after
+    the one made with every writer held, it would copy beside the next write, and SQLite could not start
+    the file again: the writing thread waits for it before its own copy."""
+    writer = threading.current_thread().name
+    long_now = threading.Event()
+    events: list[tuple[str, str]] = []
+    checkpoint_due, checkpoint = db.obj.checkpoint_due, db.obj.checkpoint
+
+    def due() -> CheckpointPlace | None:
+        place: CheckpointPlace | None = checkpoint_due()
+        if place == "queue held":
+            long_now.set()
+        return place
+
+    def watched() -> None:
+        here = threading.current_thread().name
+        if here == "sift-checkpoint":
+            long_now.wait(WAIT_S)  # the first one aside lasts until the file is long
+        events.append(("start", here))
+        checkpoint()
+        events.append(("end", here))
+
+    monkeypatch.setattr(db.obj, "checkpoint_due", due)
+    monkeypatch.setattr(db.obj, "checkpoint", watched)
+    frames: list[int] = []
+    write_results(1_000, each=lambda: frames.append(wal_index_frames(file_store)[0]))  # ~9 frames each
+    assert long_now.is_set()
+    held = events.index(("start", writer))
+    assert events[:held] == [("start", "sift-checkpoint"), ("end", "sift-checkpoint")], events
+    long = next(n for n, count in enumerate(frames) if count >= WAL_RESTART_FRAMES)
+    assert frames[long + 1] <= 16, frames[long - 2 : long + 3]  # the next write started the file again
     assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
 
 

@@ -67,6 +67,9 @@ class WalPolicy(SqliteBase):
         wrote = conn.total_changes != self._changes_seen
         due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
         if due == "queue held":  # before the queue is left: no process writes until the copy ends
+            # and after one still running aside, which would otherwise copy beside the next write, so
+            # that SQLite could not start the file again
+            self._join_checkpoint_aside()
             self._checkpoint_quietly()
         if self.writers.held:
             self.writers.release()
@@ -124,6 +127,12 @@ class WalPolicy(SqliteBase):
             return
         self._checkpoint_thread = thread
 
+    def _join_checkpoint_aside(self) -> None:
+        """Wait for a checkpoint running aside; with the store's lock held, none starts meanwhile."""
+        running, self._checkpoint_thread = self._checkpoint_thread, None
+        if running is not None:
+            running.join()
+
     def _checkpoint_quietly(self) -> None:
         with contextlib.suppress(BatchError):  # retried after a later write
             self.checkpoint()
@@ -168,9 +177,7 @@ class WalPolicy(SqliteBase):
 
     def close_wal_files(self) -> None:
         """Wait for a checkpoint running aside; close the checkpoints' connection and the WAL index."""
-        running, self._checkpoint_thread = self._checkpoint_thread, None
-        if running is not None:
-            running.join()
+        self._join_checkpoint_aside()
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
