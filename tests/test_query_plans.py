@@ -187,7 +187,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     # (each step one search of batch_job_ring), each caller's live jobs in claim order, probing each for
     # a pending target, and takes the first pending targets of one job (of one host, with a host limit,
     # found by a skip scan of batch_target_host); fair=False walks every live job in claim order
-    "_LOCK_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
+    "LOCK_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     "_SAVE_RING": {"INTEGER PRIMARY KEY (rowid=?)"},
     # the next caller and its oldest job at once: batch_job_ring in its order (caller, then claim order; from
     # its first entry, for the first caller), each live job probed for a pending target

@@ -240,6 +240,59 @@ STALE_AFTER = 6
 RENEW_EVERY = 2
 
 
+@pytest.mark.postgres
+def test_a_requeue_takes_the_claims_turn_before_it_locks_a_job(
+    postgres_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim holds the ring's row while it locks jobs in claim order; a requeue of stale claims locked their
+    jobs in id order, and could hold one that the claim would lock next while waiting for one the claim
+    held: a deadlock, which PostgreSQL broke after its deadlock_timeout (a second), the requeue run again.
+    The requeue takes the ring's row first, and locks no job while a claim holds it."""
+    import threading
+
+    import psycopg
+    from conftest import POSTGRES_URL, open_empty_postgres
+
+    open_empty_postgres(postgres_schema)
+    for job_id in ("a", "b"):
+        dcache.create_batch_job(make_job(job_id, targets_total=2, created_at=1), make_targets(2))
+    claimed = dcache.claim_batch_targets(2, per_job=1, runner="dead", now=1_000)
+    assert sorted((t.job_id, t.idx) for t in claimed) == [("a", 0), ("b", 0)]
+    retried: list[BaseException] = []
+    retry = db.backend.retry
+
+    def counted(conflict: BaseException, run: Any) -> Any:
+        retried.append(conflict)
+        return retry(conflict, run)
+
+    monkeypatch.setattr(db.backend, "retry", counted)
+    moved: list[int] = []
+    requeue = threading.Thread(target=lambda: moved.append(dcache.requeue_stale_claims(60, now=2_000)))
+    with psycopg.connect(POSTGRES_URL) as claim:
+        claim.execute(f"SET search_path TO {postgres_schema}")
+        claim.execute("SELECT 1 FROM batch_claim_ring WHERE id = 0 FOR UPDATE")  # a claim's turn
+        claim.execute("SELECT 1 FROM batch_job WHERE id = 'b' FOR UPDATE")  # the job it took from first
+        requeue.start()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as watcher:
+            blocked = 0
+            while not blocked and requeue.is_alive():  # the requeue's session waits for the claim's
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    (claim.info.backend_pid,),
+                ).fetchone()
+                blocked = row[0] if row else 0
+        assert blocked and not moved
+        # the claim's next job: the requeue holds no job while it waits, so none is in the claim's way
+        claim.execute("SELECT 1 FROM batch_job WHERE id = 'a' FOR UPDATE NOWAIT")
+        claim.rollback()
+        requeue.join(timeout=60)
+    assert moved == [2] and retried == []
+    assert [(t.job_id, t.idx) for t in dcache.stale_claims(0)] == []
+    assert [(t.status, t.runner) for job_id in ("a", "b") for t in dcache.batch_targets(job_id) or []] == [
+        ("pending", None)
+    ] * 4
+
+
 @pytest.mark.slow
 def test_a_killed_runners_targets_go_back_while_the_client_polls_and_another_runner_finishes(
     shared_store: str,

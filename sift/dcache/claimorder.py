@@ -37,7 +37,7 @@ from .politeness import DEFAULT_HOST, HOST_POLICY, PACING_SLACK, PAUSED_CALLERS,
 from .statements import Slot, Statement, literal
 from .tables import RING_TABLE
 
-__all__ = ["ClaimOrder", "HostRules"]
+__all__ = ["LOCK_RING", "ClaimOrder", "HostRules"]
 
 J = BatchJob
 T = BatchTarget
@@ -139,7 +139,8 @@ def _backed_off_to(host: Any) -> peewee.Node:
 
 
 # The ring's cursor, locked first by every claim: claims take turns (PostgreSQL; SQLite's writes do anyway).
-_LOCK_RING = Statement(
+# A requeue of stale claims takes it first too: it locks jobs in id order, a claim in claim order.
+LOCK_RING = Statement(
     lambda: db.backend.lock_rows(
         _RING.select(_RING.caller, _RING.turns).where(_RING.id == literal(0)).bind(db)  # type: ignore[attr-defined]
     ),
@@ -462,7 +463,7 @@ class _Caller:
 #: The walk's statements it sends itself, its values by position (the statement's ``order``): a dozen a
 #: claim, each with no call between the walk and the driver.
 _BY_POSITION = (
-    _LOCK_RING,
+    LOCK_RING,
     _PROMOTE_DUE,
     _ANY_POLICY,
     _NEXT_CALLER_JOB,
@@ -516,7 +517,7 @@ class ClaimOrder:
         handed out. The jobs claimed from become running, with ``lease = now``, in one statement at its
         end."""
         execute = self.execute
-        ring = execute(self.sql[_LOCK_RING], ()).fetchall()
+        ring = execute(self.sql[LOCK_RING], ()).fetchall()
         execute(self.sql[_PROMOTE_DUE], (self.now, self.now))
         self.hosts.load()
         if not fair:

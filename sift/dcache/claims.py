@@ -15,7 +15,7 @@ from typing import Any
 import peewee
 
 from . import validation
-from .claimorder import ClaimOrder
+from .claimorder import LOCK_RING, ClaimOrder
 from .clock import unix_now_ms
 from .counters import counters
 from .database import db, retried
@@ -353,7 +353,10 @@ def _requeue(cutoff: int, max_attempts: int, reason: str, now: int, runner: str 
     """One transaction: stale targets (of ``runner`` when given) at their last attempt fail (counted on
     their jobs, which finish when complete); the other stale targets go back to pending."""
     with db.write():
-        _STALE_JOBS.rows(cutoff=cutoff, runner=runner)  # PostgreSQL: their jobs locked before their targets
+        # PostgreSQL: the claims' turn first, then the jobs in id order, then their targets. A claim holds the
+        # turn while it locks jobs in claim order: without it, each could hold a job the other waits for.
+        LOCK_RING.rows()
+        _STALE_JOBS.rows(cutoff=cutoff, runner=runner)
         failed = Counter(
             row[0]
             for row in _FAIL_STALE.rows(
