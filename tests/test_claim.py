@@ -368,6 +368,7 @@ def test_claim_plans_on_postgres_read_the_partial_indexes(postgres_schema: str, 
             ("_STALE_JOBS", {"cutoff": 5, "runner": None}),
             ("_FAIL_STALE", {"reason": "r", "cutoff": 5, "max_attempts": 3, "runner": "r"}),
             ("_REQUEUE_STALE", {"cutoff": 5, "runner": None}),
+            ("_ANY_STALE", {"cutoff": 5, "runner": None}),
             ("_CLAIM_JOBS", {"job_ids": ["job-20", "job-21"], "now": 5}),
             ("_RESCUE", {"reason": "r", "now": 5, "cutoff": 10**6}),
         ]
@@ -433,6 +434,7 @@ POSTGRES_INDEXES = {
     "_STALE_JOBS": {"batch_target_running", "batch_job_pkey"},
     "_FAIL_STALE": {"batch_target_running"},
     "_REQUEUE_STALE": {"batch_target_running"},
+    "_ANY_STALE": {"batch_target_running"},
     "_CLAIM_JOBS": {"batch_job_pkey"},
     "_RESCUE": {"batch_job_live_lease"},
 }

@@ -226,6 +226,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_FAIL_STALE": {"batch_target_running"},
     "_REQUEUE_STALE": {"batch_target_running"},
     "_STALE_CLAIMS": {"batch_target_running"},
+    "_ANY_STALE": {"batch_target_running"},
     "_COUNT_FAILED": {JOB_BY_ID},
     "_FINISH_JOB": {JOB_BY_ID, TARGETS_OF_JOB},  # a job whose targets are all final: counts its failed
     "_LOCK_JOB": {JOB_BY_ID},

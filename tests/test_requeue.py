@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 import pytest
-from helpers import killed_after_it_reports, make_job, make_targets, snapshot
+from helpers import count_statements, killed_after_it_reports, make_job, make_targets, snapshot
 
 from sift import dcache
 from sift.dcache import db
@@ -238,6 +238,22 @@ def _claim_then_hang(target: str, ready: Any) -> None:
 
 STALE_AFTER = 6
 RENEW_EVERY = 2
+
+
+def test_a_requeue_with_no_stale_claim_reads_once_and_writes_nothing(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper requeues every round, and most rounds find no stale claim: one read, then no write
+    transaction (nor, on PostgreSQL, the claims' turn taken)."""
+    dcache.create_batch_job(make_job(targets_total=2), make_targets(2))
+    dcache.claim_batch_targets(1, runner="host-a:1", now=2_000)
+    before = snapshot()
+    seen = count_statements(monkeypatch)
+    assert dcache.requeue_stale_claims(60, now=2_059) == 0
+    assert len(seen) == 1 and "batch_target" in seen[0], seen
+    assert snapshot() == before
+    assert dcache.requeue_stale_claims(60, now=2_060) == 1  # stale now: the whole transaction
+    assert len(seen) > 2, seen
 
 
 @pytest.mark.postgres

@@ -22,7 +22,7 @@ from .database import db, retried
 from .errors import JobNotFound
 from .models import LIVE_JOB_STATUSES, TARGET_COLUMNS, BatchJob, BatchTarget, JobStatus, TargetStatus
 from .politeness import PACING_SLACK, SEND_WINDOW
-from .statements import Slot, Statement
+from .statements import Slot, Statement, literal
 from .validation import Duration
 
 __all__ = [
@@ -93,6 +93,8 @@ _FAIL_STALE = Statement(
 _REQUEUE_STALE = Statement(
     lambda: T.update({T.status: Inline(peewee.Value(TargetStatus.PENDING.value)), **_UNCLAIM}).where(_stale())
 )
+# Whether any claim is stale: a keeper's requeue finds none most rounds, and then writes nothing.
+_ANY_STALE = Statement(lambda: T.select(T.idx).where(_stale()).limit(literal(1)))
 # Unordered: ORDER BY (job_id, idx) would have SQLite walk every target in key order; stale_claims sorts.
 _STALE_CLAIMS = Statement(lambda: T.select(*[getattr(T, n) for n in TARGET_COLUMNS]).where(_stale()))
 _COUNT_FAILED = Statement(
@@ -351,7 +353,10 @@ def stale_claims(
 
 def _requeue(cutoff: int, max_attempts: int, reason: str, now: int, runner: str | None = None) -> int:
     """One transaction: stale targets (of ``runner`` when given) at their last attempt fail (counted on
-    their jobs, which finish when complete); the other stale targets go back to pending."""
+    their jobs, which finish when complete); the other stale targets go back to pending. None stale: one
+    read, and nothing written."""
+    if not _ANY_STALE.rows(cutoff=cutoff, runner=runner):  # one read: no write transaction, no turn taken
+        return 0
     with db.write():
         # PostgreSQL: the claims' turn first, then the jobs in id order, then their targets. A claim holds the
         # turn while it locks jobs in claim order: without it, each could hold a job the other waits for.
