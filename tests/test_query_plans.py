@@ -231,6 +231,7 @@ EXPECTED_ACCESS: dict[str, set[str] | tuple[set[str], ...]] = {
     "_FINISH_JOB": {JOB_BY_ID, TARGETS_OF_JOB},  # a job whose targets are all final: counts its failed
     "_LOCK_JOB": {JOB_BY_ID},
     "_JOB_STATUS": {JOB_BY_ID},
+    "_JOB_COMPLETE": {JOB_BY_ID},
     "_TARGET_RUNNER": {TARGET_BY_KEY},
     "_CLAIM_JOBS": {JOB_BY_ID},  # each job of the list (a JSON array read by json_each) by its key
     "_RESCUE": LIVE_SCAN,  # live jobs only, each lease checked: not the history's old leases

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import POSTGRES_URL, drop_schema, postgres_target
-from helpers import ListedKeys, make_job, make_targets, refuse_each, snapshot
+from helpers import ListedKeys, count_statements, make_job, make_targets, refuse_each, snapshot
 
 from sift import dcache
 from sift.dcache import db
@@ -314,6 +314,27 @@ def test_retry_failed_targets_refuses_a_cancelled_job_and_an_unknown_one(store: 
     with pytest.raises(dcache.InvalidBatchInput) as empty:
         dcache.retry_failed_targets("")
     assert empty.value.field == "job_id"
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("left", ["a target left", "finished already"])
+def test_finishing_a_job_that_is_not_complete_reads_once_and_writes_nothing(
+    store: Any, monkeypatch: pytest.MonkeyPatch, left: str
+) -> None:
+    """A runner finishes a job after each of its writes, and most find targets left: one read, then no
+    write transaction (nor, on PostgreSQL, a lock on the job's row, which its writers wait for)."""
+    dcache.create_batch_job(make_job("a", targets_total=2), make_targets(2))
+    dcache.update_batch_target("a", 0, "done", result="x", now=2_000)
+    if left == "finished already":
+        dcache.update_batch_target("a", 1, "failed", error="e", now=2_000)
+        assert dcache.finish_batch_job("a", now=2_001) == dcache.JobStatus.PARTIAL
+    before = snapshot()
+    seen = count_statements(monkeypatch)
+    assert dcache.finish_batch_job("a", now=2_002) is None
+    assert len(seen) == 1 and "batch_job" in seen[0], seen
+    assert snapshot() == before
+    with pytest.raises(dcache.JobNotFound):  # no job at all: refused, as a write of it is
+        dcache.finish_batch_job("gone", now=2_002)
     assert snapshot() == before
 
 

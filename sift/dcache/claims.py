@@ -120,6 +120,13 @@ def _finished_status() -> peewee.Node:
 # that follows, in a statement of its own (a snapshot taken after the lock), sees each write committed.
 _LOCK_JOB = Statement(lambda: db.backend.lock_rows(J.select(J.status).where(J.id == Slot("job_id"))))
 _JOB_STATUS = Statement(lambda: J.select(J.status).where(J.id == Slot("job_id")))
+# Whether a job is live with every target final: after most of its writes a job has targets left, and its
+# finish then reads one row and writes nothing (PostgreSQL: no lock on a row other writers wait for).
+_JOB_COMPLETE = Statement(
+    lambda: J.select(Inline(J.status.in_(LIVE_JOB_STATUSES)) & (J.targets_done >= J.targets_total)).where(
+        J.id == Slot("job_id")
+    )
+)
 _FINISH_JOB = Statement(
     lambda: J.update({J.status: _finished_status(), J.lease: Slot("now")}).where(
         (J.id == Slot("job_id"))
@@ -384,6 +391,9 @@ def finish_batch_job(job_id: str, *, now: int | None = None) -> JobStatus | None
     already finished, is left alone (None). The runner's call after its job's last write."""
     job_id = validation.job_id(job_id)
     now = validation.now(now)
+    complete = _JOB_COMPLETE.rows(job_id=job_id)
+    if complete and not complete[0][0]:  # targets left, or finished already: one read, nothing written
+        return None
     with db.write():
         if not _LOCK_JOB.rows(job_id=job_id):
             counters.add("batch_write_miss")
