@@ -90,6 +90,9 @@ def test_reads_work(populated: Path) -> None:
     assert [j.id for j in dcache.evict_candidates(0)] == []
     assert dcache.sweep_batch(0, now=10) == 0  # nothing due: a read, no write
     assert dcache.evict_batch_oldest(10) == 0  # within budget: a read, no write
+    assert dcache.finish_batch_job("a") is None  # a target left: a read, no write
+    assert dcache.finish_complete_jobs() == 0  # none complete: a read, no write
+    assert dcache.requeue_stale_claims(0) == dcache.requeue_in_flight() == 0  # no claim: a read, no write
     assert BatchJob.select().count() == 2
     dcache.close_db()
     assert populated.read_bytes() == before

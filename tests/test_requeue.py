@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from helpers import count_statements, killed_after_it_reports, make_job, make_ta
 
 from sift import dcache
 from sift.dcache import db
+
+WAIT_S = 60.0  # how long a test waits for a condition before it fails (never a timing assertion)
 
 
 def claims(job_id: str = "job-1") -> list[tuple[Any, ...]]:
@@ -260,10 +263,9 @@ def test_a_requeue_with_no_stale_claim_reads_once_and_writes_nothing(
 def test_a_requeue_takes_the_claims_turn_before_it_locks_a_job(
     postgres_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A claim holds the ring's row while it locks jobs in claim order; a requeue of stale claims locked their
-    jobs in id order, and could hold one that the claim would lock next while waiting for one the claim
-    held: a deadlock, which PostgreSQL broke after its deadlock_timeout (a second), the requeue run again.
-    The requeue takes the ring's row first, and locks no job while a claim holds it."""
+    """A claim holds the ring's row while it locks jobs in claim order, and a requeue of stale claims locks
+    their jobs in id order: the requeue takes the ring's row first, so that it holds no job a claim could
+    wait for while it waits for one the claim holds (a deadlock)."""
     import threading
 
     import psycopg
@@ -290,13 +292,14 @@ def test_a_requeue_takes_the_claims_turn_before_it_locks_a_job(
         claim.execute("SELECT 1 FROM batch_job WHERE id = 'b' FOR UPDATE")  # the job it took from first
         requeue.start()
         with psycopg.connect(POSTGRES_URL, autocommit=True) as watcher:
-            blocked = 0
-            while not blocked and requeue.is_alive():  # the requeue's session waits for the claim's
-                row = watcher.execute(
+            blocked, deadline = 0, time.monotonic() + WAIT_S
+            while not blocked and requeue.is_alive() and time.monotonic() < deadline:
+                row = watcher.execute(  # the requeue's session, waiting for the claim's
                     "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                     (claim.info.backend_pid,),
                 ).fetchone()
                 blocked = row[0] if row else 0
+                time.sleep(0.01)
         assert blocked and not moved
         # the claim's next job: the requeue holds no job while it waits, so none is in the claim's way
         claim.execute("SELECT 1 FROM batch_job WHERE id = 'a' FOR UPDATE NOWAIT")

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal
 
 import pytest
 from helpers import make_job, make_targets, session, snapshot
@@ -30,8 +31,8 @@ from helpers import make_job, make_targets, session, snapshot
 from sift import dcache
 from sift.dcache import db
 from sift.dcache.backends.sqlite import database as sqlite_database
+from sift.dcache.backends.sqlite import wal
 from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
-from sift.dcache.backends.sqlite.wal import CheckpointPlace
 from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
 pytestmark = pytest.mark.sqlite_only
@@ -709,18 +710,19 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     assert autocheckpoint() == 0
     writer = threading.current_thread()
     calls: list[tuple[str, bool, bool, bool]] = []
-    checkpoint = db.obj.checkpoint
+    copy_back = db.obj._copy_back
 
-    def watched() -> None:
+    def watched(mode: Literal["PASSIVE", "TRUNCATE"]) -> bool:
         here = threading.current_thread()
         on_writer = here is writer
         # the queue (process-wide) is only the writing thread's to hold: another thread writes on meanwhile
         queue_held = on_writer and db.obj.writers.held and not lock_is_free(file_store)
         long = wal_index_frames(file_store)[0] >= WAL_RESTART_FRAMES
         calls.append(("writer" if on_writer else here.name, queue_held, db.obj.lock._is_owned(), long))
-        checkpoint()
+        copied: bool = copy_back(mode)
+        return copied
 
-    monkeypatch.setattr(db.obj, "checkpoint", watched)
+    monkeypatch.setattr(db.obj, "_copy_back", watched)
     longest = [0]
 
     def look() -> None:
@@ -741,40 +743,45 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
 
 
-def test_a_checkpoint_still_running_aside_ends_before_the_one_with_every_writer_held(
+def _hold_checkpoint_lock(shm: str, held: Event, release: Event) -> None:
+    """Another process's checkpoint, running until told to end, as SQLite's lock on it: a write lock on
+    byte 121 of the WAL index (sqlite.org/walformat: its locks start at byte 120, the checkpoint's second)."""
+    fd = os.open(shm, os.O_RDWR)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 121)
+    held.set()
+    release.wait(WAIT_S)
+    os.close(fd)
+
+
+def test_the_long_files_checkpoint_waits_for_another_processs_checkpoint_to_end(
     file_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A checkpoint started aside may not have ended when the file grows long (a busy machine). Run after
-    the one made with every writer held, it would copy beside the next write, and SQLite could not start
-    the file again: the writing thread waits for it before its own copy."""
-    writer = threading.current_thread().name
-    long_now = threading.Event()
-    events: list[tuple[str, str]] = []
-    checkpoint_due, checkpoint = db.obj.checkpoint_due, db.obj.checkpoint
+    """While another process's checkpoint runs (it holds SQLite's checkpoint lock), SQLite copies nothing,
+    and says so only in the pragma's row: the next write could not start the file again, and it would grow
+    1,000 frames more before the next try. The checkpoint made with every writer held tries again until
+    that one ends, which it soon does, nobody writing."""
+    assert autocheckpoint() == 0  # the WAL index is there
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_checkpoint_lock, args=(f"{file_store}-shm", held, release))
+    holder.start()
+    retries: list[float] = []
 
-    def due() -> CheckpointPlace | None:
-        place: CheckpointPlace | None = checkpoint_due()
-        if place == "queue held":
-            long_now.set()
-        return place
+    def other_checkpoint_ends(seconds: float) -> None:  # the wait before a retry
+        retries.append(seconds)
+        release.set()
+        holder.join(WAIT_S)
 
-    def watched() -> None:
-        here = threading.current_thread().name
-        if here == "sift-checkpoint":
-            long_now.wait(WAIT_S)  # the first one aside lasts until the file is long
-        events.append(("start", here))
-        checkpoint()
-        events.append(("end", here))
-
-    monkeypatch.setattr(db.obj, "checkpoint_due", due)
-    monkeypatch.setattr(db.obj, "checkpoint", watched)
+    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=other_checkpoint_ends))
     frames: list[int] = []
-    write_results(1_000, each=lambda: frames.append(wal_index_frames(file_store)[0]))  # ~9 frames each
-    assert long_now.is_set()
-    held = events.index(("start", writer))
-    assert events[:held] == [("start", "sift-checkpoint"), ("end", "sift-checkpoint")], events
+    try:
+        assert held.wait(WAIT_S)
+        write_results(1_000, each=lambda: frames.append(wal_index_frames(file_store)[0]))  # ~9 frames each
+    finally:
+        release.set()
+        holder.join(WAIT_S)
     long = next(n for n, count in enumerate(frames) if count >= WAL_RESTART_FRAMES)
     assert frames[long + 1] <= 16, frames[long - 2 : long + 3]  # the next write started the file again
+    assert retries == [wal.CHECKPOINT_RETRY_S]  # once, while the other process's checkpoint ran
     assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
 
 

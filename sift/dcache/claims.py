@@ -1,7 +1,8 @@
 """Claims: runners take pending targets, keep them with a heartbeat, and give back what they cannot finish.
 
 A claim is the runner's, not the job's: its ``runner``, ``heartbeat`` and ``attempts`` live on the target,
-and the job's lease (its client's keep-alive) never renews a claim. Each function is one transaction.
+and the job's lease (its client's keep-alive) never renews a claim. Each function is one transaction; one
+with nothing to write (no stale claim, a job not complete) makes one read instead.
 """
 
 from __future__ import annotations

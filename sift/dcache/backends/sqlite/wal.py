@@ -18,6 +18,7 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from typing import Literal
 
 from ...driver_errors import is_busy
@@ -30,6 +31,9 @@ __all__ = ["WalPolicy"]
 
 #: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
 CheckpointPlace = Literal["aside", "here", "queue held"]
+
+#: How long the long file's checkpoint waits before it tries again beside another process's (seconds).
+CHECKPOINT_RETRY_S = 0.001
 
 #: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
 _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
@@ -67,10 +71,7 @@ class WalPolicy(SqliteBase):
         wrote = conn.total_changes != self._changes_seen
         due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
         if due == "queue held":  # before the queue is left: no process writes until the copy ends
-            # and after one still running aside, which would otherwise copy beside the next write, so
-            # that SQLite could not start the file again
-            self._join_checkpoint_aside()
-            self._checkpoint_quietly()
+            self._checkpoint_every_frame()
         if self.writers.held:
             self.writers.release()
         if wrote:
@@ -127,15 +128,21 @@ class WalPolicy(SqliteBase):
             return
         self._checkpoint_thread = thread
 
-    def _join_checkpoint_aside(self) -> None:
-        """Wait for a checkpoint running aside; with the store's lock held, none starts meanwhile."""
-        running, self._checkpoint_thread = self._checkpoint_thread, None
-        if running is not None:
-            running.join()
+    def _checkpoint_quietly(self) -> bool:
+        """``checkpoint()``; False when it failed (it is retried after a later write) or found another
+        process's checkpoint running."""
+        with contextlib.suppress(BatchError):
+            return self._copy_back("PASSIVE")
+        return False
 
-    def _checkpoint_quietly(self) -> None:
-        with contextlib.suppress(BatchError):  # retried after a later write
-            self.checkpoint()
+    def _checkpoint_every_frame(self) -> None:
+        """The long file's checkpoint, the writers' queue held. Another process's checkpoint that is still
+        running leaves SQLite copying nothing now, and the next write could not start the file again: tried
+        again until that one ends, which it soon does with no process writing (at most the busy timeout)."""
+        for _ in range(max(1, int(self.timeout / CHECKPOINT_RETRY_S))):
+            if self._checkpoint_quietly():
+                return
+            time.sleep(CHECKPOINT_RETRY_S)
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -152,8 +159,13 @@ class WalPolicy(SqliteBase):
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
         nothing else, without taking the lock, so other threads go on using the store meanwhile; with
         ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE)."""
+        self._copy_back("TRUNCATE" if truncate else "PASSIVE")
+
+    def _copy_back(self, mode: Literal["PASSIVE", "TRUNCATE"]) -> bool:
+        """``checkpoint()``'s work; False when another process's checkpoint held SQLite's checkpoint lock,
+        and nothing was copied (SQLite says so in the pragma's row, raising nothing)."""
         if self.deferred or self.readonly or self.database == ":memory:":
-            return
+            return True
         with self._checkpoint_lock:
             try:
                 if self._checkpointer is None:
@@ -162,13 +174,13 @@ class WalPolicy(SqliteBase):
                     )
                     # its checkpoints write the database file: with the store's own durability
                     self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
-                mode = "TRUNCATE" if truncate else "PASSIVE"
-                self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+                busy = self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()[0][0]
             except sqlite3.Error as exc:
-                if is_busy(exc):  # another process is checkpointing, which does the same work
-                    return
+                if is_busy(exc):  # another process holds a lock the checkpoint needs
+                    return False
                 self.raise_store_error(exc)
                 raise
+        return not busy
 
     def bulk_writes(self) -> BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
@@ -177,7 +189,9 @@ class WalPolicy(SqliteBase):
 
     def close_wal_files(self) -> None:
         """Wait for a checkpoint running aside; close the checkpoints' connection and the WAL index."""
-        self._join_checkpoint_aside()
+        running, self._checkpoint_thread = self._checkpoint_thread, None
+        if running is not None:
+            running.join()
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
