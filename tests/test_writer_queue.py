@@ -719,8 +719,8 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
         queue_held = on_writer and db.obj.writers.held and not lock_is_free(file_store)
         long = wal_index_frames(file_store)[0] >= WAL_RESTART_FRAMES
         calls.append(("writer" if on_writer else here.name, queue_held, db.obj.lock._is_owned(), long))
-        copied: bool = copy_back(mode)
-        return copied
+        blocked: bool = copy_back(mode)
+        return blocked
 
     monkeypatch.setattr(db.obj, "_copy_back", watched)
     longest = [0]
@@ -783,6 +783,67 @@ def test_the_long_files_checkpoint_waits_for_another_processs_checkpoint_to_end(
     assert frames[long + 1] <= 16, frames[long - 2 : long + 3]  # the next write started the file again
     assert retries == [wal.CHECKPOINT_RETRY_S]  # once, while the other process's checkpoint ran
     assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
+
+
+@contextmanager
+def other_checkpoint(store: Path) -> Iterator[Event]:
+    """Another process's checkpoint running (``_hold_checkpoint_lock``) until the Event yielded is set."""
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_checkpoint_lock, args=(f"{store}-shm", held, release))
+    holder.start()
+    try:
+        assert held.wait(WAIT_S)
+        yield release
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+
+
+def test_the_long_files_checkpoint_gives_up_after_its_patience_then_tries_once_a_write(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's checkpoint may last (one waiting for readers, a process stopped): the long file's
+    checkpoint keeps the other processes' writers out for CHECKPOINT_PATIENCE_S at most, then tries once a
+    write, without waiting, until one copies; the write after that starts the file again."""
+    assert autocheckpoint() == 0  # the WAL index is there
+    waits: list[float] = []
+    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=waits.append))
+    seen: list[tuple[int, int]] = []  # after each write: the file's frames, the waits so far
+
+    def look() -> None:
+        seen.append((wal_index_frames(file_store)[0], len(waits)))
+
+    with other_checkpoint(file_store) as release:
+        write_results(800, each=look)  # about 9 frames each: long from the 450th on
+        release.set()
+    long = next(n for n, (count, _) in enumerate(seen) if count >= WAL_RESTART_FRAMES)
+    patience = len(waits)
+    assert patience >= 100 and patience * wal.CHECKPOINT_RETRY_S <= wal.CHECKPOINT_PATIENCE_S, patience
+    assert waits == [wal.CHECKPOINT_RETRY_S] * patience
+    assert [w for _, w in seen[long:]] == [patience] * len(seen[long:])  # all at the first long write
+    assert seen[-1][0] > seen[long][0] + 2_000  # nothing copied while the other one ran
+    for idx in range(2):  # the first copies the file back, the second starts it again
+        dcache.update_batch_target("big", idx, "done", result="s" * 4096, now=3_000)
+    assert wal_index_frames(file_store)[0] <= 16 and len(waits) == patience
+
+
+def _interrupt(seconds: float) -> None:
+    raise KeyboardInterrupt
+
+
+def test_an_interrupt_while_the_long_files_checkpoint_waits_leaves_the_queue_free(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the long file's checkpoint waits for another process's: the write has committed, the
+    interrupt goes up to the caller, and the writers' queue is left, not kept from every other process."""
+    assert autocheckpoint() == 0
+    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=_interrupt))
+    with other_checkpoint(file_store):
+        with pytest.raises(KeyboardInterrupt):
+            write_results(1_000)
+        assert lock_is_free(file_store) and not db.obj.writers.held
+    done = dcache.batch_job("big")
+    assert done is not None and 400 < done.targets_done < 1_000  # up to the interrupted write, committed
 
 
 def _write_results_in_process(path: str, job_id: str, count: int, start: Event) -> None:

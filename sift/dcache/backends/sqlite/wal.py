@@ -32,8 +32,11 @@ __all__ = ["WalPolicy"]
 #: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
 CheckpointPlace = Literal["aside", "here", "queue held"]
 
-#: How long the long file's checkpoint waits before it tries again beside another process's (seconds).
+#: How long the long file's checkpoint waits before it tries again beside another process's (seconds), and
+#: how long it keeps trying at most (seconds; at most a quarter of the store's timeout, which other
+#: processes' writers wait in the queue).
 CHECKPOINT_RETRY_S = 0.001
+CHECKPOINT_PATIENCE_S = 0.25
 
 #: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
 _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
@@ -51,6 +54,7 @@ class WalPolicy(SqliteBase):
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_thread: threading.Thread | None
+    _checkpoint_blocked: bool  # the long file's checkpoint ran out of patience, and has not copied since
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -70,10 +74,12 @@ class WalPolicy(SqliteBase):
             return
         wrote = conn.total_changes != self._changes_seen
         due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
-        if due == "queue held":  # before the queue is left: no process writes until the copy ends
-            self._checkpoint_every_frame()
-        if self.writers.held:
-            self.writers.release()
+        try:
+            if due == "queue held":  # before the queue is left: no process writes until the copy ends
+                self._checkpoint_every_frame()
+        finally:  # also when interrupted while it waits: no other process's writer is kept out
+            if self.writers.held:
+                self.writers.release()
         if wrote:
             self._changes_seen = conn.total_changes
             self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
@@ -129,20 +135,25 @@ class WalPolicy(SqliteBase):
         self._checkpoint_thread = thread
 
     def _checkpoint_quietly(self) -> bool:
-        """``checkpoint()``; False when it failed (it is retried after a later write) or found another
-        process's checkpoint running."""
+        """``checkpoint()``, a failure left to a later write; True when another process's checkpoint held
+        SQLite's checkpoint lock, so that nothing was copied."""
         with contextlib.suppress(BatchError):
             return self._copy_back("PASSIVE")
         return False
 
     def _checkpoint_every_frame(self) -> None:
-        """The long file's checkpoint, the writers' queue held. Another process's checkpoint that is still
-        running leaves SQLite copying nothing now, and the next write could not start the file again: tried
-        again until that one ends, which it soon does with no process writing (at most the busy timeout)."""
-        for _ in range(max(1, int(self.timeout / CHECKPOINT_RETRY_S))):
-            if self._checkpoint_quietly():
+        """The long file's checkpoint, the writers' queue held. Beside another process's checkpoint SQLite
+        copies nothing, and the next write could not start the file again: tried again every
+        CHECKPOINT_RETRY_S for CHECKPOINT_PATIENCE_S at most; past that, once a write until one copies."""
+        patience = min(CHECKPOINT_PATIENCE_S, self.timeout / 4)
+        tries = 1 if self._checkpoint_blocked else max(1, int(patience / CHECKPOINT_RETRY_S))
+        for attempt in range(tries):
+            if attempt:
+                time.sleep(CHECKPOINT_RETRY_S)
+            if not self._checkpoint_quietly():
+                self._checkpoint_blocked = False
                 return
-            time.sleep(CHECKPOINT_RETRY_S)
+        self._checkpoint_blocked = True
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -162,10 +173,10 @@ class WalPolicy(SqliteBase):
         self._copy_back("TRUNCATE" if truncate else "PASSIVE")
 
     def _copy_back(self, mode: Literal["PASSIVE", "TRUNCATE"]) -> bool:
-        """``checkpoint()``'s work; False when another process's checkpoint held SQLite's checkpoint lock,
-        and nothing was copied (SQLite says so in the pragma's row, raising nothing)."""
+        """``checkpoint()``'s work; True when another process's checkpoint held SQLite's checkpoint lock, and
+        nothing was copied (SQLite says so in the pragma's row, raising nothing)."""
         if self.deferred or self.readonly or self.database == ":memory:":
-            return True
+            return False
         with self._checkpoint_lock:
             try:
                 if self._checkpointer is None:
@@ -176,11 +187,11 @@ class WalPolicy(SqliteBase):
                     self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
                 busy = self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()[0][0]
             except sqlite3.Error as exc:
-                if is_busy(exc):  # another process holds a lock the checkpoint needs
+                if is_busy(exc):  # another process holds a lock the checkpoint needs: a later write's
                     return False
                 self.raise_store_error(exc)
                 raise
-        return not busy
+        return bool(busy)
 
     def bulk_writes(self) -> BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
