@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from helpers import make_job, make_targets, session, snapshot
@@ -31,7 +30,6 @@ from helpers import make_job, make_targets, session, snapshot
 from sift import dcache
 from sift.dcache import db
 from sift.dcache.backends.sqlite import database as sqlite_database
-from sift.dcache.backends.sqlite import wal
 from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 from sift.dcache.backends.sqlite.writer_queue import WriterQueue
 
@@ -710,19 +708,18 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     assert autocheckpoint() == 0
     writer = threading.current_thread()
     calls: list[tuple[str, bool, bool, bool]] = []
-    copy_back = db.obj._copy_back
+    checkpoint = db.obj.checkpoint
 
-    def watched(mode: Literal["PASSIVE", "TRUNCATE"]) -> bool:
+    def watched() -> None:
         here = threading.current_thread()
         on_writer = here is writer
         # the queue (process-wide) is only the writing thread's to hold: another thread writes on meanwhile
         queue_held = on_writer and db.obj.writers.held and not lock_is_free(file_store)
         long = wal_index_frames(file_store)[0] >= WAL_RESTART_FRAMES
         calls.append(("writer" if on_writer else here.name, queue_held, db.obj.lock._is_owned(), long))
-        blocked: bool = copy_back(mode)
-        return blocked
+        checkpoint()
 
-    monkeypatch.setattr(db.obj, "_copy_back", watched)
+    monkeypatch.setattr(db.obj, "checkpoint", watched)
     longest = [0]
 
     def look() -> None:
@@ -741,109 +738,6 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     page_size = int(db.execute_sql("PRAGMA page_size").fetchone()[0])
     assert os.path.getsize(f"{file_store}-wal") <= 32 + bound * (24 + page_size)
     assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
-
-
-def _hold_checkpoint_lock(shm: str, held: Event, release: Event) -> None:
-    """Another process's checkpoint, running until told to end, as SQLite's lock on it: a write lock on
-    byte 121 of the WAL index (sqlite.org/walformat: its locks start at byte 120, the checkpoint's second)."""
-    fd = os.open(shm, os.O_RDWR)
-    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 121)
-    held.set()
-    release.wait(WAIT_S)
-    os.close(fd)
-
-
-def test_the_long_files_checkpoint_waits_for_another_processs_checkpoint_to_end(
-    file_store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While another process's checkpoint runs (it holds SQLite's checkpoint lock), SQLite copies nothing,
-    and says so only in the pragma's row: the next write could not start the file again, and it would grow
-    1,000 frames more before the next try. The checkpoint made with every writer held tries again until
-    that one ends, which it soon does, nobody writing."""
-    assert autocheckpoint() == 0  # the WAL index is there
-    held, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_checkpoint_lock, args=(f"{file_store}-shm", held, release))
-    holder.start()
-    retries: list[float] = []
-
-    def other_checkpoint_ends(seconds: float) -> None:  # the wait before a retry
-        retries.append(seconds)
-        release.set()
-        holder.join(WAIT_S)
-
-    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=other_checkpoint_ends))
-    frames: list[int] = []
-    try:
-        assert held.wait(WAIT_S)
-        write_results(1_000, each=lambda: frames.append(wal_index_frames(file_store)[0]))  # ~9 frames each
-    finally:
-        release.set()
-        holder.join(WAIT_S)
-    long = next(n for n, count in enumerate(frames) if count >= WAL_RESTART_FRAMES)
-    assert frames[long + 1] <= 16, frames[long - 2 : long + 3]  # the next write started the file again
-    assert retries == [wal.CHECKPOINT_RETRY_S]  # once, while the other process's checkpoint ran
-    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
-
-
-@contextmanager
-def other_checkpoint(store: Path) -> Iterator[Event]:
-    """Another process's checkpoint running (``_hold_checkpoint_lock``) until the Event yielded is set."""
-    held, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold_checkpoint_lock, args=(f"{store}-shm", held, release))
-    holder.start()
-    try:
-        assert held.wait(WAIT_S)
-        yield release
-    finally:
-        release.set()
-        holder.join(WAIT_S)
-
-
-def test_the_long_files_checkpoint_gives_up_after_its_patience_then_tries_once_a_write(
-    file_store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another process's checkpoint may last (one waiting for readers, a process stopped): the long file's
-    checkpoint keeps the other processes' writers out for CHECKPOINT_PATIENCE_S at most, then tries once a
-    write, without waiting, until one copies; the write after that starts the file again."""
-    assert autocheckpoint() == 0  # the WAL index is there
-    waits: list[float] = []
-    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=waits.append))
-    seen: list[tuple[int, int]] = []  # after each write: the file's frames, the waits so far
-
-    def look() -> None:
-        seen.append((wal_index_frames(file_store)[0], len(waits)))
-
-    with other_checkpoint(file_store) as release:
-        write_results(800, each=look)  # about 9 frames each: long from the 450th on
-        release.set()
-    long = next(n for n, (count, _) in enumerate(seen) if count >= WAL_RESTART_FRAMES)
-    patience = len(waits)
-    assert patience >= 100 and patience * wal.CHECKPOINT_RETRY_S <= wal.CHECKPOINT_PATIENCE_S, patience
-    assert waits == [wal.CHECKPOINT_RETRY_S] * patience
-    assert [w for _, w in seen[long:]] == [patience] * len(seen[long:])  # all at the first long write
-    assert seen[-1][0] > seen[long][0] + 2_000  # nothing copied while the other one ran
-    for idx in range(2):  # the first copies the file back, the second starts it again
-        dcache.update_batch_target("big", idx, "done", result="s" * 4096, now=3_000)
-    assert wal_index_frames(file_store)[0] <= 16 and len(waits) == patience
-
-
-def _interrupt(seconds: float) -> None:
-    raise KeyboardInterrupt
-
-
-def test_an_interrupt_while_the_long_files_checkpoint_waits_leaves_the_queue_free(
-    file_store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Ctrl-C while the long file's checkpoint waits for another process's: the write has committed, the
-    interrupt goes up to the caller, and the writers' queue is left, not kept from every other process."""
-    assert autocheckpoint() == 0
-    monkeypatch.setattr(wal, "time", SimpleNamespace(sleep=_interrupt))
-    with other_checkpoint(file_store):
-        with pytest.raises(KeyboardInterrupt):
-            write_results(1_000)
-        assert lock_is_free(file_store) and not db.obj.writers.held
-    done = dcache.batch_job("big")
-    assert done is not None and 400 < done.targets_done < 1_000  # up to the interrupted write, committed
 
 
 def _write_results_in_process(path: str, job_id: str, count: int, start: Event) -> None:

@@ -18,7 +18,6 @@ import os
 import sqlite3
 import struct
 import threading
-import time
 from typing import Literal
 
 from ...driver_errors import is_busy
@@ -31,12 +30,6 @@ __all__ = ["WalPolicy"]
 
 #: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
 CheckpointPlace = Literal["aside", "here", "queue held"]
-
-#: How long the long file's checkpoint waits before it tries again beside another process's (seconds), and
-#: how long it keeps trying at most (seconds; at most a quarter of the store's timeout, which other
-#: processes' writers wait in the queue).
-CHECKPOINT_RETRY_S = 0.001
-CHECKPOINT_PATIENCE_S = 0.25
 
 #: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
 _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
@@ -54,7 +47,6 @@ class WalPolicy(SqliteBase):
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_thread: threading.Thread | None
-    _checkpoint_blocked: bool  # the long file's checkpoint ran out of patience, and has not copied since
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -74,12 +66,10 @@ class WalPolicy(SqliteBase):
             return
         wrote = conn.total_changes != self._changes_seen
         due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
-        try:
-            if due == "queue held":  # before the queue is left: no process writes until the copy ends
-                self._checkpoint_every_frame()
-        finally:  # also when interrupted while it waits: no other process's writer is kept out
-            if self.writers.held:
-                self.writers.release()
+        if due == "queue held":  # before the queue is left: no process writes until the copy ends
+            self._checkpoint_quietly()
+        if self.writers.held:
+            self.writers.release()
         if wrote:
             self._changes_seen = conn.total_changes
             self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
@@ -134,26 +124,9 @@ class WalPolicy(SqliteBase):
             return
         self._checkpoint_thread = thread
 
-    def _checkpoint_quietly(self) -> bool:
-        """``checkpoint()``, a failure left to a later write; True when another process's checkpoint held
-        SQLite's checkpoint lock, so that nothing was copied."""
-        with contextlib.suppress(BatchError):
-            return self._copy_back("PASSIVE")
-        return False
-
-    def _checkpoint_every_frame(self) -> None:
-        """The long file's checkpoint, the writers' queue held. Beside another process's checkpoint SQLite
-        copies nothing, and the next write could not start the file again: tried again every
-        CHECKPOINT_RETRY_S for CHECKPOINT_PATIENCE_S at most; past that, once a write until one copies."""
-        patience = min(CHECKPOINT_PATIENCE_S, self.timeout / 4)
-        tries = 1 if self._checkpoint_blocked else max(1, int(patience / CHECKPOINT_RETRY_S))
-        for attempt in range(tries):
-            if attempt:
-                time.sleep(CHECKPOINT_RETRY_S)
-            if not self._checkpoint_quietly():
-                self._checkpoint_blocked = False
-                return
-        self._checkpoint_blocked = True
+    def _checkpoint_quietly(self) -> None:
+        with contextlib.suppress(BatchError):  # retried after a later write
+            self.checkpoint()
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -170,13 +143,8 @@ class WalPolicy(SqliteBase):
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
         nothing else, without taking the lock, so other threads go on using the store meanwhile; with
         ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE)."""
-        self._copy_back("TRUNCATE" if truncate else "PASSIVE")
-
-    def _copy_back(self, mode: Literal["PASSIVE", "TRUNCATE"]) -> bool:
-        """``checkpoint()``'s work; True when another process's checkpoint held SQLite's checkpoint lock, and
-        nothing was copied (SQLite says so in the pragma's row, raising nothing)."""
         if self.deferred or self.readonly or self.database == ":memory:":
-            return False
+            return
         with self._checkpoint_lock:
             try:
                 if self._checkpointer is None:
@@ -185,13 +153,13 @@ class WalPolicy(SqliteBase):
                     )
                     # its checkpoints write the database file: with the store's own durability
                     self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
-                busy = self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()[0][0]
+                mode = "TRUNCATE" if truncate else "PASSIVE"
+                self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
             except sqlite3.Error as exc:
-                if is_busy(exc):  # another process holds a lock the checkpoint needs: a later write's
-                    return False
+                if is_busy(exc):  # another process is checkpointing, which does the same work
+                    return
                 self.raise_store_error(exc)
                 raise
-        return bool(busy)
 
     def bulk_writes(self) -> BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
