@@ -87,8 +87,9 @@ CASES = {
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {
     *(f"peers/{s}/{side}" for s in ("normal", "full") for side in ("huey", "sift", "sift_bulk10")),
-    # a batch through the shipped Runner against huey's, and its results' time to be readable elsewhere
-    *(f"peers/runner/{s}/{side}" for s in ("normal", "full") for side in ("huey", "runner")),
+    # a batch through the shipped Runner against huey's, the same batch's store calls one after another,
+    # and the runner's results' time to be readable elsewhere
+    *(f"peers/runner/{s}/{side}" for s in ("normal", "full") for side in ("huey", "runner", "sequence")),
     "peers/runner/visible_after_fetch",
 }
 
@@ -201,6 +202,8 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
         longest_ms = max(runner["samples_us"]) * runner["n"] / 1000  # a round's whole batch
         parts_ms = [runner["extra"][part] for part in ("create_ms", "run_ms", "read_ms")]
         assert all(0 < ms <= longest_ms for ms in parts_ms), runner
+        sequence = next(c for c in report["cases"] if c["name"] == f"peers/runner/{setting}/sequence")
+        assert runner["extra"]["over_sequence"] == pytest.approx(runner["median_us"] / sequence["median_us"])
     parts = [c for c in report["cases"] if c["name"].startswith("raw/runner_step_parts/")]
     assert all(c["ratio"] > 0 for c in parts)  # each over the seed's median, measured in the same rounds
     for case in report["cases"]:
@@ -228,8 +231,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # with 90% held against none.
     sqlite_goals = 7 + 9 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
-    # and a batch through a Runner against huey at both settings, and the runner's results' visibility
-    peers_goals, peers_info = (7, 2) if with_huey() else (0, 0)
+    # and a batch through a Runner against huey at both settings, its store calls one after another against
+    # huey at both (reported), and the runner's results' visibility
+    peers_goals, peers_info = (9, 4) if with_huey() else (0, 0)
     # with valgrind: the runner step's instructions against its statements', and against the seed's (reported)
     counted_goals, counted_info = (2, 1) if with_valgrind() else (0, 0)
     # PostgreSQL: 7 flat paths (batch_nbytes among them: O(1)), the runner step against plain psycopg,

@@ -4,8 +4,10 @@ A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of ``c
 returns at once stores every result (its writer commits what has arrived together; its workers start as
 fetches need them, and the case says how many did, and how long each part of the batch took), then one
 read of all results; against huey at the same ``synchronous`` setting writing each result
-(``peers.huey_batch``). And, on a store at NORMAL, the time from each ``fetch`` returning to its result
-being readable by another process (a plain ``sqlite3`` reader there, looking every millisecond)."""
+(``peers.huey_batch``). Beside them, the same batch's store calls made one after another on one thread
+(``sequence``): what the batch costs with no runner around the store, the floor of the runner's time. And,
+on a store at NORMAL, the time from each ``fetch`` returning to its result being readable by another
+process (a plain ``sqlite3`` reader there, looking every millisecond)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any
 
 from sift import dcache
 from sift.runner import Runner
+from sift.runner.runner import PREFETCH
 from sift.testing import make_job, make_targets
 
 from ..harness import Report, alternate, checkpoints_settled
@@ -32,15 +35,20 @@ RUNNER_GOALS = {"normal": 0.5, "full": 0.2}
 VISIBLE_GOAL_MS = 50.0
 
 
+def _wait_until_done(job_id: str) -> None:
+    """Wait for the job to end as a client watching it does: woken by each change of its count."""
+    job = dcache.batch_job(job_id)
+    while job is not None and job.status in ("queued", "running"):
+        job = dcache.wait_for_batch_job(job_id, timeout=120, since=job)
+
+
 def _runner_until_done(job_id: str, fetch: Any) -> int:
     """Run a Runner until the job is done; the count of its workers running then."""
     runner = Runner(fetch, name=f"bench-{job_id}", concurrency=RUNNER_THREADS)
     thread = threading.Thread(target=runner.run, kwargs={"grace": 30})
     thread.start()
     try:
-        job = dcache.batch_job(job_id)
-        while job is not None and job.status in ("queued", "running"):
-            job = dcache.wait_for_batch_job(job_id, timeout=120, since=job)
+        _wait_until_done(job_id)
         return runner.progress().workers
     finally:
         runner.stop()
@@ -82,18 +90,48 @@ def runner_batch(
     return run
 
 
+def sequence_batch(job_id: str, targets: int) -> Any:
+    """The store's calls of a runner's batch, one after another on one thread: the submission; claims of
+    the runner's sizes (its workers' count, then that and its prefetch), each followed by one
+    ``update_batch_targets`` of its results and a ``finish_batch_job``, until a claim finds nothing; the
+    read. Another thread waits for the job meanwhile, as the runner's batch does. Built before, as
+    ``runner_batch`` is."""
+    job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
+    rows = make_targets(targets, options=OPTIONS)
+    name = f"bench-{job_id}"
+
+    def run() -> None:
+        dcache.create_batch_job(job, rows)
+        waiting = threading.Thread(target=_wait_until_done, args=(job_id,))
+        waiting.start()
+        limit = RUNNER_THREADS
+        while claimed := dcache.claim_batch_targets(limit, runner=name):
+            results = [{"idx": int(t.idx), "status": "done", "result": RESULT_1K} for t in claimed]
+            dcache.update_batch_targets(job_id, results, runner=name)
+            dcache.finish_batch_job(job_id)
+            limit = RUNNER_THREADS + PREFETCH
+        waiting.join()
+        got = dcache.batch_targets(job_id)
+        if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
+            raise AssertionError("sequence: the batch's results are not all there")
+        checkpoints_settled()
+
+    return run
+
+
 def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
     """The runner's batch and huey's, at NORMAL and at FULL, one of each per round."""
     targets = sizes.runner_targets
     for name, (durable, synchronous) in SETTINGS.items():
         dcache.open_db(tmp / f"runner-sift-{name}.db", durable=durable)
         storage = huey_storage(tmp / f"runner-huey-{name}.db", synchronous)
-        samples: dict[str, list[float]] = {"runner": [], "huey": []}
+        samples: dict[str, list[float]] = {"runner": [], "sequence": [], "huey": []}
         workers: list[int] = []
         phases: dict[str, list[float]] = {}
         for rnd in range(sizes.runner_rounds + 1):  # round 0 warms up, untimed
             sides = {
                 "runner": runner_batch(f"runner-{name}-{rnd}", targets, workers, phases if rnd else None),
+                "sequence": sequence_batch(f"sequence-{name}-{rnd}", targets),
                 "huey": huey_batch(storage, f"runner-{name}-{rnd}", targets),
             }
             for side in alternate(rnd, tuple(sides)):
@@ -113,6 +151,16 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
             f"synchronous={name.upper()}, runner/huey",
             ratio,
             RUNNER_GOALS[name],
+            "x",
+        )
+        sequence_case = report.case(f"peers/runner/{name}/sequence", targets, samples["sequence"])
+        # the runner's time over its store calls' own: what its threads add
+        runner_case.extra["over_sequence"] = runner_case.median_us / sequence_case.median_us
+        report.goal(
+            f"peers: the same batch's store calls one after another, a thread waiting beside them, at "
+            f"synchronous={name.upper()} (the runner's floor), sequence/huey",
+            report.pair(sequence_case, huey_case),
+            None,
             "x",
         )
     visible_after_fetch(tmp, sizes, report)
