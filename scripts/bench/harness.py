@@ -118,6 +118,13 @@ def alternate(rnd: int, sides: tuple[T, ...]) -> tuple[T, ...]:
     return sides if rnd % 2 == 0 else sides[::-1]
 
 
+def rotate(rnd: int, sides: tuple[T, ...]) -> tuple[T, ...]:
+    """The sides in the order round ``rnd`` runs them: each round starts one side further on, so that over
+    as many rounds as sides each side runs in each place once."""
+    turn = rnd % len(sides)
+    return sides[turn:] + sides[:turn]
+
+
 def checkpoints_settled() -> None:
     """Wait for the store's checkpoint running on a thread of its own (``sift-checkpoint``): a batch's
     checkpoints then count in its own time, not in the side's measured after it."""

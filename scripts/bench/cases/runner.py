@@ -4,10 +4,10 @@ A batch: a job of ``runner_targets`` targets submitted, then a ``Runner`` of ``c
 returns at once stores every result (its writer commits what has arrived together; its workers start as
 fetches need them, and the case says how many did, and how long each part of the batch took), then one
 read of all results; against huey at the same ``synchronous`` setting writing each result
-(``peers.huey_batch``). Beside them, the same batch's store calls made one after another on one thread
-(``sequence``): what the batch costs with no runner around the store, the floor of the runner's time. And,
-on a store at NORMAL, the time from each ``fetch`` returning to its result being readable by another
-process (a plain ``sqlite3`` reader there, looking every millisecond)."""
+(``peers.huey_batch``). Beside them, the claims, writes and finishes of the same batch's targets made one
+after another on one thread (``sequence``): the least its runner could take for them. And, on a store at
+NORMAL, the time from each ``fetch`` returning to its result being readable by another process (a plain
+``sqlite3`` reader there, looking every millisecond)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from sift.runner import Runner
 from sift.runner.runner import PREFETCH
 from sift.testing import make_job, make_targets
 
-from ..harness import Report, alternate, checkpoints_settled
+from ..harness import Report, checkpoints_settled, rotate
 from ..sizes import OPTIONS, RESULT_1K, T0, Sizes
 from .peers import SETTINGS, huey_batch, huey_storage
 
@@ -91,26 +91,29 @@ def runner_batch(
 
 
 def sequence_batch(job_id: str, targets: int) -> Any:
-    """The store's calls of a runner's batch, one after another on one thread: the submission; claims of
-    the runner's sizes (its workers' count, then that and its prefetch), each followed by one
-    ``update_batch_targets`` of its results and a ``finish_batch_job``, until a claim finds nothing; the
-    read. Another thread waits for the job meanwhile, as the runner's batch does. Built before, as
+    """A runner's batch without the runner: its submission, its claims (of the runner's sizes), each claim's
+    writes and finish, and the read, on one thread, another waiting for the job. Built before, as
     ``runner_batch`` is."""
     job = make_job(id=job_id, caller="peers", targets_total=targets, created_at=T0, lease=T0)
     rows = make_targets(targets, options=OPTIONS)
-    name = f"bench-{job_id}"
+    runner = f"bench-{job_id}"
 
     def run() -> None:
         dcache.create_batch_job(job, rows)
-        waiting = threading.Thread(target=_wait_until_done, args=(job_id,))
-        waiting.start()
-        limit = RUNNER_THREADS
-        while claimed := dcache.claim_batch_targets(limit, runner=name):
+        waiter = threading.Thread(target=_wait_until_done, args=(job_id,), daemon=True)
+        waiter.start()
+        limit = RUNNER_THREADS  # the runner's first claim: its workers' count; then its prefetch beside it
+        while claimed := dcache.claim_batch_targets(limit, runner=runner):
             results = [{"idx": int(t.idx), "status": "done", "result": RESULT_1K} for t in claimed]
-            dcache.update_batch_targets(job_id, results, runner=name)
+            dcache.update_batch_targets(job_id, results, runner=runner)
             dcache.finish_batch_job(job_id)
             limit = RUNNER_THREADS + PREFETCH
-        waiting.join()
+        finished = dcache.batch_job(job_id)
+        if finished is None or finished.status != "done":
+            raise AssertionError(f"sequence: the job did not finish: {finished}")
+        waiter.join(120)
+        if waiter.is_alive():
+            raise AssertionError("sequence: the wait did not see the job finish")
         got = dcache.batch_targets(job_id)
         if got is None or len(got) != targets or any(t.result != RESULT_1K for t in got):
             raise AssertionError("sequence: the batch's results are not all there")
@@ -120,7 +123,7 @@ def sequence_batch(job_id: str, targets: int) -> Any:
 
 
 def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
-    """The runner's batch and huey's, at NORMAL and at FULL, one of each per round."""
+    """The runner's batch, its sequence and huey's, at NORMAL and at FULL, one of each per round."""
     targets = sizes.runner_targets
     for name, (durable, synchronous) in SETTINGS.items():
         dcache.open_db(tmp / f"runner-sift-{name}.db", durable=durable)
@@ -134,7 +137,7 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
                 "sequence": sequence_batch(f"sequence-{name}-{rnd}", targets),
                 "huey": huey_batch(storage, f"runner-{name}-{rnd}", targets),
             }
-            for side in alternate(rnd, tuple(sides)):
+            for side in rotate(rnd, tuple(sides)):
                 t0 = time.perf_counter()
                 sides[side]()
                 if rnd:
@@ -154,10 +157,10 @@ def bench_runner_peers(tmp: Path, sizes: Sizes, report: Report) -> None:
             "x",
         )
         sequence_case = report.case(f"peers/runner/{name}/sequence", targets, samples["sequence"])
-        # the runner's time over its store calls' own: what its threads add
+        # what the runner adds to its targets' store calls: its threads, its start, keeper and stop
         runner_case.extra["over_sequence"] = runner_case.median_us / sequence_case.median_us
         report.goal(
-            f"peers: the same batch's store calls one after another, a thread waiting beside them, at "
+            f"peers: the same batch without a runner, on one thread (a thread waiting beside it), at "
             f"synchronous={name.upper()} (the runner's floor), sequence/huey",
             report.pair(sequence_case, huey_case),
             None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = [
     "BUSY_TIMEOUT_S",
+    "CHECKPOINT_RETRY_S",
+    "CHECKPOINT_WAIT_S",
     "CLAIMS_NEED_SQLITE",
     "PRAGMAS",
     "READONLY_PRAGMAS",
@@ -17,6 +19,11 @@ WAL_AUTOCHECKPOINT_PAGES = 1000
 #: Frames of -wal file from which a queued store's checkpoint runs with the lock and the writers' queue held,
 #: so that no write comes in between and the file starts again from its beginning (16 MiB of 4 KiB pages).
 WAL_RESTART_FRAMES = 4 * WAL_AUTOCHECKPOINT_PAGES
+#: The most that checkpoint, made with every writer held, waits for another process's checkpoint to end (a
+#: quarter of the busy timeout when that is shorter): other processes' writers wait on the queue meanwhile.
+CHECKPOINT_WAIT_S = 0.25
+#: How long it sleeps between its tries.
+CHECKPOINT_RETRY_S = 0.005
 
 #: The oldest SQLite whose library can run claim_batch_targets.
 CLAIMS_NEED_SQLITE = (3, 35, 0)

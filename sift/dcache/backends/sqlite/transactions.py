@@ -126,8 +126,10 @@ class WriteTransaction:
                 database._state.conn.execute("BEGIN IMMEDIATE")
                 database._state.transactions.append(self)
         except BaseException as exc:
-            database.settle_writers()
-            database.lock.release()
+            try:
+                database.settle_writers()
+            finally:
+                database.lock.release()
             database.raise_store_error(exc)
             raise
 
@@ -152,8 +154,10 @@ class WriteTransaction:
             database.raise_store_error(end_error, constraints=True)
             raise
         finally:
-            database.settle_writers()
-            database.lock.release()
+            try:  # an interrupt in the checkpoint's wait leaves no lock held
+                database.settle_writers()
+            finally:
+                database.lock.release()
         if exc is not None:  # what failed inside the transaction: here it leaves the store's functions
             database.raise_store_error(exc, constraints=True)
 
@@ -183,8 +187,10 @@ class DirectWrite(WriteTransaction):
             state.conn.execute("BEGIN IMMEDIATE")
             state.transactions.append(self)
         except BaseException as exc:
-            database.settle_writers()
-            database.lock.release()
+            try:
+                database.settle_writers()
+            finally:
+                database.lock.release()
             database.raise_store_error(exc)
             raise
         return execute

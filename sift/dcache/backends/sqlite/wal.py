@@ -8,7 +8,8 @@ held: every other process's writer would wait for its copy and fsyncs. So a queu
 applies the same rule itself (:meth:`WalPolicy.checkpoint_due`): once the queue is released, on a thread
 of its own (the process's other threads write on meanwhile), or on the writing thread for a durable
 store; and, once the file is long, with the queue still held, so that no process writes during that
-checkpoint and the next write starts the file again from its beginning.
+checkpoint and the next write starts the file again from its beginning. Another process's checkpoint
+holding SQLite's checkpoint lock then makes that one copy nothing: it is tried again for a moment.
 """
 
 from __future__ import annotations
@@ -18,12 +19,19 @@ import os
 import sqlite3
 import struct
 import threading
+import time
 from typing import Literal
 
 from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
-from .settings import SYNCHRONOUS_DURABLE, WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
+from .settings import (
+    CHECKPOINT_RETRY_S,
+    CHECKPOINT_WAIT_S,
+    SYNCHRONOUS_DURABLE,
+    WAL_AUTOCHECKPOINT_PAGES,
+    WAL_RESTART_FRAMES,
+)
 from .transactions import BulkWrites
 
 __all__ = ["WalPolicy"]
@@ -47,6 +55,10 @@ class WalPolicy(SqliteBase):
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_thread: threading.Thread | None
+    _checkpoint_busy: bool  # whether SQLite said the last checkpoint was busy (see checkpoint)
+    # the long file's last checkpoint waited for another process's until CHECKPOINT_WAIT_S, in vain: the next
+    # ones try once, until a checkpoint of this store copies again
+    _checkpoint_gave_up: bool
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -65,13 +77,15 @@ class WalPolicy(SqliteBase):
                 self.writers.release()
             return
         wrote = conn.total_changes != self._changes_seen
+        self._changes_seen = conn.total_changes  # before the checkpoint's wait, which an interrupt may end
         due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
-        if due == "queue held":  # before the queue is left: no process writes until the copy ends
-            self._checkpoint_quietly()
-        if self.writers.held:
-            self.writers.release()
+        try:
+            if due == "queue held":  # before the queue is left: no process writes until the copy ends
+                self._checkpoint_restarting()
+        finally:
+            if self.writers.held:
+                self.writers.release()
         if wrote:
-            self._changes_seen = conn.total_changes
             self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
             if due == "aside":
                 self._checkpoint_aside()
@@ -124,9 +138,30 @@ class WalPolicy(SqliteBase):
             return
         self._checkpoint_thread = thread
 
-    def _checkpoint_quietly(self) -> None:
-        with contextlib.suppress(BatchError):  # retried after a later write
+    def _checkpoint_restarting(self) -> None:
+        """The long file's checkpoint, every writer held. While another process's checkpoint holds SQLite's
+        checkpoint lock, it copies nothing: tried again for at most CHECKPOINT_WAIT_S (a quarter of the
+        timeout when shorter), then, once it gave up, once at each write until a checkpoint copies."""
+        deadline = time.monotonic() + min(CHECKPOINT_WAIT_S, self.timeout / 4)
+        tries = int(CHECKPOINT_WAIT_S / CHECKPOINT_RETRY_S)  # a bound freezegun's frozen clock cannot lift
+        while self._checkpoint_quietly():
+            tries -= 1
+            if self._checkpoint_gave_up or tries < 0 or time.monotonic() >= deadline:
+                self._checkpoint_gave_up = True
+                return
+            time.sleep(CHECKPOINT_RETRY_S)
+
+    def _checkpoint_quietly(self) -> bool:
+        """``checkpoint()``, a store error left for a later write to try again; whether SQLite said it was
+        busy. One that was not lets the long file's checkpoint wait again."""
+        try:
             self.checkpoint()
+        except BatchError:
+            return False
+        busy = self._checkpoint_busy
+        if not busy:
+            self._checkpoint_gave_up = False
+        return busy
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -142,10 +177,13 @@ class WalPolicy(SqliteBase):
     def checkpoint(self, *, truncate: bool = False) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
         nothing else, without taking the lock, so other threads go on using the store meanwhile; with
-        ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE)."""
+        ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE). Whether
+        SQLite said it was busy (``_checkpoint_busy``): another connection's checkpoint held its checkpoint
+        lock, so nothing was copied (with ``truncate``: or a reader or writer kept it from ending)."""
         if self.deferred or self.readonly or self.database == ":memory:":
             return
         with self._checkpoint_lock:
+            self._checkpoint_busy = False
             try:
                 if self._checkpointer is None:
                     self._checkpointer = sqlite3.connect(
@@ -154,12 +192,15 @@ class WalPolicy(SqliteBase):
                     # its checkpoints write the database file: with the store's own durability
                     self._checkpointer.execute(f"PRAGMA synchronous = {self.synchronous_pragma}")
                 mode = "TRUNCATE" if truncate else "PASSIVE"
-                self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+                # its row: busy (1 when another connection's checkpoint held the lock), frames, copied
+                busy, _, _ = self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
             except sqlite3.Error as exc:
-                if is_busy(exc):  # another process is checkpointing, which does the same work
+                if is_busy(exc):
+                    self._checkpoint_busy = True
                     return
                 self.raise_store_error(exc)
                 raise
+            self._checkpoint_busy = bool(busy)
 
     def bulk_writes(self) -> BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
@@ -171,6 +212,7 @@ class WalPolicy(SqliteBase):
         running, self._checkpoint_thread = self._checkpoint_thread, None
         if running is not None:
             running.join()
+        self._checkpoint_gave_up = False
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
