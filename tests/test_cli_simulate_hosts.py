@@ -96,8 +96,9 @@ def test_three_hosts_one_killed(store_target: str, capsys: pytest.CaptureFixture
     assert kill["host"] == 2 and kill["held_targets"] >= 1
     # The killed host's claims were requeued, by the survivors' keepers only, and none failed: each target
     # it held had attempts left. No live host's write was refused. The held targets are those the store
-    # showed running under its runners when it was frozen: on SQLite exactly those went stale; on
-    # PostgreSQL also those a transaction of its held then (a COMMIT sent before the freeze still lands).
+    # showed running under its runners once nothing it sent could land: on SQLite, read while it was frozen,
+    # exactly those went stale; on PostgreSQL, read once the server had ended its connections, a keeper may
+    # have requeued some already (or be requeueing them, its rows locked and so not counted).
     requeued, held = summary["total"]["requeued"], kill["held_targets"]
     assert requeued >= held if store_target.startswith("postgresql:") else requeued == held
     assert hosts[2]["requeued"] == 0

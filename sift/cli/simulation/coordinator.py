@@ -19,9 +19,12 @@ Each host process opens the store itself (one SQLite file for all, or one Postgr
 
 The store's functions run on the real clock, so ``stale_after`` is real seconds. Part-way through (a third
 of the planned targets written, and the victim holding claimed targets it has not written yet) the coordinator
-SIGKILLs the last host. The others requeue its claims once their heartbeats are ``stale_after`` old, claim
-and finish them, and claim the jobs it had submitted but nobody had started. The run ends when every
-survivor has sent its submissions and seen them finish, and no job is queued or running.
+SIGKILLs the last host; on PostgreSQL it then waits for the server to end the host's connections (each
+named for the host in ``pg_stat_activity``) before it counts what the host held, since a write the host
+sent just before it was frozen still lands. The others requeue its claims once their heartbeats are
+``stale_after`` old, claim and finish them, and claim the jobs it had submitted but nobody had started.
+The run ends when every survivor has sent its submissions and seen them finish, and no job is queued or
+running.
 
 What each host did is in its journal: a file of JSON lines that it alone appends to, with every claim (the
 targets, as soon as ``claim_batch_targets`` returned, and how long the call took), every target written,
@@ -43,6 +46,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
+import urllib.parse
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -51,14 +55,14 @@ from typing import Any
 from sift import dcache
 from sift.dcache import BatchTarget, TargetStatus
 
-from ..store import CommandError
+from ..store import CommandError, is_postgres
 from .cores import busy_pct, cores_time
 from .fairness import running_urls
 from .host import HostConfig, host_main, runner_names
 from .journal import JournalReader, read_journal
 from .workload import NO_OPTIONS, ClaimOptions, JobSpec, Settings, plan
 
-__all__ = ["STALL_S", "HostsRun", "Kill", "assign", "run_hosts"]
+__all__ = ["STALL_S", "HostsRun", "Kill", "assign", "host_target", "run_hosts"]
 
 
 #: The coordinator gives up when no host records anything for this long, plus stale_after (and the check
@@ -66,6 +70,9 @@ __all__ = ["STALL_S", "HostsRun", "Kill", "assign", "run_hosts"]
 STALL_S = 30.0
 #: Which part of the planned targets is written before the victim is killed.
 KILL_AFTER = 1 / 3
+#: How long the coordinator waits, after it killed a host, for the PostgreSQL server to end the host's
+#: connections: each first runs what it was sent, which may wait out a lock (or the run fails).
+CONNECTIONS_END_S = 60.0
 
 
 def assign(specs: list[JobSpec], hosts: int) -> list[list[JobSpec]]:
@@ -89,7 +96,9 @@ def assign(specs: list[JobSpec], hosts: int) -> list[list[JobSpec]]:
 class Kill:
     host: int
     after_targets: int  # written by all hosts when it was killed
-    held_targets: int  # running under its runners in the store when it was frozen, no write in flight
+    # Running under its runners in the store once nothing it sent could land: read while it was frozen on
+    # SQLite, and on PostgreSQL once the server had ended its connections after the kill.
+    held_targets: int
     at_s: float
 
 
@@ -117,8 +126,12 @@ class HostsRun:
 
 
 class _Coordinated:
-    def __init__(self, index: int, process: BaseProcess, conn: Any, journal: str) -> None:
+    def __init__(
+        self, index: int, process: BaseProcess, conn: Any, journal: str, application_name: str | None
+    ) -> None:
         self.index = index
+        #: The ``application_name`` of the host's connections on PostgreSQL; None on SQLite.
+        self.application_name = application_name
         self.process = process
         self.conn = conn
         self.reader = JournalReader(journal)
@@ -163,14 +176,23 @@ def run_hosts(
     child_ends: list[multiprocessing.connection.Connection] = []
     for index, share in enumerate(assign(specs, hosts)):
         journal = str(journal_dir / f"host-{index}.jsonl")
+        application_name = f"{prefix}-host-{index}" if is_postgres(target) else None
         config = HostConfig(
-            target, journal, index, prefix, settings, stale_after, tuple(share), fetch_s, claim or NO_OPTIONS
+            host_target(target, application_name),
+            journal,
+            index,
+            prefix,
+            settings,
+            stale_after,
+            tuple(share),
+            fetch_s,
+            claim or NO_OPTIONS,
         )
         parent, child = context.Pipe()
         process = context.Process(
             target=host_main, args=(config, child), name=f"sift-host-{index}", daemon=True
         )
-        hosted.append(_Coordinated(index, process, parent, journal))
+        hosted.append(_Coordinated(index, process, parent, journal, application_name))
         child_ends.append(child)
     victim = hosted[-1] if kill and hosts > 1 else None
     runners = runner_names(prefix, hosts - 1, settings.workers)
@@ -259,10 +281,23 @@ def run_hosts(
     )
 
 
+def host_target(target: str, application_name: str | None) -> str:
+    """What a host process opens: ``target``, its connections named ``application_name`` (in place of any
+    the target names) when one is given, a PostgreSQL target's."""
+    if application_name is None:
+        return target
+    parts = urllib.parse.urlsplit(target)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    named = [(key, value) for key, value in query if key != "application_name"]
+    named.append(("application_name", application_name))
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(named)))
+
+
 def _kill_holding(victim: _Coordinated, runners: list[str], *, must_hold: bool) -> int | None:
     """SIGKILL the victim if (or, without ``must_hold``, even if not) the store shows it holding claimed
-    targets; return how many it held, or None when it held none and lives on. It is frozen first (SIGSTOP),
-    so the store is read as it stands at its death."""
+    targets while it is frozen (SIGSTOP); return how many it held at its death, or None when it held none
+    and lives on. On PostgreSQL they are counted again once the server has ended its connections: a write it
+    sent before the freeze may not have reached its rows yet, and lands."""
     pid = victim.process.pid or 0
     os.kill(pid, signal.SIGSTOP)
     while _state(pid) not in ("T", "Z", "X", ""):  # until it is stopped (read, not waited for: not reaped)
@@ -274,7 +309,24 @@ def _kill_holding(victim: _Coordinated, runners: list[str], *, must_hold: bool) 
     os.kill(pid, signal.SIGKILL)
     victim.process.join()
     victim.read()
-    return held
+    if victim.application_name is None:  # SQLite: a frozen process writes nothing, and its death rolls back
+        return held
+    _await_connections_ended(victim.index, victim.application_name)
+    return _held_in_store(runners)
+
+
+def _await_connections_ended(host: int, application_name: str) -> None:
+    """Wait until the PostgreSQL server shows no connection named ``application_name`` (a killed host's): it
+    ends each once it has run what it was sent. CommandError after :data:`CONNECTIONS_END_S`."""
+    sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    deadline = time.monotonic() + CONNECTIONS_END_S
+    while dcache.db.execute_sql(sql, (application_name,)).fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise CommandError(
+                f"host {host}: the server still ran its connections {CONNECTIONS_END_S:g} s after its "
+                "SIGKILL, so what it held could not be counted"
+            )
+        time.sleep(0.005)
 
 
 def _held_in_store(runners: list[str]) -> int:
