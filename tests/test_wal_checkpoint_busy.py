@@ -30,7 +30,6 @@ from sift import dcache
 from sift.dcache.backends.sqlite import wal
 from sift.dcache.backends.sqlite.settings import (
     CHECKPOINT_RETRY_S,
-    CHECKPOINT_WAIT_S,
     WAL_AUTOCHECKPOINT_PAGES,
     WAL_RESTART_FRAMES,
 )
@@ -42,7 +41,7 @@ WAIT_S = 60.0  # how long a test waits for another process before it fails (neve
 #: SQLite's checkpoint lock: WAL_CKPT_LOCK, one byte at 120 + 1 of the -shm file (sqlite.org/walformat).
 CHECKPOINT_LOCK_BYTE = 121
 #: The most frames one write of ``write_one`` appends (its result's overflow pages, the row, the job).
-ONE_WRITE_FRAMES = 16
+ONE_WRITE_FRAMES = 64
 JOB = "big"
 WRITES = 3_000  # enough to take the file past WAL_RESTART_FRAMES more than once
 
@@ -153,13 +152,13 @@ def test_given_up_it_tries_once_a_write_until_a_checkpoint_copies_then_waits_aga
     clock = Clock(step=1.0)  # past its deadline after the first sleep
     use(monkeypatch, clock)
     busy: list[bool] = []  # what each checkpoint of the store found
-    checkpoint = dcache.db.obj.checkpoint
+    checkpoint = dcache.db.obj._checkpoint_once
 
-    def watched(*, truncate: bool = False) -> None:
-        checkpoint(truncate=truncate)
-        busy.append(dcache.db.obj._checkpoint_busy)
+    def watched(*, truncate: bool = False) -> bool:
+        busy.append(bool(checkpoint(truncate=truncate)))
+        return busy[-1]
 
-    monkeypatch.setattr(dcache.db.obj, "checkpoint", watched)
+    monkeypatch.setattr(dcache.db.obj, "_checkpoint_once", watched)
     writes = Writes(file_store)
     while not clock.sleeps:  # to the long file's first checkpoint
         frames = writes.one()
@@ -200,20 +199,26 @@ def test_an_interrupt_while_it_waits_leaves_no_lock_held(
     """An interrupt in the wait leaves the store's write (its own transaction, committed before) with the
     writers' queue and the store's lock let go of: on the results' path, and on a write transaction's."""
     holding()
+    interrupted: list[bool] = []
 
     def interrupt() -> None:
+        if interrupted:
+            pytest.fail("the store waited again after the interrupt")
+        interrupted.append(True)
         raise KeyboardInterrupt
 
     use(monkeypatch, Clock(then=interrupt))
     writes = Writes(file_store)
     submitted = 0
     with pytest.raises(KeyboardInterrupt):
-        while True:
+        for submitted in range(WRITES):  # the long file comes at about 100 submissions
             if path == "a result":
                 writes.one()
             else:
                 submit(submitted)
-                submitted += 1
+        pytest.fail("the store never waited")
+    # before any other call of the store, which would leave the queue first
+    assert lock_is_free(file_store)
     # committed before its checkpoint
     if path == "a result":
         written = dcache.batch_targets(JOB)
@@ -260,8 +265,10 @@ def test_a_checkpoint_that_a_reader_keeps_from_copying_all_does_not_wait(
         (10.0, 0.006, 42),
         # a quarter of a shorter timeout: 0.01 s
         (0.04, 0.006, 2),
-        # a clock standing still (freezegun's): a count of CHECKPOINT_WAIT_S / CHECKPOINT_RETRY_S tries
-        (10.0, 0.0, int(CHECKPOINT_WAIT_S / CHECKPOINT_RETRY_S)),
+        # a clock standing still (freezegun's): a count of tries, CHECKPOINT_WAIT_S / CHECKPOINT_RETRY_S
+        (10.0, 0.0, 50),
+        # and a quarter of a shorter timeout's worth of them
+        (0.04, 0.0, 2),
     ],
 )
 def test_the_wait_ends_at_its_deadline_or_its_count_of_tries(

@@ -708,18 +708,18 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
     assert autocheckpoint() == 0
     writer = threading.current_thread()
     calls: list[tuple[str, bool, bool, bool]] = []
-    checkpoint = db.obj.checkpoint
+    checkpoint = db.obj._checkpoint_once
 
-    def watched() -> None:
+    def watched(*, truncate: bool = False) -> bool:
         here = threading.current_thread()
         on_writer = here is writer
         # the queue (process-wide) is only the writing thread's to hold: another thread writes on meanwhile
         queue_held = on_writer and db.obj.writers.held and not lock_is_free(file_store)
         long = wal_index_frames(file_store)[0] >= WAL_RESTART_FRAMES
         calls.append(("writer" if on_writer else here.name, queue_held, db.obj.lock._is_owned(), long))
-        checkpoint()
+        return bool(checkpoint(truncate=truncate))
 
-    monkeypatch.setattr(db.obj, "checkpoint", watched)
+    monkeypatch.setattr(db.obj, "_checkpoint_once", watched)
     longest = [0]
 
     def look() -> None:

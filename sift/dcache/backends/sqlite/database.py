@@ -71,7 +71,7 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_thread = None
-        self._checkpoint_busy = self._checkpoint_gave_up = False
+        self._checkpoint_gave_up = False
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
         self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
@@ -113,7 +113,7 @@ class SerializedSqliteDatabase(
         _inherited_connections.extend(c for c in (self._state.conn, self._checkpointer) if c is not None)
         self._checkpointer = None
         self._checkpoint_thread = None
-        self._checkpoint_busy = self._checkpoint_gave_up = False
+        self._checkpoint_gave_up = False
         self.writers.after_fork_in_child()
         self.close_wal_index()
         self._state.reset()

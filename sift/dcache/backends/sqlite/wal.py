@@ -55,7 +55,6 @@ class WalPolicy(SqliteBase):
     _checkpointer: sqlite3.Connection | None
     _checkpoint_lock: threading.Lock
     _checkpoint_thread: threading.Thread | None
-    _checkpoint_busy: bool  # whether SQLite said the last checkpoint was busy (see checkpoint)
     # the long file's last checkpoint waited for another process's until CHECKPOINT_WAIT_S, in vain: the next
     # ones try once, until a checkpoint of this store copies again
     _checkpoint_gave_up: bool
@@ -78,19 +77,21 @@ class WalPolicy(SqliteBase):
             return
         wrote = conn.total_changes != self._changes_seen
         self._changes_seen = conn.total_changes  # before the checkpoint's wait, which an interrupt may end
-        due = self.checkpoint_due() if wrote and self._wal_index_path is not None else None
+        due = None
         try:
+            if wrote and self._wal_index_path is not None:
+                due = self.checkpoint_due()
             if due == "queue held":  # before the queue is left: no process writes until the copy ends
                 self._checkpoint_restarting()
         finally:
             if self.writers.held:
                 self.writers.release()
-        if wrote:
-            self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
-            if due == "aside":
-                self._checkpoint_aside()
-            elif due == "here":
-                self._checkpoint_quietly()
+            if wrote:
+                self.nudge_waits()  # this process's waits see the commit now, not at the feed's next look
+        if due == "aside":
+            self._checkpoint_aside()
+        elif due == "here":
+            self._checkpoint_quietly()
 
     def checkpoint_due(self) -> CheckpointPlace | None:
         """SQLite's rule for its automatic checkpoint, applied by the store: once the -wal file holds
@@ -141,9 +142,10 @@ class WalPolicy(SqliteBase):
     def _checkpoint_restarting(self) -> None:
         """The long file's checkpoint, every writer held. While another process's checkpoint holds SQLite's
         checkpoint lock, it copies nothing: tried again for at most CHECKPOINT_WAIT_S (a quarter of the
-        timeout when shorter), then, once it gave up, once at each write until a checkpoint copies."""
-        deadline = time.monotonic() + min(CHECKPOINT_WAIT_S, self.timeout / 4)
-        tries = int(CHECKPOINT_WAIT_S / CHECKPOINT_RETRY_S)  # a bound freezegun's frozen clock cannot lift
+        timeout when shorter); once it gave up, once at each write that makes it due, until one copies."""
+        wait = min(CHECKPOINT_WAIT_S, self.timeout / 4)
+        deadline = time.monotonic() + wait
+        tries = int(wait / CHECKPOINT_RETRY_S)  # a bound freezegun's frozen clock cannot lift
         while self._checkpoint_quietly():
             tries -= 1
             if self._checkpoint_gave_up or tries < 0 or time.monotonic() >= deadline:
@@ -155,10 +157,9 @@ class WalPolicy(SqliteBase):
         """``checkpoint()``, a store error left for a later write to try again; whether SQLite said it was
         busy. One that was not lets the long file's checkpoint wait again."""
         try:
-            self.checkpoint()
+            busy = self._checkpoint_once()
         except BatchError:
             return False
-        busy = self._checkpoint_busy
         if not busy:
             self._checkpoint_gave_up = False
         return busy
@@ -177,13 +178,16 @@ class WalPolicy(SqliteBase):
     def checkpoint(self, *, truncate: bool = False) -> None:
         """Copy the -wal file back into the database (a PASSIVE checkpoint) on a connection used for
         nothing else, without taking the lock, so other threads go on using the store meanwhile; with
-        ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE). Whether
-        SQLite said it was busy (``_checkpoint_busy``): another connection's checkpoint held its checkpoint
-        lock, so nothing was copied (with ``truncate``: or a reader or writer kept it from ending)."""
+        ``truncate``, also empty the -wal file when no other connection is using it (TRUNCATE)."""
+        self._checkpoint_once(truncate=truncate)
+
+    def _checkpoint_once(self, *, truncate: bool = False) -> bool:
+        """:meth:`checkpoint`; whether SQLite said it was busy: another connection's checkpoint held its
+        checkpoint lock, so nothing was copied (with ``truncate``: or a reader or writer kept it from
+        ending)."""
         if self.deferred or self.readonly or self.database == ":memory:":
-            return
+            return False
         with self._checkpoint_lock:
-            self._checkpoint_busy = False
             try:
                 if self._checkpointer is None:
                     self._checkpointer = sqlite3.connect(
@@ -196,11 +200,10 @@ class WalPolicy(SqliteBase):
                 busy, _, _ = self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
             except sqlite3.Error as exc:
                 if is_busy(exc):
-                    self._checkpoint_busy = True
-                    return
+                    return True
                 self.raise_store_error(exc)
                 raise
-            self._checkpoint_busy = bool(busy)
+            return bool(busy)
 
     def bulk_writes(self) -> BulkWrites:
         """Around many write transactions in a row (a sweep, an eviction): no COMMIT checkpoints under the
