@@ -3,7 +3,8 @@
 From ``WAL_RESTART_FRAMES`` frames on, the store checkpoints with every writer held, so that the next write
 starts the file again. While another process's checkpoint holds SQLite's checkpoint lock (byte 121 of the
 ``-shm`` file), that checkpoint copies nothing and says so only in its row (busy 1): it is tried again for
-at most ``CHECKPOINT_WAIT_S``; once it gave up, once at each write, until a checkpoint copies again.
+at most ``CHECKPOINT_WAIT_S``; once it gave up, once at each write that makes it due, until a checkpoint
+copies again.
 
 The other process here holds the lock itself, as a checkpoint does, until the test tells it to let go.
 No timing is asserted: the store's sleeps are the test's (they count, and move a clock of the test's).
@@ -40,7 +41,8 @@ ctx = multiprocessing.get_context("spawn")
 WAIT_S = 60.0  # how long a test waits for another process before it fails (never a timing assertion)
 #: SQLite's checkpoint lock: WAL_CKPT_LOCK, one byte at 120 + 1 of the -shm file (sqlite.org/walformat).
 CHECKPOINT_LOCK_BYTE = 121
-#: The most frames one write of ``write_one`` appends (its result's overflow pages, the row, the job).
+#: A bound on the frames one write of ``Writes.one`` appends (8 to 15 seen: its result's overflow page, the
+#: row, the job, the indexes), far under the 1,000 more the long file grows by when its checkpoint gives up.
 ONE_WRITE_FRAMES = 64
 JOB = "big"
 WRITES = 3_000  # enough to take the file past WAL_RESTART_FRAMES more than once
@@ -139,7 +141,7 @@ def test_the_long_files_checkpoint_waits_for_another_processs_and_the_file_start
     use(monkeypatch, clock)
     # Every checkpoint found the lock held, so the file grew to the long file's checkpoint. That one found
     # it held too, waited, and copied every frame once the other process let go: the next write started
-    # the file again. Before, it gave up at once, and the file grew on (the lock held till the test's end).
+    # the file again. Without the wait it would give up at once, and the file grow on (the lock held).
     longest = Writes(file_store).until_restart()
     assert clock.sleeps == 1
     assert WAL_RESTART_FRAMES <= longest <= WAL_RESTART_FRAMES + ONE_WRITE_FRAMES
