@@ -26,6 +26,7 @@ from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
 from .settings import (
+    CHECKPOINT_ASIDE_ROUNDS,
     CHECKPOINT_RETRY_S,
     CHECKPOINT_WAIT_S,
     SYNCHRONOUS_DURABLE,
@@ -41,6 +42,12 @@ CheckpointPlace = Literal["aside", "here", "queue held"]
 
 #: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
 _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
+
+
+def _frames_waiting(max_frame: int, backfilled: int) -> int:
+    """The frames not yet copied back: after the file started again, every one (the header still holds
+    the last checkpoint's count until the next one)."""
+    return max_frame - backfilled if max_frame >= backfilled else max_frame
 
 
 class WalPolicy(SqliteBase):
@@ -97,29 +104,33 @@ class WalPolicy(SqliteBase):
         """SQLite's rule for its automatic checkpoint, applied by the store: once the -wal file holds
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
-        store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames. None:
-        not due; or the WAL index cannot be read, and SQLite checkpoints by itself again. The frames come
-        from the WAL index header (sqlite.org/walformat: ``mxFrame`` at byte 16, ``nBackfill`` at byte 96,
-        native byte order), read once after every write: in this one function."""
+        store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and a
+        round past them, however few wait). None: not due; or the WAL index cannot be read, and SQLite
+        checkpoints by itself again. The frames come from the WAL index header (:meth:`_wal_frames`), read
+        once after every write."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
                 flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # only the store's own
                 self._wal_index = os.open(self._wal_index_path, flags)
-            max_frame, backfilled = _WAL_INDEX_FRAMES.unpack_from(os.pread(self._wal_index, 100, 0))
+            max_frame, backfilled = self._wal_frames()
         except (OSError, struct.error):  # unreadable, or shorter than its header
             self._wal_index_path = None
             with contextlib.suppress(Exception):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
             return None
-        if (max_frame - backfilled if max_frame >= backfilled else max_frame) < WAL_AUTOCHECKPOINT_PAGES:
-            return None
+        waiting = _frames_waiting(max_frame, backfilled)
         # A checkpoint copies only the frames written before it began, and the -wal file starts again from
         # its beginning only once every frame is copied back: with writes going on beside it (this
         # process's threads, other processes) it would grow without end. So a long file is copied with
-        # every writer held.
-        if max_frame >= WAL_RESTART_FRAMES:
+        # every writer held. A round past WAL_RESTART_FRAMES it is due however few frames wait: a checkpoint
+        # aside that began late (its thread started late on a busy machine) copied frames past it.
+        if max_frame >= WAL_RESTART_FRAMES and (
+            waiting >= WAL_AUTOCHECKPOINT_PAGES or max_frame >= WAL_RESTART_FRAMES + WAL_AUTOCHECKPOINT_PAGES
+        ):
             return "queue held"
+        if waiting < WAL_AUTOCHECKPOINT_PAGES:
+            return None
         # With durable=True every commit syncs the -wal file, and commits beside a checkpoint were slower
         # than with it in their way: at FULL, bulk writes of 10 took 0.19-0.20 x huey's time against 0.13
         # (python scripts/bench --only peers --db sqlite).
@@ -131,13 +142,41 @@ class WalPolicy(SqliteBase):
         running = self._checkpoint_thread
         if running is not None and running.is_alive():
             return
-        thread = threading.Thread(target=self._checkpoint_quietly, name="sift-checkpoint", daemon=True)
+        thread = threading.Thread(target=self._checkpoint_catching_up, name="sift-checkpoint", daemon=True)
         try:
             thread.start()
         except RuntimeError:  # no new thread now (an interpreter shutting down): here, as a durable store
             self._checkpoint_quietly()
             return
         self._checkpoint_thread = thread
+
+    def _checkpoint_catching_up(self) -> None:
+        """The checkpoint aside, made again while WAL_AUTOCHECKPOINT_PAGES frames or more wait and the last
+        one copied more, at most CHECKPOINT_ASIDE_ROUNDS in all: it copies only the frames written before it
+        began, and the writes went on beside it; the last writes' frames would otherwise wait for a later
+        write to make one due."""
+        for _ in range(CHECKPOINT_ASIDE_ROUNDS):
+            try:
+                _, copied_before = self._wal_frames()
+            except (OSError, struct.error):  # the writes' next look gives the checkpoint back to SQLite
+                return
+            if self._checkpoint_quietly():  # another process's checkpoint is copying them
+                return
+            try:
+                max_frame, copied = self._wal_frames()
+            except (OSError, struct.error):
+                return
+            # nothing more copied: a reader's older snapshot holds the rest back, and another try would too
+            if copied <= copied_before or _frames_waiting(max_frame, copied) < WAL_AUTOCHECKPOINT_PAGES:
+                return
+
+    def _wal_frames(self) -> tuple[int, int]:
+        """The -wal file's frames, and how many of them are copied back, from the WAL index header
+        (sqlite.org/walformat: ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order), read
+        in this one function; the index is opened by :meth:`checkpoint_due`."""
+        assert self._wal_index is not None
+        max_frame, backfilled = _WAL_INDEX_FRAMES.unpack_from(os.pread(self._wal_index, 100, 0))
+        return max_frame, backfilled
 
     def _checkpoint_restarting(self) -> None:
         """The long file's checkpoint, every writer held. While another process's checkpoint holds SQLite's

@@ -1,0 +1,231 @@
+"""Checkpoints of the -wal file made while writes go on beside them.
+
+A checkpoint copies only the frames written before it began. The store's checkpoint aside is made again
+while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, so the last writes'
+frames do not wait for a later write; a reader's older snapshot, which holds the rest back, ends it. And
+the long file's checkpoint, with every writer held, comes once the file is a round past
+WAL_RESTART_FRAMES however few frames wait, so that checkpoints of other connections copying nearly every
+frame cannot keep the file from starting again.
+
+The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
+stop short: no timing decides what is asserted.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import make_job, make_targets
+from test_writer_queue import frames_pending, wal_index_frames
+
+from sift import dcache
+from sift.dcache import db
+from sift.dcache.backends.sqlite.settings import (
+    CHECKPOINT_ASIDE_ROUNDS,
+    WAL_AUTOCHECKPOINT_PAGES,
+    WAL_RESTART_FRAMES,
+)
+
+pytestmark = pytest.mark.sqlite_only
+
+WAIT_S = 60.0  # how long a test waits for another thread before it fails (never a timing assertion)
+#: The frames one 4 KB result's write appends (8 to 15 seen), as test_writer_queue bounds the file with.
+ONE_WRITE_FRAMES = 16
+#: The most checkpoint calls one aside thread may make here before the test stops it: a loop that never
+#: ends would otherwise spin on beside the rest of the session.
+MOST_CALLS = 10
+JOB = "big"
+
+
+def write_one(store: Path, idx: int) -> tuple[int, int]:
+    """Target ``idx``'s 4 KB result, in a write transaction of its own; then the file's frames and how
+    many are copied back."""
+    dcache.update_batch_target(JOB, idx, "done", result="r" * 4096, now=2_000)
+    return wal_index_frames(store)
+
+
+def write_rest(store: Path, first: int, targets: int) -> tuple[int, int]:
+    """Targets ``first`` on to ``targets``' 16 KB results in one write transaction (thousands of frames);
+    then the file's frames and how many are copied back."""
+    results = [{"idx": idx, "status": "done", "result": "r" * 16384} for idx in range(first, targets)]
+    dcache.update_batch_targets(JOB, results, now=2_000)
+    return wal_index_frames(store)
+
+
+class Reader:
+    """Another connection in a read transaction: its snapshot keeps any checkpoint from copying the frames
+    written after it began, and the file from starting again."""
+
+    def __init__(self, store: Path) -> None:
+        self.conn = sqlite3.connect(store, isolation_level=None, check_same_thread=False)
+        self.conn.execute("BEGIN")
+        self.conn.execute("SELECT count(*) FROM batch_job").fetchall()
+
+    def end(self) -> None:
+        self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+@pytest.fixture
+def readers(file_store: Path) -> Iterator[list[Reader]]:
+    """Readers a test starts (``readers.append(Reader(...))``), each ended at the end if it is not."""
+    started: list[Reader] = []
+    yield started
+    for reader in started:
+        reader.conn.close()
+
+
+@pytest.fixture
+def aside_calls(monkeypatch: pytest.MonkeyPatch) -> dict[threading.Thread, int]:
+    """The checkpoint calls each aside thread made; past MOST_CALLS, the thread is stopped with an
+    error."""
+    calls: dict[threading.Thread, int] = {}
+    checkpoint = db.obj._checkpoint_once
+
+    def counted(*, truncate: bool = False) -> bool:
+        here = threading.current_thread()
+        if here.name == "sift-checkpoint":
+            calls[here] = calls.get(here, 0) + 1
+            if calls[here] > MOST_CALLS:
+                raise RuntimeError("the checkpoint aside does not stop")
+        return bool(checkpoint(truncate=truncate))
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
+    return calls
+
+
+def aside_threads_ended() -> bool:
+    for thread in threading.enumerate():
+        if thread.name == "sift-checkpoint":
+            thread.join(WAIT_S)
+            if thread.is_alive():
+                return False
+    return True
+
+
+def test_the_checkpoint_aside_copies_again_what_its_first_copy_left(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """A reader's snapshot from the first write stops the first checkpoint aside short of the frames after
+    it, as writes beside it would (which it cannot have copied): WAL_AUTOCHECKPOINT_PAGES frames still wait
+    when it ends, and the reader ends then. The thread copies again, and fewer than that many wait."""
+    calls: list[threading.Thread] = []
+    checkpoint = db.obj._checkpoint_once
+
+    def reader_ends_after_the_first(*, truncate: bool = False) -> bool:
+        busy = checkpoint(truncate=truncate)
+        if threading.current_thread().name == "sift-checkpoint":
+            calls.append(threading.current_thread())
+            if len(calls) > MOST_CALLS:
+                raise RuntimeError("the checkpoint aside does not stop")
+            if readers:
+                readers.pop().end()
+        return bool(busy)
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", reader_ends_after_the_first)
+    targets = 400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    mark, _ = write_one(file_store, 0)
+    readers.append(Reader(file_store))
+    max_frame, _ = write_rest(file_store, 1, targets)  # which starts the checkpoint aside
+    assert max_frame - mark >= WAL_AUTOCHECKPOINT_PAGES  # what the reader leaves uncopied
+    assert aside_threads_ended()
+    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
+    assert len(calls) == 2 and calls[0] is calls[1], calls  # one thread: its checkpoint, and one more
+
+
+def test_another_process_writing_on_does_not_keep_the_checkpoint_aside_going(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """Another connection writes more than WAL_AUTOCHECKPOINT_PAGES frames after each of the aside thread's
+    checkpoints, as a process writing on beside it would, and each checkpoint copies more (a reader's
+    snapshot, begun before those writes, stops it short of them, as their writing beside it would): the
+    thread stops after CHECKPOINT_ASIDE_ROUNDS checkpoints all the same (``close_db()`` waits for it)."""
+    targets = 400
+    calls: list[threading.Thread] = []
+    other = sqlite3.connect(file_store, isolation_level=None, check_same_thread=False)
+    other.execute("PRAGMA wal_autocheckpoint = 0")  # its own COMMIT would copy what the next round should
+    checkpoint = db.obj._checkpoint_once
+
+    def written_beside(*, truncate: bool = False) -> bool:
+        busy = checkpoint(truncate=truncate)
+        if threading.current_thread().name == "sift-checkpoint":
+            calls.append(threading.current_thread())
+            if len(calls) > MOST_CALLS:
+                raise RuntimeError("the checkpoint aside does not stop")
+            readers.pop().end()
+            readers.append(Reader(file_store))
+            # a new 16 KB result for every target: four pages each
+            other.execute(
+                "UPDATE batch_target SET result = ? WHERE job_id = ?", (str(len(calls)) * 16384, JOB)
+            )
+        return bool(busy)
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", written_beside)
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    write_one(file_store, 0)
+    readers.append(Reader(file_store))  # the first checkpoint copies up to here
+    try:
+        max_frame, backfilled = write_rest(file_store, 1, targets)  # which starts the checkpoint aside
+        assert max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES
+        assert aside_threads_ended()
+    finally:
+        other.close()
+    assert len(calls) == CHECKPOINT_ASIDE_ROUNDS and len(set(calls)) == 1, calls
+
+
+def test_a_readers_snapshot_ends_the_checkpoint_aside(
+    file_store: Path, readers: list[Reader], aside_calls: dict[threading.Thread, int]
+) -> None:
+    """A reader's snapshot keeps every checkpoint from copying the frames after it: each aside thread
+    copies what it can, tries once more, copies nothing, and ends, however many frames wait."""
+    targets = 1_000
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    for idx in range(20):
+        write_one(file_store, idx)
+    readers.append(Reader(file_store))
+    for idx in range(20, targets):
+        max_frame, _ = write_one(file_store, idx)
+        if max_frame >= WAL_RESTART_FRAMES - WAL_AUTOCHECKPOINT_PAGES:  # short of the long file's checkpoint
+            break
+    assert aside_threads_ended()
+    assert aside_calls, "no checkpoint ran aside"
+    assert max(aside_calls.values()) <= 2, aside_calls
+    assert frames_pending(file_store) >= WAL_AUTOCHECKPOINT_PAGES  # held back by the reader, as said
+    readers[0].end()
+
+
+def test_the_long_file_starts_again_beside_another_connections_checkpoints(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """Another connection checkpoints beside the writes, each time all but the frames of the write made
+    meanwhile (a reader's snapshot stops it there), so that fewer than WAL_AUTOCHECKPOINT_PAGES frames ever
+    wait and none of the store's own checkpoints is due by that count: the file still starts again once it
+    is a round past WAL_RESTART_FRAMES, through its checkpoint with every writer held."""
+    asides: list[tuple[int, int]] = []
+    monkeypatch.setattr(db.obj, "_checkpoint_aside", lambda: asides.append(wal_index_frames(file_store)))
+    other = sqlite3.connect(file_store, isolation_level=None)
+    targets = 900  # about 8,000 frames: without that checkpoint the file would hold them all
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    longest = restarts = 0
+    previous = 0
+    try:
+        for idx in range(targets):
+            max_frame, backfilled = write_one(file_store, idx)
+            longest = max(longest, max_frame)
+            restarts += max_frame < previous
+            previous = max_frame
+            if readers:  # the checkpoint begun at the last write copies up to there, as the write went on
+                other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                readers.pop().end()
+            elif max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES // 2:
+                readers.append(Reader(file_store))
+    finally:
+        other.close()
+    assert not asides  # fewer than WAL_AUTOCHECKPOINT_PAGES frames waited after every write
+    assert restarts >= 1
+    assert longest <= WAL_RESTART_FRAMES + WAL_AUTOCHECKPOINT_PAGES + ONE_WRITE_FRAMES
