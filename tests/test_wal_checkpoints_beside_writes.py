@@ -1,20 +1,20 @@
 """Checkpoints of the -wal file made while writes go on beside them.
 
 A checkpoint copies only the frames written before it began. The store's checkpoint aside is made again
-while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, so the last writes'
-frames do not wait for a later write; a reader's older snapshot, which holds the rest back, ends it. And
-the long file's checkpoint, with every writer held, comes once the file is a round past
-WAL_RESTART_FRAMES however few frames wait, so that checkpoints of other connections copying nearly every
-frame cannot keep the file from starting again.
+while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, until the store
+closes, so the last writes' frames do not wait for a later write; a reader's older snapshot, which holds
+the rest back, ends it. And the long file's checkpoint, with every writer held, comes each time the file
+grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES however few frames wait, so that
+checkpoints of other connections copying nearly every frame cannot keep the file from starting again.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
-stop short: no timing decides what is asserted.
-"""
+stop short: no timing decides what is asserted."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +24,7 @@ from test_writer_queue import frames_pending, wal_index_frames
 
 from sift import dcache
 from sift.dcache import db
-from sift.dcache.backends.sqlite.settings import (
-    CHECKPOINT_ASIDE_ROUNDS,
-    WAL_AUTOCHECKPOINT_PAGES,
-    WAL_RESTART_FRAMES,
-)
+from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 
 pytestmark = pytest.mark.sqlite_only
 
@@ -138,15 +134,16 @@ def test_the_checkpoint_aside_copies_again_what_its_first_copy_left(
     assert len(calls) == 2 and calls[0] is calls[1], calls  # one thread: its checkpoint, and one more
 
 
-def test_another_process_writing_on_does_not_keep_the_checkpoint_aside_going(
+def test_close_db_ends_the_checkpoint_aside_that_another_process_keeps_going(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
     """Another connection writes more than WAL_AUTOCHECKPOINT_PAGES frames after each of the aside thread's
     checkpoints, as a process writing on beside it would, and each checkpoint copies more (a reader's
     snapshot, begun before those writes, stops it short of them, as their writing beside it would): the
-    thread stops after CHECKPOINT_ASIDE_ROUNDS checkpoints all the same (``close_db()`` waits for it)."""
-    targets = 400
+    thread goes on, and ``close_db()``, which waits for it, ends it after the checkpoint under way."""
+    targets, before_close = 400, 5
     calls: list[threading.Thread] = []
+    going = threading.Event()
     other = sqlite3.connect(file_store, isolation_level=None, check_same_thread=False)
     other.execute("PRAGMA wal_autocheckpoint = 0")  # its own COMMIT would copy what the next round should
     checkpoint = db.obj._checkpoint_once
@@ -163,6 +160,11 @@ def test_another_process_writing_on_does_not_keep_the_checkpoint_aside_going(
             other.execute(
                 "UPDATE batch_target SET result = ? WHERE job_id = ?", (str(len(calls)) * 16384, JOB)
             )
+            if len(calls) == before_close:  # the store closes while this checkpoint is under way
+                going.set()
+                deadline = time.monotonic() + WAIT_S
+                while not db.obj._closing_wal and time.monotonic() < deadline:
+                    time.sleep(0.001)
         return bool(busy)
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", written_beside)
@@ -172,10 +174,12 @@ def test_another_process_writing_on_does_not_keep_the_checkpoint_aside_going(
     try:
         max_frame, backfilled = write_rest(file_store, 1, targets)  # which starts the checkpoint aside
         assert max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES
-        assert aside_threads_ended()
+        assert going.wait(WAIT_S), calls
+        dcache.close_db()
     finally:
         other.close()
-    assert len(calls) == CHECKPOINT_ASIDE_ROUNDS and len(set(calls)) == 1, calls
+    assert len(calls) == before_close and len(set(calls)) == 1, calls
+    assert not calls[0].is_alive()
 
 
 def test_a_readers_snapshot_ends_the_checkpoint_aside(
@@ -209,7 +213,7 @@ def test_the_long_file_starts_again_beside_another_connections_checkpoints(
     asides: list[tuple[int, int]] = []
     monkeypatch.setattr(db.obj, "_checkpoint_aside", lambda: asides.append(wal_index_frames(file_store)))
     other = sqlite3.connect(file_store, isolation_level=None)
-    targets = 900  # about 8,000 frames: without that checkpoint the file would hold them all
+    targets = 1_400  # about 12,500 frames: without that checkpoint the file would hold them all
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     longest = restarts = 0
     previous = 0
@@ -227,5 +231,36 @@ def test_the_long_file_starts_again_beside_another_connections_checkpoints(
     finally:
         other.close()
     assert not asides  # fewer than WAL_AUTOCHECKPOINT_PAGES frames waited after every write
-    assert restarts >= 1
+    assert restarts >= 2  # each time by that checkpoint: the second as soon as the first
     assert longest <= WAL_RESTART_FRAMES + WAL_AUTOCHECKPOINT_PAGES + ONE_WRITE_FRAMES
+
+
+def test_a_reader_keeping_the_long_file_from_starting_again_costs_no_checkpoint_a_write(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """Another connection reads after every write, its snapshot keeping the file from starting again: the
+    long file's checkpoint, with every writer held, comes at most twice for each WAL_AUTOCHECKPOINT_PAGES
+    frames the file grows past WAL_RESTART_FRAMES (by the frames waiting, and by that growth), not at
+    every write, which would make the other processes' writers wait at every write for nothing."""
+    writer = threading.current_thread()
+    long_checkpoints: list[int] = []
+    checkpoint = db.obj._checkpoint_once
+
+    def counted(*, truncate: bool = False) -> bool:
+        if threading.current_thread() is writer:  # on a store not durable, only the long file's
+            long_checkpoints.append(wal_index_frames(file_store)[0])
+        return bool(checkpoint(truncate=truncate))
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
+    targets = 1_500
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    max_frame = 0
+    for idx in range(targets):
+        max_frame, _ = write_one(file_store, idx)
+        if readers:
+            readers.pop().end()
+        readers.append(Reader(file_store))
+    assert aside_threads_ended()
+    grown = max_frame - WAL_RESTART_FRAMES
+    assert grown >= 4 * WAL_AUTOCHECKPOINT_PAGES  # the readers kept the file from starting again
+    assert len(long_checkpoints) <= 2 * (grown // WAL_AUTOCHECKPOINT_PAGES + 1), long_checkpoints

@@ -14,6 +14,7 @@ import fcntl
 import multiprocessing
 import os
 import signal
+import sqlite3
 import stat
 import sys
 import threading
@@ -721,11 +722,28 @@ def test_checkpoints_run_aside_while_the_wal_is_short_then_with_every_writer_hel
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", watched)
     longest = [0]
+    # Twice, from the file's start until it is long, another connection's read keeps every checkpoint from
+    # copying the frames after it, as writes beside a checkpoint aside do (one may copy every frame before
+    # the next write, which then starts the file again short of long); then the checkpoints go their way.
+    reader: list[sqlite3.Connection] = []
+    reads = [0]
 
     def look() -> None:
-        longest[0] = max(longest[0], wal_index_frames(file_store)[0])
+        max_frame = wal_index_frames(file_store)[0]
+        if reader and max_frame >= WAL_RESTART_FRAMES:
+            reader.pop().close()
+        elif not reader and max_frame < WAL_RESTART_FRAMES and reads[0] < 2:
+            reads[0] += 1
+            reader.append(sqlite3.connect(file_store, isolation_level=None))
+            reader[0].execute("BEGIN")
+            reader[0].execute("SELECT count(*) FROM batch_job").fetchall()
+        longest[0] = max(longest[0], max_frame)
 
-    write_results(3_000, each=look)  # about 9 frames each: the file is started again several times
+    try:
+        write_results(3_000, each=look)  # about 9 frames each: the file is started again several times
+    finally:
+        for conn in reader:
+            conn.close()
     aside = [c for c in calls if c[0] == "sift-checkpoint"]
     here = [c for c in calls if c[0] == "writer"]
     assert {c[0] for c in calls} == ({"writer"} if on_writer_only else {"sift-checkpoint", "writer"}), calls

@@ -72,6 +72,8 @@ class SerializedSqliteDatabase(
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
+        self._long_checkpoint_at = 0
+        self._closing_wal = False
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
         self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
@@ -114,6 +116,8 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
+        self._long_checkpoint_at = 0
+        self._closing_wal = False
         self.writers.after_fork_in_child()
         self.close_wal_index()
         self._state.reset()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 __all__ = [
     "BUSY_TIMEOUT_S",
-    "CHECKPOINT_ASIDE_ROUNDS",
     "CHECKPOINT_RETRY_S",
     "CHECKPOINT_WAIT_S",
     "CLAIMS_NEED_SQLITE",
@@ -25,9 +24,6 @@ WAL_RESTART_FRAMES = 4 * WAL_AUTOCHECKPOINT_PAGES
 CHECKPOINT_WAIT_S = 0.25
 #: How long it sleeps between its tries.
 CHECKPOINT_RETRY_S = 0.005
-#: The most checkpoints a thread aside makes in a row while writes beside it leave frames to copy: other
-#: processes may write on for ever, and ``close_db()`` waits for that thread.
-CHECKPOINT_ASIDE_ROUNDS = 4
 
 #: The oldest SQLite whose library can run claim_batch_targets.
 CLAIMS_NEED_SQLITE = (3, 35, 0)

@@ -26,7 +26,6 @@ from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
 from .settings import (
-    CHECKPOINT_ASIDE_ROUNDS,
     CHECKPOINT_RETRY_S,
     CHECKPOINT_WAIT_S,
     SYNCHRONOUS_DURABLE,
@@ -45,8 +44,8 @@ _WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
 
 
 def _frames_waiting(max_frame: int, backfilled: int) -> int:
-    """The frames not yet copied back: after the file started again, every one (the header still holds
-    the last checkpoint's count until the next one)."""
+    """The frames not yet copied back; every one when the header, read while the file starts again, shows
+    its new count of frames beside the old count copied."""
     return max_frame - backfilled if max_frame >= backfilled else max_frame
 
 
@@ -65,6 +64,9 @@ class WalPolicy(SqliteBase):
     # the long file's last checkpoint waited for another process's until CHECKPOINT_WAIT_S, in vain: the next
     # ones try once, until a checkpoint of this store copies again
     _checkpoint_gave_up: bool
+    # the file's frames when the long file's checkpoint was last due (0: not since it started again)
+    _long_checkpoint_at: int
+    _closing_wal: bool  # the checkpoint aside makes no other after the one under way
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -104,10 +106,10 @@ class WalPolicy(SqliteBase):
         """SQLite's rule for its automatic checkpoint, applied by the store: once the -wal file holds
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
-        store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and a
-        round past them, however few wait). None: not due; or the WAL index cannot be read, and SQLite
-        checkpoints by itself again. The frames come from the WAL index header (:meth:`_wal_frames`), read
-        once after every write."""
+        store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and,
+        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them). None: not due;
+        or the WAL index cannot be read, and SQLite checkpoints by itself again. The frames come from the
+        WAL index header (:meth:`_wal_frames`), read once after every write."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
@@ -120,14 +122,21 @@ class WalPolicy(SqliteBase):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
             return None
         waiting = _frames_waiting(max_frame, backfilled)
+        if max_frame < self._long_checkpoint_at:  # the file started again
+            self._long_checkpoint_at = 0
         # A checkpoint copies only the frames written before it began, and the -wal file starts again from
         # its beginning only once every frame is copied back: with writes going on beside it (this
         # process's threads, other processes) it would grow without end. So a long file is copied with
-        # every writer held. A round past WAL_RESTART_FRAMES it is due however few frames wait: a checkpoint
-        # aside that began late (its thread started late on a busy machine) copied frames past it.
+        # every writer held. It is due too, however few frames wait, once the file has grown by
+        # WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES or its last: checkpoints of other
+        # connections, or one aside that began late, may have copied nearly every frame with writes beside
+        # them. Once a growth of that many, not at every write: a reader of another process may keep the
+        # file from starting again however often it is copied.
         if max_frame >= WAL_RESTART_FRAMES and (
-            waiting >= WAL_AUTOCHECKPOINT_PAGES or max_frame >= WAL_RESTART_FRAMES + WAL_AUTOCHECKPOINT_PAGES
+            waiting >= WAL_AUTOCHECKPOINT_PAGES
+            or max_frame >= max(WAL_RESTART_FRAMES, self._long_checkpoint_at) + WAL_AUTOCHECKPOINT_PAGES
         ):
+            self._long_checkpoint_at = max_frame
             return "queue held"
         if waiting < WAL_AUTOCHECKPOINT_PAGES:
             return None
@@ -152,10 +161,9 @@ class WalPolicy(SqliteBase):
 
     def _checkpoint_catching_up(self) -> None:
         """The checkpoint aside, made again while WAL_AUTOCHECKPOINT_PAGES frames or more wait and the last
-        one copied more, at most CHECKPOINT_ASIDE_ROUNDS in all: it copies only the frames written before it
-        began, and the writes went on beside it; the last writes' frames would otherwise wait for a later
-        write to make one due."""
-        for _ in range(CHECKPOINT_ASIDE_ROUNDS):
+        one copied more, until the store closes: it copies only the frames written before it began, and the
+        writes went on beside it; the last writes' frames would otherwise wait for a later write."""
+        while not self._closing_wal:
             try:
                 _, copied_before = self._wal_frames()
             except (OSError, struct.error):  # the writes' next look gives the checkpoint back to SQLite
@@ -253,8 +261,13 @@ class WalPolicy(SqliteBase):
         """Wait for a checkpoint running aside; close the checkpoints' connection and the WAL index."""
         running, self._checkpoint_thread = self._checkpoint_thread, None
         if running is not None:
-            running.join()
+            self._closing_wal = True  # its last checkpoint: others' writes could keep it going for ever
+            try:
+                running.join()
+            finally:
+                self._closing_wal = False
         self._checkpoint_gave_up = False
+        self._long_checkpoint_at = 0
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
