@@ -1,11 +1,12 @@
 """Checkpoints of the -wal file made while writes go on beside them.
 
 A checkpoint copies only the frames written before it began. The store's checkpoint aside is made again
-while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, until the store
-closes, so the last writes' frames do not wait for a later write; a reader's older snapshot, which holds
-the rest back, ends it. And the long file's checkpoint, with every writer held, comes each time the file
-grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES however few frames wait, so that
-checkpoints of other connections copying nearly every frame cannot keep the file from starting again.
+while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, or a write made one
+due while it ran, until the store closes, so the last writes' frames do not wait for a later write; a
+reader's older snapshot, which holds the rest back, ends it. And the long file's checkpoint, with every
+writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES
+however few frames wait, so that checkpoints of other connections copying nearly every frame cannot keep
+the file from starting again.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
 stop short: no timing decides what is asserted."""
@@ -75,25 +76,6 @@ def readers(file_store: Path) -> Iterator[list[Reader]]:
         reader.conn.close()
 
 
-@pytest.fixture
-def aside_calls(monkeypatch: pytest.MonkeyPatch) -> dict[threading.Thread, int]:
-    """The checkpoint calls each aside thread made; past MOST_CALLS, the thread is stopped with an
-    error."""
-    calls: dict[threading.Thread, int] = {}
-    checkpoint = db.obj._checkpoint_once
-
-    def counted(*, truncate: bool = False) -> bool:
-        here = threading.current_thread()
-        if here.name == "sift-checkpoint":
-            calls[here] = calls.get(here, 0) + 1
-            if calls[here] > MOST_CALLS:
-                raise RuntimeError("the checkpoint aside does not stop")
-        return bool(checkpoint(truncate=truncate))
-
-    monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
-    return calls
-
-
 def aside_threads_ended() -> bool:
     for thread in threading.enumerate():
         if thread.name == "sift-checkpoint":
@@ -134,6 +116,49 @@ def test_the_checkpoint_aside_copies_again_what_its_first_copy_left(
     assert len(calls) == 2 and calls[0] is calls[1], calls  # one thread: its checkpoint, and one more
 
 
+def test_writes_while_the_thread_aside_ends_get_their_checkpoint(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread aside has read that its checkpoint left fewer than WAL_AUTOCHECKPOINT_PAGES frames
+    waiting, and is about to end, when writes make another due: it is asked for another round, makes it,
+    and fewer than that many frames wait once it ends."""
+    decided, written = threading.Event(), threading.Event()
+    reads: list[tuple[int, int]] = []
+    frames = db.obj._wal_frames
+
+    def held_after_deciding() -> tuple[int, int]:
+        got: tuple[int, int] = frames()
+        if threading.current_thread().name == "sift-checkpoint":
+            reads.append(got)
+            if len(reads) == 2:  # after its first checkpoint: what the thread decides on
+                decided.set()
+                written.wait(WAIT_S)
+        return got
+
+    monkeypatch.setattr(db.obj, "_wal_frames", held_after_deciding)
+    targets = 400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    idx = 0
+    try:
+        while idx < targets and not decided.is_set():  # until a write makes the checkpoint aside due
+            max_frame, backfilled = write_one(file_store, idx)
+            idx += 1
+            if max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES:
+                assert decided.wait(WAIT_S)
+        assert reads[1][0] - reads[1][1] < WAL_AUTOCHECKPOINT_PAGES  # no writes beside that checkpoint
+        waiting = 0
+        while idx < targets and waiting < WAL_AUTOCHECKPOINT_PAGES:  # the writes, as the thread would end
+            max_frame, backfilled = write_one(file_store, idx)  # the first starts the file again
+            waiting = max_frame - backfilled
+            idx += 1
+        assert waiting >= WAL_AUTOCHECKPOINT_PAGES
+    finally:
+        written.set()
+    assert aside_threads_ended()
+    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
+    assert len(reads) == 4  # its first checkpoint and the one asked for, each between two reads
+
+
 def test_close_db_ends_the_checkpoint_aside_that_another_process_keeps_going(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
@@ -163,7 +188,7 @@ def test_close_db_ends_the_checkpoint_aside_that_another_process_keeps_going(
             if len(calls) == before_close:  # the store closes while this checkpoint is under way
                 going.set()
                 deadline = time.monotonic() + WAIT_S
-                while not db.obj._closing_wal and time.monotonic() < deadline:
+                while not db.obj._checkpoint_stop.is_set() and time.monotonic() < deadline:
                     time.sleep(0.001)
         return bool(busy)
 
@@ -183,22 +208,37 @@ def test_close_db_ends_the_checkpoint_aside_that_another_process_keeps_going(
 
 
 def test_a_readers_snapshot_ends_the_checkpoint_aside(
-    file_store: Path, readers: list[Reader], aside_calls: dict[threading.Thread, int]
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
-    """A reader's snapshot keeps every checkpoint from copying the frames after it: each aside thread
-    copies what it can, tries once more, copies nothing, and ends, however many frames wait."""
+    """A reader's snapshot keeps every checkpoint from copying the frames after it, however many wait: once
+    the writes stop, the thread aside makes at most the round a write asked for and one after it that
+    reached the snapshot, and ends."""
+    writing = threading.Event()
+    writing.set()
+    after_writes: list[threading.Thread] = []
+    checkpoint = db.obj._checkpoint_once
+
+    def counted(*, truncate: bool = False) -> bool:
+        if threading.current_thread().name == "sift-checkpoint" and not writing.is_set():
+            after_writes.append(threading.current_thread())
+            if len(after_writes) > MOST_CALLS:
+                raise RuntimeError("the checkpoint aside does not stop")
+        return bool(checkpoint(truncate=truncate))
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
     targets = 1_000
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     for idx in range(20):
         write_one(file_store, idx)
     readers.append(Reader(file_store))
     for idx in range(20, targets):
-        max_frame, _ = write_one(file_store, idx)
+        max_frame, backfilled = write_one(file_store, idx)
         if max_frame >= WAL_RESTART_FRAMES - WAL_AUTOCHECKPOINT_PAGES:  # short of the long file's checkpoint
             break
+    assert max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES  # the last write made a checkpoint due
+    writing.clear()
     assert aside_threads_ended()
-    assert aside_calls, "no checkpoint ran aside"
-    assert max(aside_calls.values()) <= 2, aside_calls
+    assert len(after_writes) <= 2, after_writes
     assert frames_pending(file_store) >= WAL_AUTOCHECKPOINT_PAGES  # held back by the reader, as said
     readers[0].end()
 
@@ -212,6 +252,13 @@ def test_the_long_file_starts_again_beside_another_connections_checkpoints(
     is a round past WAL_RESTART_FRAMES, through its checkpoint with every writer held."""
     asides: list[tuple[int, int]] = []
     monkeypatch.setattr(db.obj, "_checkpoint_aside", lambda: asides.append(wal_index_frames(file_store)))
+
+    def due_soon(max_frame: int) -> bool:
+        """Whether the next write may make the long file's checkpoint due by the file's growth: no reader
+        then, which would keep it from copying every frame (and the file from starting again)."""
+        grown = (max_frame - WAL_RESTART_FRAMES) % WAL_AUTOCHECKPOINT_PAGES
+        return max_frame >= WAL_RESTART_FRAMES and grown >= WAL_AUTOCHECKPOINT_PAGES - 2 * ONE_WRITE_FRAMES
+
     other = sqlite3.connect(file_store, isolation_level=None)
     targets = 1_400  # about 12,500 frames: without that checkpoint the file would hold them all
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
@@ -226,7 +273,7 @@ def test_the_long_file_starts_again_beside_another_connections_checkpoints(
             if readers:  # the checkpoint begun at the last write copies up to there, as the write went on
                 other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 readers.pop().end()
-            elif max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES // 2:
+            elif max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES // 2 and not due_soon(max_frame):
                 readers.append(Reader(file_store))
     finally:
         other.close()
@@ -238,10 +285,10 @@ def test_the_long_file_starts_again_beside_another_connections_checkpoints(
 def test_a_reader_keeping_the_long_file_from_starting_again_costs_no_checkpoint_a_write(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
-    """Another connection reads after every write, its snapshot keeping the file from starting again: the
-    long file's checkpoint, with every writer held, comes at most twice for each WAL_AUTOCHECKPOINT_PAGES
-    frames the file grows past WAL_RESTART_FRAMES (by the frames waiting, and by that growth), not at
-    every write, which would make the other processes' writers wait at every write for nothing."""
+    """Another connection reads after every write, its recent snapshot keeping the file from starting
+    again: the long file's checkpoint, with every writer held, comes at most twice for each
+    WAL_AUTOCHECKPOINT_PAGES frames the file grows past WAL_RESTART_FRAMES (by the frames waiting, and by
+    that growth), not at every write, which would hold the other processes' writers for nothing."""
     writer = threading.current_thread()
     long_checkpoints: list[int] = []
     checkpoint = db.obj._checkpoint_once
@@ -264,3 +311,45 @@ def test_a_reader_keeping_the_long_file_from_starting_again_costs_no_checkpoint_
     grown = max_frame - WAL_RESTART_FRAMES
     assert grown >= 4 * WAL_AUTOCHECKPOINT_PAGES  # the readers kept the file from starting again
     assert len(long_checkpoints) <= 2 * (grown // WAL_AUTOCHECKPOINT_PAGES + 1), long_checkpoints
+
+
+def test_a_close_interrupted_while_it_waits_leaves_the_thread_aside_stopping(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close_db()`` interrupted (``KeyboardInterrupt``) while it waits for the thread aside: the thread
+    still makes no round after the one under way, and the next ``close_db()`` waits for it."""
+    inside, release = threading.Event(), threading.Event()
+    calls: list[threading.Thread] = []
+    checkpoint = db.obj._checkpoint_once
+
+    def held(*, truncate: bool = False) -> bool:
+        busy = checkpoint(truncate=truncate)
+        if threading.current_thread().name == "sift-checkpoint":
+            calls.append(threading.current_thread())
+            inside.set()
+            release.wait(WAIT_S)
+        return bool(busy)
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", held)
+    targets = 400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    write_rest(file_store, 0, targets)  # which starts the checkpoint aside
+    try:
+        assert inside.wait(WAIT_S)
+        thread = calls[0]
+
+        def interrupted(timeout: float | None = None) -> None:
+            raise KeyboardInterrupt
+
+        thread.join = interrupted  # type: ignore[method-assign]
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                dcache.close_db()
+        finally:
+            del thread.join
+        assert db.obj._checkpoint_thread is thread and db.obj._checkpoint_stop.is_set()
+    finally:
+        release.set()
+    dcache.close_db()
+    assert not thread.is_alive()
+    assert calls == [thread]

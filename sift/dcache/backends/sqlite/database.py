@@ -73,7 +73,9 @@ class SerializedSqliteDatabase(
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
         self._long_checkpoint_at = 0
-        self._closing_wal = False
+        self._checkpoint_stop = threading.Event()
+        self._aside_lock = threading.Lock()
+        self._aside_running = self._aside_again = False
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
         self.read_errors = Translation(self.raise_store_error, peewee_classes=False)
@@ -117,7 +119,8 @@ class SerializedSqliteDatabase(
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
         self._long_checkpoint_at = 0
-        self._closing_wal = False
+        self._aside_lock = threading.Lock()
+        self._aside_running = self._aside_again = False
         self.writers.after_fork_in_child()
         self.close_wal_index()
         self._state.reset()

@@ -108,11 +108,12 @@ class SqliteIdioms(SqliteBase):
     def rollback(self) -> None:
         """ROLLBACK, unless SQLite ended the transaction itself (after a full disk, say): then the error
         that ended it is what the caller sees, not "no transaction is active"."""
-        conn = self._state.conn
-        if conn is not None and not conn.in_transaction:
-            self.settle_writers()
-            return
-        self.run_sql("ROLLBACK", ())
+        with self.lock:  # as every statement's settling is: another thread's write may be ending
+            conn = self._state.conn
+            if conn is not None and not conn.in_transaction:
+                self.settle_writers()
+                return
+            self.run_sql("ROLLBACK", ())
 
     def atomic(self, *args: Any, **kwargs: Any) -> Locked:  # type: ignore[override]
         return Locked(self, lambda: super(SqliteIdioms, self).atomic(*args, **kwargs))

@@ -66,7 +66,10 @@ class WalPolicy(SqliteBase):
     _checkpoint_gave_up: bool
     # the file's frames when the long file's checkpoint was last due (0: not since it started again)
     _long_checkpoint_at: int
-    _closing_wal: bool  # the checkpoint aside makes no other after the one under way
+    _checkpoint_stop: threading.Event  # the thread aside's: it makes no other round
+    _aside_lock: threading.Lock  # around the two below
+    _aside_running: bool  # a thread aside runs and will look at _aside_again before it ends
+    _aside_again: bool  # a write asked it for another round
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -146,37 +149,59 @@ class WalPolicy(SqliteBase):
         return "here" if self.synchronous_pragma == SYNCHRONOUS_DURABLE else "aside"
 
     def _checkpoint_aside(self) -> None:
-        """A checkpoint on a thread of its own, unless one runs already; the writing thread goes on. Called
-        with the store's lock held, as ``close_wal_files`` is, which waits for it."""
-        running = self._checkpoint_thread
-        if running is not None and running.is_alive():
-            return
-        thread = threading.Thread(target=self._checkpoint_catching_up, name="sift-checkpoint", daemon=True)
+        """A checkpoint on a thread of its own, the writing thread going on; while one runs, it is asked for
+        another round instead. Called with the store's lock held, as ``close_wal_files`` is, which ends the
+        thread and waits for it."""
+        with self._aside_lock:
+            if self._aside_running:
+                self._aside_again = True
+                return
+            self._aside_running = True
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._checkpoint_catching_up, args=(stop,), name="sift-checkpoint", daemon=True
+        )
         try:
             thread.start()
         except RuntimeError:  # no new thread now (an interpreter shutting down): here, as a durable store
+            with self._aside_lock:
+                self._aside_running = False
             self._checkpoint_quietly()
             return
-        self._checkpoint_thread = thread
+        self._checkpoint_thread, self._checkpoint_stop = thread, stop
 
-    def _checkpoint_catching_up(self) -> None:
-        """The checkpoint aside, made again while WAL_AUTOCHECKPOINT_PAGES frames or more wait and the last
-        one copied more, until the store closes: it copies only the frames written before it began, and the
-        writes went on beside it; the last writes' frames would otherwise wait for a later write."""
-        while not self._closing_wal:
-            try:
-                _, copied_before = self._wal_frames()
-            except (OSError, struct.error):  # the writes' next look gives the checkpoint back to SQLite
-                return
-            if self._checkpoint_quietly():  # another process's checkpoint is copying them
-                return
-            try:
-                max_frame, copied = self._wal_frames()
-            except (OSError, struct.error):
-                return
-            # nothing more copied: a reader's older snapshot holds the rest back, and another try would too
-            if copied <= copied_before or _frames_waiting(max_frame, copied) < WAL_AUTOCHECKPOINT_PAGES:
-                return
+    def _checkpoint_catching_up(self, stop: threading.Event) -> None:
+        """The thread aside: checkpoints while the last one copied more and WAL_AUTOCHECKPOINT_PAGES frames
+        or more still wait, or a write asked for another meanwhile, until ``stop``. A checkpoint copies only
+        the frames written before it began; the writes beside it would otherwise wait for a later write."""
+        try:
+            while True:
+                go_on = not stop.is_set() and self._checkpoint_round()
+                with self._aside_lock:  # a write's ask and this thread's end are one or the other
+                    if stop.is_set() or not (go_on or self._aside_again):
+                        self._aside_running = self._aside_again = False
+                        return
+                    self._aside_again = False
+        except BaseException:
+            with self._aside_lock:
+                self._aside_running = self._aside_again = False
+            raise
+
+    def _checkpoint_round(self) -> bool:
+        """One checkpoint aside; whether another should follow: it copied more, and WAL_AUTOCHECKPOINT_PAGES
+        frames or more still wait (written beside it). One that copied nothing, as while a reader's older
+        snapshot holds the rest back, is not followed: another would copy nothing either."""
+        try:
+            _, copied_before = self._wal_frames()
+        except (OSError, struct.error):  # the writes' next look gives the checkpoint back to SQLite
+            return False
+        if self._checkpoint_quietly():  # another process's checkpoint is copying them
+            return False
+        try:
+            max_frame, copied = self._wal_frames()
+        except (OSError, struct.error):
+            return False
+        return copied > copied_before and _frames_waiting(max_frame, copied) >= WAL_AUTOCHECKPOINT_PAGES
 
     def _wal_frames(self) -> tuple[int, int]:
         """The -wal file's frames, and how many of them are copied back, from the WAL index header
@@ -259,13 +284,11 @@ class WalPolicy(SqliteBase):
 
     def close_wal_files(self) -> None:
         """Wait for a checkpoint running aside; close the checkpoints' connection and the WAL index."""
-        running, self._checkpoint_thread = self._checkpoint_thread, None
+        running = self._checkpoint_thread
         if running is not None:
-            self._closing_wal = True  # its last checkpoint: others' writes could keep it going for ever
-            try:
-                running.join()
-            finally:
-                self._closing_wal = False
+            self._checkpoint_stop.set()  # after the round under way: others' writes could keep it going
+            running.join()
+            self._checkpoint_thread = None  # only now: a close interrupted while it waits waits again
         self._checkpoint_gave_up = False
         self._long_checkpoint_at = 0
         with self._checkpoint_lock:
