@@ -353,3 +353,54 @@ def test_a_close_interrupted_while_it_waits_leaves_the_thread_aside_stopping(
     dcache.close_db()
     assert not thread.is_alive()
     assert calls == [thread]
+
+
+@pytest.mark.parametrize("started", [True, False], ids=["thread started", "thread not started"])
+def test_an_interrupt_while_the_thread_aside_starts(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, started: bool
+) -> None:
+    """A ``KeyboardInterrupt`` in the thread aside's ``start()``, after the thread began or before: the
+    write is kept, ``close_db()`` waits for a thread that began, and once the store is opened again its
+    checkpoints run aside again."""
+    release = threading.Event()
+    asides: list[threading.Thread] = []
+    checkpoint = db.obj._checkpoint_once
+    start = threading.Thread.start
+
+    def held_first(*, truncate: bool = False) -> bool:
+        if threading.current_thread().name == "sift-checkpoint":
+            asides.append(threading.current_thread())
+            release.wait(WAIT_S)  # the first thread's first checkpoint, until the test lets it go
+        return bool(checkpoint(truncate=truncate))
+
+    def interrupted(thread: threading.Thread) -> None:
+        if started:
+            start(thread)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", held_first)
+    targets = 400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_rest(file_store, 0, targets)  # which starts the checkpoint aside
+    finally:
+        monkeypatch.setattr(threading.Thread, "start", start)
+    assert dcache.batch_job(JOB).targets_done == targets  # type: ignore[union-attr]
+    closer = threading.Thread(target=dcache.close_db)
+    try:
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive() == started  # a thread that began is waited for
+    finally:
+        release.set()
+    closer.join(WAIT_S)
+    assert not closer.is_alive() and not any(thread.is_alive() for thread in asides)
+    dcache.open_db(file_store)
+    dcache.create_batch_job(make_job(id="again", targets_total=targets), make_targets(targets))
+    results = [{"idx": idx, "status": "done", "result": "r" * 16384} for idx in range(targets)]
+    dcache.update_batch_targets("again", results, now=2_000)
+    assert aside_threads_ended()
+    assert frames_pending(file_store) < WAL_AUTOCHECKPOINT_PAGES
+    assert len(set(asides)) == 1 + started  # its checkpoints ran aside again, on a thread of their own

@@ -152,23 +152,23 @@ class WalPolicy(SqliteBase):
         """A checkpoint on a thread of its own, the writing thread going on; while one runs, it is asked for
         another round instead. Called with the store's lock held, as ``close_wal_files`` is, which ends the
         thread and waits for it."""
-        with self._aside_lock:
-            if self._aside_running:
-                self._aside_again = True
-                return
-            self._aside_running = True
         stop = threading.Event()
         thread = threading.Thread(
             target=self._checkpoint_catching_up, args=(stop,), name="sift-checkpoint", daemon=True
         )
+        with self._aside_lock:
+            if self._aside_running:
+                self._aside_again = True
+                return
+            # known before it starts: a close after an interrupt in start() still stops it
+            self._aside_running = True
+            self._checkpoint_thread, self._checkpoint_stop = thread, stop
         try:
             thread.start()
         except RuntimeError:  # no new thread now (an interpreter shutting down): here, as a durable store
             with self._aside_lock:
                 self._aside_running = False
             self._checkpoint_quietly()
-            return
-        self._checkpoint_thread, self._checkpoint_stop = thread, stop
 
     def _checkpoint_catching_up(self, stop: threading.Event) -> None:
         """The thread aside: checkpoints while the last one copied more and WAL_AUTOCHECKPOINT_PAGES frames
@@ -287,8 +287,11 @@ class WalPolicy(SqliteBase):
         running = self._checkpoint_thread
         if running is not None:
             self._checkpoint_stop.set()  # after the round under way: others' writes could keep it going
-            running.join()
+            with contextlib.suppress(RuntimeError):  # never started: start() failed, or was interrupted
+                running.join()
             self._checkpoint_thread = None  # only now: a close interrupted while it waits waits again
+        with self._aside_lock:  # a thread whose start was interrupted never said it ended
+            self._aside_running = self._aside_again = False
         self._checkpoint_gave_up = False
         self._long_checkpoint_at = 0
         with self._checkpoint_lock:
