@@ -76,6 +76,18 @@ def readers(file_store: Path) -> Iterator[list[Reader]]:
         reader.conn.close()
 
 
+def aside_call(calls: list[threading.Thread]) -> bool:
+    """Whether the caller is the thread aside; its call then goes to ``calls``, and one past MOST_CALLS
+    stops it with an error."""
+    here = threading.current_thread()
+    if here.name != "sift-checkpoint":
+        return False
+    calls.append(here)
+    if len(calls) > MOST_CALLS:
+        raise RuntimeError("the checkpoint aside does not stop")
+    return True
+
+
 def aside_threads_ended() -> bool:
     for thread in threading.enumerate():
         if thread.name == "sift-checkpoint":
@@ -96,12 +108,8 @@ def test_the_checkpoint_aside_copies_again_what_its_first_copy_left(
 
     def reader_ends_after_the_first(*, truncate: bool = False) -> bool:
         busy = checkpoint(truncate=truncate)
-        if threading.current_thread().name == "sift-checkpoint":
-            calls.append(threading.current_thread())
-            if len(calls) > MOST_CALLS:
-                raise RuntimeError("the checkpoint aside does not stop")
-            if readers:
-                readers.pop().end()
+        if aside_call(calls) and readers:
+            readers.pop().end()
         return bool(busy)
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", reader_ends_after_the_first)
@@ -175,10 +183,7 @@ def test_close_db_ends_the_checkpoint_aside_that_another_process_keeps_going(
 
     def written_beside(*, truncate: bool = False) -> bool:
         busy = checkpoint(truncate=truncate)
-        if threading.current_thread().name == "sift-checkpoint":
-            calls.append(threading.current_thread())
-            if len(calls) > MOST_CALLS:
-                raise RuntimeError("the checkpoint aside does not stop")
+        if aside_call(calls):
             readers.pop().end()
             readers.append(Reader(file_store))
             # a new 16 KB result for every target: four pages each
@@ -219,10 +224,8 @@ def test_a_readers_snapshot_ends_the_checkpoint_aside(
     checkpoint = db.obj._checkpoint_once
 
     def counted(*, truncate: bool = False) -> bool:
-        if threading.current_thread().name == "sift-checkpoint" and not writing.is_set():
-            after_writes.append(threading.current_thread())
-            if len(after_writes) > MOST_CALLS:
-                raise RuntimeError("the checkpoint aside does not stop")
+        if not writing.is_set():
+            aside_call(after_writes)
         return bool(checkpoint(truncate=truncate))
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
