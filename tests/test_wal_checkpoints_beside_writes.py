@@ -6,7 +6,8 @@ due while it ran, until the store closes, so the last writes' frames do not wait
 reader's older snapshot, which holds the rest back, ends it. And the long file's checkpoint, with every
 writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES
 however few frames wait, so that checkpoints of other connections copying nearly every frame cannot keep
-the file from starting again.
+the file from starting again. A checkpoint that a reader's older snapshot kept from copying anything is
+tried again once the file has grown by WAL_AUTOCHECKPOINT_PAGES frames, not at every write.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
 stop short: no timing decides what is asserted."""
@@ -316,6 +317,90 @@ def test_a_reader_keeping_the_long_file_from_starting_again_costs_no_checkpoint_
     grown = max_frame - WAL_RESTART_FRAMES
     assert grown >= 4 * WAL_AUTOCHECKPOINT_PAGES  # the readers kept the file from starting again
     assert len(long_checkpoints) <= 2 * (grown // WAL_AUTOCHECKPOINT_PAGES + 1), long_checkpoints
+
+
+def test_a_readers_old_snapshot_costs_a_checkpoint_per_growth_not_per_write(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """A reader's snapshot from the first writes holds thousands of frames back: once a checkpoint has copied
+    nothing, the next is tried after the file grew by WAL_AUTOCHECKPOINT_PAGES frames, not at each write (on
+    a thread of its own each, or with every writer held). Once the reader ends, the file is copied and
+    starts again within that growth."""
+    calls: list[int] = []  # the file's frames at each checkpoint call, on any thread
+    checkpoint = db.obj._checkpoint_once
+
+    def counted(*, truncate: bool = False) -> bool:
+        calls.append(wal_index_frames(file_store)[0])
+        return bool(checkpoint(truncate=truncate))
+
+    monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
+    targets = 1_400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    for idx in range(20):
+        write_one(file_store, idx)
+    readers.append(Reader(file_store))
+    idx, max_frame, backfilled = 20, 0, 0
+    while max_frame < WAL_RESTART_FRAMES + 4 * WAL_AUTOCHECKPOINT_PAGES:
+        max_frame, backfilled = write_one(file_store, idx)
+        idx += 1
+    assert aside_threads_ended()
+    assert max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES  # held back by the reader all along
+    # at most two a growth: the thread aside's, and one a write asked of it before the first copied nothing
+    assert len(calls) <= 2 * (max_frame // WAL_AUTOCHECKPOINT_PAGES + 1), calls
+    readers.pop().end()
+    ended_at, longest = max_frame, 0
+    while idx < targets:
+        max_frame, _ = write_one(file_store, idx)
+        idx += 1
+        if max_frame < longest:  # started again
+            break
+        longest = max_frame
+    assert max_frame < longest, "the file did not start again"
+    assert longest <= ended_at + WAL_AUTOCHECKPOINT_PAGES + ONE_WRITE_FRAMES
+
+
+#: Two salts of the -wal file: it takes a new one each time it starts again.
+SALT, NEW_SALT = b"salt-one", b"salt-two"
+
+
+@pytest.mark.parametrize(
+    ("later", "due"),
+    [
+        ((5_900, 300, SALT), None),  # as held back still: not tried again yet
+        ((6_000, 300, SALT), "queue held"),  # the file grew by WAL_AUTOCHECKPOINT_PAGES frames
+        ((5_100, 301, SALT), "queue held"),  # another connection's checkpoint copied more meanwhile
+        ((1_300, 300, NEW_SALT), "aside"),  # a new file, whatever its counts: 1,000 frames wait in it
+    ],
+    ids=["held", "grown", "copied since", "file started again"],
+)
+def test_a_checkpoint_held_back_is_due_again_on_growth_a_copy_or_a_new_file(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, later: tuple[int, int, bytes], due: str | None
+) -> None:
+    """The WAL index header as a checkpoint that copied nothing saw it (5,000 frames, 300 copied back), then
+    as the next write reads it: the counts and the salt are played, and what is due checked."""
+    dcache.create_batch_job(make_job(id=JOB, targets_total=1), make_targets(1))  # opens the WAL index
+    headers = iter([(5_000, 300, SALT), (5_000, 300, SALT)])  # before and after that checkpoint
+    monkeypatch.setattr(db.obj, "_wal_header", lambda: next(headers))
+    monkeypatch.setattr(db.obj, "_checkpoint_once", lambda *, truncate=False: False)
+    assert not db.obj._checkpoint_quietly()
+    monkeypatch.setattr(db.obj, "_wal_header", lambda: later)
+    assert db.obj.checkpoint_due() == due
+
+
+@pytest.mark.parametrize(
+    ("salt", "due"), [(SALT, None), (NEW_SALT, "queue held")], ids=["same file", "new file"]
+)
+def test_the_long_files_growth_counts_from_where_it_was_due_in_the_same_file(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, salt: bytes, due: str | None
+) -> None:
+    """The long file's checkpoint was due at 6,000 frames; the next write finds 6,500, 500 waiting: grown
+    past where it was due by fewer than WAL_AUTOCHECKPOINT_PAGES in the same file, it is not due; in a new
+    file (started again by another connection, and grown since), it is: past WAL_RESTART_FRAMES by more."""
+    dcache.create_batch_job(make_job(id=JOB, targets_total=1), make_targets(1))  # opens the WAL index
+    monkeypatch.setattr(db.obj, "_wal_header", lambda: (6_000, 4_000, SALT))
+    assert db.obj.checkpoint_due() == "queue held"  # 2,000 frames wait
+    monkeypatch.setattr(db.obj, "_wal_header", lambda: (6_500, 6_000, salt))
+    assert db.obj.checkpoint_due() == due
 
 
 def test_a_close_interrupted_while_it_waits_leaves_the_thread_aside_stopping(

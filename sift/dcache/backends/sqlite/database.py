@@ -72,7 +72,7 @@ class SerializedSqliteDatabase(
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at = 0
+        self._long_checkpoint_at, self._held_back = (b"", 0), None
         self._checkpoint_stop = threading.Event()
         self._aside_lock = threading.Lock()
         self._aside_running = self._aside_again = False
@@ -118,7 +118,7 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at = 0
+        self._long_checkpoint_at, self._held_back = (b"", 0), None
         self._aside_lock = threading.Lock()
         self._aside_running = self._aside_again = False
         self.writers.after_fork_in_child()

@@ -39,8 +39,12 @@ __all__ = ["WalPolicy"]
 #: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
 CheckpointPlace = Literal["aside", "here", "queue held"]
 
-#: The WAL index header's mxFrame (byte 16) and nBackfill (byte 96), native byte order.
-_WAL_INDEX_FRAMES = struct.Struct("=16xI76xI")
+#: The WAL index header's mxFrame (byte 16), the -wal file's salt (bytes 32 to 39, new each time the file
+#: starts again) and nBackfill (byte 96), native byte order.
+_WAL_INDEX_HEADER = struct.Struct("=16xI12x8s56xI")
+
+#: What the WAL index header says of the -wal file: its frames, how many are copied back, its salt.
+WalHeader = tuple[int, int, bytes]
 
 
 def _frames_waiting(max_frame: int, backfilled: int) -> int:
@@ -64,8 +68,11 @@ class WalPolicy(SqliteBase):
     # the long file's last checkpoint waited for another process's until CHECKPOINT_WAIT_S, in vain: the next
     # ones try once, until a checkpoint of this store copies again
     _checkpoint_gave_up: bool
-    # the file's frames when the long file's checkpoint was last due (0: not since it started again)
-    _long_checkpoint_at: int
+    # the file's salt and frames when the long file's checkpoint was last due
+    _long_checkpoint_at: tuple[bytes, int]
+    # the header after a checkpoint of this store that copied nothing with WAL_AUTOCHECKPOINT_PAGES frames
+    # or more waiting: a reader's older snapshot held them back (None: none since the store opened)
+    _held_back: WalHeader | None
     _checkpoint_stop: threading.Event  # the thread aside's: it makes no other round
     _aside_lock: threading.Lock  # around the two below
     _aside_running: bool  # a thread aside runs and will look at _aside_again before it ends
@@ -110,23 +117,35 @@ class WalPolicy(SqliteBase):
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
         store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and,
-        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them). None: not due;
-        or the WAL index cannot be read, and SQLite checkpoints by itself again. The frames come from the
-        WAL index header (:meth:`_wal_frames`), read once after every write."""
+        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them). None: not due,
+        as while a reader holds back what the last checkpoint could not copy (until the file grows by
+        WAL_AUTOCHECKPOINT_PAGES frames); or the WAL index cannot be read, and SQLite checkpoints by itself
+        again. The frames come from the WAL index header (:meth:`_wal_header`), read once after every
+        write."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
                 flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW  # only the store's own
                 self._wal_index = os.open(self._wal_index_path, flags)
-            max_frame, backfilled = self._wal_frames()
+            max_frame, backfilled, salt = self._wal_header()
         except (OSError, struct.error):  # unreadable, or shorter than its header
             self._wal_index_path = None
             with contextlib.suppress(Exception):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
             return None
         waiting = _frames_waiting(max_frame, backfilled)
-        if max_frame < self._long_checkpoint_at:  # the file started again
-            self._long_checkpoint_at = 0
+        # A checkpoint that copied nothing, so many frames waiting, met a reader's older snapshot: it is
+        # tried again once the file has grown by WAL_AUTOCHECKPOINT_PAGES frames (or a checkpoint copied
+        # more meanwhile, or the file started again), not at every write, each copying nothing too.
+        held = self._held_back
+        if (
+            held is not None
+            and held[1:] == (backfilled, salt)
+            and max_frame < held[0] + WAL_AUTOCHECKPOINT_PAGES
+        ):
+            return None
+        last_salt, last_due = self._long_checkpoint_at
+        since = last_due if last_salt == salt else 0  # past where it was last due, in this file
         # A checkpoint copies only the frames written before it began, and the -wal file starts again from
         # its beginning only once every frame is copied back: with writes going on beside it (this
         # process's threads, other processes) it would grow without end. So a long file is copied with
@@ -137,9 +156,9 @@ class WalPolicy(SqliteBase):
         # file from starting again however often it is copied.
         if max_frame >= WAL_RESTART_FRAMES and (
             waiting >= WAL_AUTOCHECKPOINT_PAGES
-            or max_frame >= max(WAL_RESTART_FRAMES, self._long_checkpoint_at) + WAL_AUTOCHECKPOINT_PAGES
+            or max_frame >= max(WAL_RESTART_FRAMES, since) + WAL_AUTOCHECKPOINT_PAGES
         ):
-            self._long_checkpoint_at = max_frame
+            self._long_checkpoint_at = salt, max_frame
             return "queue held"
         if waiting < WAL_AUTOCHECKPOINT_PAGES:
             return None
@@ -203,12 +222,17 @@ class WalPolicy(SqliteBase):
             return False
         return copied > copied_before and _frames_waiting(max_frame, copied) >= WAL_AUTOCHECKPOINT_PAGES
 
-    def _wal_frames(self) -> tuple[int, int]:
-        """The -wal file's frames, and how many of them are copied back, from the WAL index header
-        (sqlite.org/walformat: ``mxFrame`` at byte 16, ``nBackfill`` at byte 96, native byte order), read
-        in this one function; the index is opened by :meth:`checkpoint_due`."""
+    def _wal_header(self) -> WalHeader:
+        """The -wal file's frames, how many of them are copied back, and its salt, from the WAL index header
+        (sqlite.org/walformat: ``mxFrame`` at byte 16, the salt at byte 32, ``nBackfill`` at byte 96, native
+        byte order), read in this one function; the index is opened by :meth:`checkpoint_due`."""
         assert self._wal_index is not None
-        max_frame, backfilled = _WAL_INDEX_FRAMES.unpack_from(os.pread(self._wal_index, 100, 0))
+        max_frame, salt, backfilled = _WAL_INDEX_HEADER.unpack_from(os.pread(self._wal_index, 100, 0))
+        return max_frame, backfilled, salt
+
+    def _wal_frames(self) -> tuple[int, int]:
+        """The -wal file's frames, and how many of them are copied back (:meth:`_wal_header`)."""
+        max_frame, backfilled, _ = self._wal_header()
         return max_frame, backfilled
 
     def _checkpoint_restarting(self) -> None:
@@ -227,14 +251,33 @@ class WalPolicy(SqliteBase):
 
     def _checkpoint_quietly(self) -> bool:
         """``checkpoint()``, a store error left for a later write to try again; whether SQLite said it was
-        busy. One that was not lets the long file's checkpoint wait again."""
+        busy. One that was not lets the long file's checkpoint wait again, and, having copied nothing with
+        WAL_AUTOCHECKPOINT_PAGES frames or more waiting, is where a reader held them back (``_held_back``)."""
+        before = self._wal_header_if_open()
         try:
             busy = self._checkpoint_once()
         except BatchError:
             return False
         if not busy:
             self._checkpoint_gave_up = False
+            after = self._wal_header_if_open()
+            if (
+                before is not None
+                and after is not None
+                and after[1:] == before[1:]  # no frame copied, in the same file
+                and _frames_waiting(after[0], after[1]) >= WAL_AUTOCHECKPOINT_PAGES
+            ):
+                self._held_back = after
         return busy
+
+    def _wal_header_if_open(self) -> WalHeader | None:
+        """:meth:`_wal_header`; None when the WAL index is not open or cannot be read."""
+        if self._wal_index is None:
+            return None
+        try:
+            return self._wal_header()
+        except (OSError, struct.error):
+            return None
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -293,7 +336,7 @@ class WalPolicy(SqliteBase):
         with self._aside_lock:  # a thread whose start was interrupted never said it ended
             self._aside_running = self._aside_again = False
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at = 0
+        self._long_checkpoint_at, self._held_back = (b"", 0), None
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
