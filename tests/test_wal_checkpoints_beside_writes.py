@@ -7,7 +7,7 @@ reader's older snapshot, which holds the rest back, ends it. And the long file's
 writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES
 however few frames wait, so that checkpoints of other connections copying nearly every frame cannot keep
 the file from starting again. A checkpoint that a reader's older snapshot kept from copying anything is
-tried again once the file has grown by WAL_AUTOCHECKPOINT_PAGES frames, not at every write.
+tried again at each write, on the writing thread, not on a thread started for it.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
 stop short: no timing decides what is asserted."""
@@ -319,70 +319,110 @@ def test_a_reader_keeping_the_long_file_from_starting_again_costs_no_checkpoint_
     assert len(long_checkpoints) <= 2 * (grown // WAL_AUTOCHECKPOINT_PAGES + 1), long_checkpoints
 
 
-def test_a_readers_old_snapshot_costs_a_checkpoint_per_growth_not_per_write(
+def aside_threads(calls: list[threading.Thread]) -> list[threading.Thread]:
+    """The threads aside among ``calls``' callers, each once."""
+    return list({id(thread): thread for thread in calls if thread.name == "sift-checkpoint"}.values())
+
+
+def test_a_readers_old_snapshot_costs_no_thread_a_write(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
     """A reader's snapshot from the first writes holds thousands of frames back: once a checkpoint has copied
-    nothing, the next is tried after the file grew by WAL_AUTOCHECKPOINT_PAGES frames, not at each write (on
-    a thread of its own each, or with every writer held). Once the reader ends, the file is copied and
-    starts again within that growth."""
-    calls: list[int] = []  # the file's frames at each checkpoint call, on any thread
+    nothing, each write tries again on the writing thread, not on a thread started for it; and the first
+    write after the reader ends copies what it held back, so that the next starts the file again."""
+    calls: list[threading.Thread] = []  # the thread of each checkpoint call
     checkpoint = db.obj._checkpoint_once
 
     def counted(*, truncate: bool = False) -> bool:
-        calls.append(wal_index_frames(file_store)[0])
+        calls.append(threading.current_thread())
         return bool(checkpoint(truncate=truncate))
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
-    targets = 1_400
+    targets = 1_000
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     for idx in range(20):
         write_one(file_store, idx)
     readers.append(Reader(file_store))
     idx, max_frame, backfilled = 20, 0, 0
-    while max_frame < WAL_RESTART_FRAMES + 4 * WAL_AUTOCHECKPOINT_PAGES:
+    while max_frame < WAL_RESTART_FRAMES - 8 * ONE_WRITE_FRAMES:  # short of the long file's checkpoint
         max_frame, backfilled = write_one(file_store, idx)
         idx += 1
     assert aside_threads_ended()
-    assert max_frame - backfilled >= WAL_AUTOCHECKPOINT_PAGES  # held back by the reader all along
-    # at most two a growth: the thread aside's, and one a write asked of it before the first copied nothing
-    assert len(calls) <= 2 * (max_frame // WAL_AUTOCHECKPOINT_PAGES + 1), calls
+    assert max_frame - backfilled >= 2 * WAL_AUTOCHECKPOINT_PAGES  # held back by the reader all along
+    # at most two threads: one whose checkpoint copies up to the snapshot (and which ends there when fewer
+    # than WAL_AUTOCHECKPOINT_PAGES frames wait then), and one whose checkpoint copies nothing
+    assert len(aside_threads(calls)) <= 2, calls
+    before = len(calls)
+    for more in range(5):
+        write_one(file_store, idx + more)
+    assert calls[before:] == [threading.current_thread()] * 5  # each write tried, on the writing thread
     readers.pop().end()
-    ended_at, longest = max_frame, 0
-    while idx < targets:
+    write_one(file_store, idx + 5)  # its checkpoint copies every frame: no reader holds them back now
+    assert frames_pending(file_store) == 0
+    max_frame, _ = write_one(file_store, idx + 6)
+    assert max_frame <= ONE_WRITE_FRAMES  # started again
+
+
+def test_the_file_starts_again_between_readers_that_each_hold_frames_back(
+    file_store: Path, readers: list[Reader]
+) -> None:
+    """Readers one after another, each holding back WAL_AUTOCHECKPOINT_PAGES frames or more, with a few
+    writes between them (a report read over and over): each time, the first write after a reader ends
+    copies what it held back, and the file starts again before the next reader can hold it."""
+    targets, life, gap = 1_200, 150, 3
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    restarts, previous, cycles = 0, 0, 0
+    for idx in range(targets):
+        if idx % (life + gap) == 0:
+            assert aside_threads_ended()  # the first gap's copy may run aside: done before the next read
+            readers.append(Reader(file_store))
+        elif idx % (life + gap) == life:
+            readers.pop().end()
+            cycles += 1
         max_frame, _ = write_one(file_store, idx)
-        idx += 1
-        if max_frame < longest:  # started again
-            break
-        longest = max_frame
-    assert max_frame < longest, "the file did not start again"
-    assert longest <= ended_at + WAL_AUTOCHECKPOINT_PAGES + ONE_WRITE_FRAMES
+        restarts += max_frame < previous
+        previous = max_frame
+    assert cycles >= 7
+    assert restarts >= cycles
 
 
 #: Two salts of the -wal file: it takes a new one each time it starts again.
 SALT, NEW_SALT = b"salt-one", b"salt-two"
+#: The WAL index header a checkpoint saw before it (3,000 frames, 300 copied back).
+BEFORE = (3_000, 300, SALT)
 
 
 @pytest.mark.parametrize(
-    ("later", "due"),
+    ("before", "after", "busy", "later", "due"),
     [
-        ((5_900, 300, SALT), None),  # as held back still: not tried again yet
-        ((6_000, 300, SALT), "queue held"),  # the file grew by WAL_AUTOCHECKPOINT_PAGES frames
-        ((5_100, 301, SALT), "queue held"),  # another connection's checkpoint copied more meanwhile
-        ((1_300, 300, NEW_SALT), "aside"),  # a new file, whatever its counts: 1,000 frames wait in it
+        (BEFORE, BEFORE, False, (3_010, 300, SALT), "here"),  # held back still, as the write reads it
+        (BEFORE, BEFORE, False, (3_010, 301, SALT), "aside"),  # another connection's copied more since
+        (BEFORE, BEFORE, False, (1_300, 300, NEW_SALT), "aside"),  # a new file, whatever its counts
+        (BEFORE, BEFORE, False, (WAL_RESTART_FRAMES, 300, SALT), "queue held"),  # the long file's, as before
+        (BEFORE, (3_000, 1_000, SALT), False, (3_010, 1_000, SALT), "aside"),  # it copied some
+        (BEFORE, BEFORE, True, (3_010, 300, SALT), "aside"),  # busy: another connection's was copying
+        ((3_000, 2_500, SALT), (3_000, 2_500, SALT), False, (3_600, 2_500, SALT), "aside"),  # few waited
     ],
-    ids=["held", "grown", "copied since", "file started again"],
+    ids=["held back", "copied since", "file started again", "long file", "copied some", "busy", "few waited"],
 )
-def test_a_checkpoint_held_back_is_due_again_on_growth_a_copy_or_a_new_file(
-    file_store: Path, monkeypatch: pytest.MonkeyPatch, later: tuple[int, int, bytes], due: str | None
+def test_a_checkpoint_held_back_is_tried_again_on_the_writing_thread(
+    file_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    before: tuple[int, int, bytes],
+    after: tuple[int, int, bytes],
+    busy: bool,
+    later: tuple[int, int, bytes],
+    due: str,
 ) -> None:
-    """The WAL index header as a checkpoint that copied nothing saw it (5,000 frames, 300 copied back), then
-    as the next write reads it: the counts and the salt are played, and what is due checked."""
+    """The WAL index header before and after a checkpoint (busy or not), then as the next write reads it:
+    the counts and the salt are played, and where a checkpoint is due is checked. Only one that copied
+    nothing, not busy, with WAL_AUTOCHECKPOINT_PAGES frames or more waiting, is tried again on the writing
+    thread, while nothing was copied since in the same file."""
     dcache.create_batch_job(make_job(id=JOB, targets_total=1), make_targets(1))  # opens the WAL index
-    headers = iter([(5_000, 300, SALT), (5_000, 300, SALT)])  # before and after that checkpoint
+    headers = iter([before, after])
     monkeypatch.setattr(db.obj, "_wal_header", lambda: next(headers))
-    monkeypatch.setattr(db.obj, "_checkpoint_once", lambda *, truncate=False: False)
-    assert not db.obj._checkpoint_quietly()
+    monkeypatch.setattr(db.obj, "_checkpoint_once", lambda *, truncate=False: busy)
+    assert db.obj._checkpoint_quietly() is busy
     monkeypatch.setattr(db.obj, "_wal_header", lambda: later)
     assert db.obj.checkpoint_due() == due
 

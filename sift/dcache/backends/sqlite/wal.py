@@ -70,8 +70,8 @@ class WalPolicy(SqliteBase):
     _checkpoint_gave_up: bool
     # the file's salt and frames when the long file's checkpoint was last due
     _long_checkpoint_at: tuple[bytes, int]
-    # the header after a checkpoint of this store that copied nothing with WAL_AUTOCHECKPOINT_PAGES frames
-    # or more waiting: a reader's older snapshot held them back (None: none since the store opened)
+    # the header after the last checkpoint of this store that copied nothing with WAL_AUTOCHECKPOINT_PAGES
+    # frames or more waiting: a reader's older snapshot held them back (None: none since the store opened)
     _held_back: WalHeader | None
     _checkpoint_stop: threading.Event  # the thread aside's: it makes no other round
     _aside_lock: threading.Lock  # around the two below
@@ -117,11 +117,10 @@ class WalPolicy(SqliteBase):
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
         store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and,
-        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them). None: not due,
-        as while a reader holds back what the last checkpoint could not copy (until the file grows by
-        WAL_AUTOCHECKPOINT_PAGES frames); or the WAL index cannot be read, and SQLite checkpoints by itself
-        again. The frames come from the WAL index header (:meth:`_wal_header`), read once after every
-        write."""
+        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them); "here" too while
+        a reader's older snapshot holds back what the last checkpoint could not copy. None: not due; or the
+        WAL index cannot be read, and SQLite checkpoints by itself again. The frames come from the WAL index
+        header (:meth:`_wal_header`), read once after every write."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
@@ -134,16 +133,6 @@ class WalPolicy(SqliteBase):
                 self.run_sql(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}", ())
             return None
         waiting = _frames_waiting(max_frame, backfilled)
-        # A checkpoint that copied nothing, so many frames waiting, met a reader's older snapshot: it is
-        # tried again once the file has grown by WAL_AUTOCHECKPOINT_PAGES frames (or a checkpoint copied
-        # more meanwhile, or the file started again), not at every write, each copying nothing too.
-        held = self._held_back
-        if (
-            held is not None
-            and held[1:] == (backfilled, salt)
-            and max_frame < held[0] + WAL_AUTOCHECKPOINT_PAGES
-        ):
-            return None
         last_salt, last_due = self._long_checkpoint_at
         since = last_due if last_salt == salt else 0  # past where it was last due, in this file
         # A checkpoint copies only the frames written before it began, and the -wal file starts again from
@@ -165,7 +154,14 @@ class WalPolicy(SqliteBase):
         # With durable=True every commit syncs the -wal file, and commits beside a checkpoint were slower
         # than with it in their way: at FULL, bulk writes of 10 took 0.19-0.20 x huey's time against 0.13
         # (python scripts/bench --only peers --db sqlite).
-        return "here" if self.synchronous_pragma == SYNCHRONOUS_DURABLE else "aside"
+        if self.synchronous_pragma == SYNCHRONOUS_DURABLE:
+            return "here"
+        # A checkpoint that copied nothing, so many frames waiting, met a reader's older snapshot. That
+        # reader's end shows nowhere but in SQLite's locks, so each write tries again: on the writing thread
+        # while nothing was copied since in the same file (a try that copies nothing costs less than the
+        # thread it would start), so that the first write after the reader ends copies what it held back.
+        held = self._held_back
+        return "here" if held is not None and held[1:] == (backfilled, salt) else "aside"
 
     def _checkpoint_aside(self) -> None:
         """A checkpoint on a thread of its own, the writing thread going on; while one runs, it is asked for
