@@ -6,8 +6,8 @@ due while it ran, until the store closes, so the last writes' frames do not wait
 reader's older snapshot, which holds the rest back, ends it. And the long file's checkpoint, with every
 writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES
 however few frames wait, so that checkpoints of other connections copying nearly every frame cannot keep
-the file from starting again. A checkpoint that a reader's older snapshot kept from copying anything is
-tried again at each write, on the writing thread, not on a thread started for it.
+the file from starting again. A checkpoint aside that a reader's older snapshot kept from copying
+anything waits for the next write's ask on its thread, not a thread started for each write.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
 stop short: no timing decides what is asserted."""
@@ -26,6 +26,7 @@ from test_writer_queue import frames_pending, wal_index_frames
 
 from sift import dcache
 from sift.dcache import db
+from sift.dcache.backends.sqlite import wal
 from sift.dcache.backends.sqlite.settings import WAL_AUTOCHECKPOINT_PAGES, WAL_RESTART_FRAMES
 
 pytestmark = pytest.mark.sqlite_only
@@ -327,9 +328,11 @@ def aside_threads(calls: list[threading.Thread]) -> list[threading.Thread]:
 def test_a_readers_old_snapshot_costs_no_thread_a_write(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
-    """A reader's snapshot from the first writes holds thousands of frames back: once a checkpoint has copied
-    nothing, each write tries again on the writing thread, not on a thread started for it; and the first
-    write after the reader ends copies what it held back, so that the next starts the file again."""
+    """A reader's snapshot from the first writes holds thousands of frames back: once a checkpoint aside has
+    copied nothing, its thread waits for the next write's ask (here for as long as the test runs), and
+    tries again at each, not a thread started for each write; the first try after the reader ends copies
+    what it held back, aside, and the next write starts the file again."""
+    monkeypatch.setattr(wal, "CHECKPOINT_LINGER_S", WAIT_S)
     calls: list[threading.Thread] = []  # the thread of each checkpoint call
     checkpoint = db.obj._checkpoint_once
 
@@ -347,20 +350,63 @@ def test_a_readers_old_snapshot_costs_no_thread_a_write(
     while max_frame < WAL_RESTART_FRAMES - 8 * ONE_WRITE_FRAMES:  # short of the long file's checkpoint
         max_frame, backfilled = write_one(file_store, idx)
         idx += 1
-    assert aside_threads_ended()
     assert max_frame - backfilled >= 2 * WAL_AUTOCHECKPOINT_PAGES  # held back by the reader all along
     # at most two threads: one whose checkpoint copies up to the snapshot (and which ends there when fewer
-    # than WAL_AUTOCHECKPOINT_PAGES frames wait then), and one whose checkpoint copies nothing
-    assert len(aside_threads(calls)) <= 2, calls
-    before = len(calls)
-    for more in range(5):
-        write_one(file_store, idx + more)
-    assert calls[before:] == [threading.current_thread()] * 5  # each write tried, on the writing thread
+    # than WAL_AUTOCHECKPOINT_PAGES frames wait then), and one whose checkpoint copies nothing, and waits
+    threads = aside_threads(calls)
+    assert len(threads) <= 2 and threads[-1].is_alive(), calls
+    assert threading.current_thread() not in calls  # each try aside
     readers.pop().end()
-    write_one(file_store, idx + 5)  # its checkpoint copies every frame: no reader holds them back now
+    write_one(file_store, idx)  # its ask: the thread copies every frame, and ends
+    assert aside_threads_ended()
     assert frames_pending(file_store) == 0
-    max_frame, _ = write_one(file_store, idx + 6)
+    assert aside_threads(calls) == threads  # no other thread
+    max_frame, _ = write_one(file_store, idx + 1)
     assert max_frame <= ONE_WRITE_FRAMES  # started again
+
+
+class WatchedAsks(threading.Condition):
+    """The asks' condition of the thread aside, counting the waits under way."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self.waiting = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1  # the lock is held
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1
+
+
+def test_close_db_ends_the_thread_aside_waiting_for_an_ask(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
+) -> None:
+    """The thread aside waits for a write's ask after a checkpoint that a reader's snapshot kept from
+    copying anything (here for an hour): ``close_db()`` ends it at once, not after that wait."""
+    monkeypatch.setattr(wal, "CHECKPOINT_LINGER_S", 3600.0)
+    asks = WatchedAsks(db.obj._aside_lock)
+    monkeypatch.setattr(db.obj, "_aside_asked", asks)
+    targets = 400
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    write_one(file_store, 0)
+    readers.append(Reader(file_store))
+    write_rest(file_store, 1, targets)  # which starts the checkpoint aside: it copies to the snapshot, then
+    deadline = time.monotonic() + WAIT_S  # nothing
+    while asks.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert asks.waiting == 1
+    thread = db.obj._checkpoint_thread
+    closer = threading.Thread(target=dcache.close_db)
+    closer.start()
+    try:
+        closer.join(WAIT_S)
+        assert not closer.is_alive() and thread is not None and not thread.is_alive()
+    finally:
+        with asks:  # a close that did not wake it: woken here, so that the store closes
+            asks.notify_all()
+        closer.join(WAIT_S)
 
 
 def test_the_file_starts_again_between_readers_that_each_hold_frames_back(
@@ -368,13 +414,13 @@ def test_the_file_starts_again_between_readers_that_each_hold_frames_back(
 ) -> None:
     """Readers one after another, each holding back WAL_AUTOCHECKPOINT_PAGES frames or more, with a few
     writes between them (a report read over and over): each time, the first write after a reader ends
-    copies what it held back, and the file starts again before the next reader can hold it."""
+    has what it held back copied, and the file starts again before the next reader can hold it."""
     targets, life, gap = 1_200, 150, 3
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     restarts, previous, cycles = 0, 0, 0
     for idx in range(targets):
         if idx % (life + gap) == 0:
-            assert aside_threads_ended()  # the first gap's copy may run aside: done before the next read
+            assert aside_threads_ended()  # the gap's copy runs aside: done before the next read
             readers.append(Reader(file_store))
         elif idx % (life + gap) == life:
             readers.pop().end()
@@ -386,45 +432,37 @@ def test_the_file_starts_again_between_readers_that_each_hold_frames_back(
     assert restarts >= cycles
 
 
-#: Two salts of the -wal file: it takes a new one each time it starts again.
-SALT, NEW_SALT = b"salt-one", b"salt-two"
-#: The WAL index header a checkpoint saw before it (3,000 frames, 300 copied back).
-BEFORE = (3_000, 300, SALT)
-
-
 @pytest.mark.parametrize(
-    ("before", "after", "busy", "later", "due"),
+    ("before", "after", "busy", "end"),
     [
-        (BEFORE, BEFORE, False, (3_010, 300, SALT), "here"),  # held back still, as the write reads it
-        (BEFORE, BEFORE, False, (3_010, 301, SALT), "aside"),  # another connection's copied more since
-        (BEFORE, BEFORE, False, (1_300, 300, NEW_SALT), "aside"),  # a new file, whatever its counts
-        (BEFORE, BEFORE, False, (WAL_RESTART_FRAMES, 300, SALT), "queue held"),  # the long file's, as before
-        (BEFORE, (3_000, 1_000, SALT), False, (3_010, 1_000, SALT), "aside"),  # it copied some
-        (BEFORE, BEFORE, True, (3_010, 300, SALT), "aside"),  # busy: another connection's was copying
-        ((3_000, 2_500, SALT), (3_000, 2_500, SALT), False, (3_600, 2_500, SALT), "aside"),  # few waited
+        ((3_000, 300), (3_050, 2_000), False, "more"),  # copied more; 1,050 frames wait, written beside it
+        ((3_000, 300), (3_050, 2_500), False, "done"),  # copied more; 550 wait
+        ((3_000, 300), (3_050, 300), False, "held back"),  # copied nothing; 2,750 wait
+        ((1_200, 300), (1_250, 300), False, "done"),  # copied nothing; 950 wait
+        ((3_000, 300), (3_050, 300), True, "done"),  # another connection's checkpoint is copying them
     ],
-    ids=["held back", "copied since", "file started again", "long file", "copied some", "busy", "few waited"],
+    ids=["more", "caught up", "held back", "few wait", "busy"],
 )
-def test_a_checkpoint_held_back_is_tried_again_on_the_writing_thread(
+def test_what_a_round_of_the_thread_aside_comes_to(
     file_store: Path,
     monkeypatch: pytest.MonkeyPatch,
-    before: tuple[int, int, bytes],
-    after: tuple[int, int, bytes],
+    before: tuple[int, int],
+    after: tuple[int, int],
     busy: bool,
-    later: tuple[int, int, bytes],
-    due: str,
+    end: str,
 ) -> None:
-    """The WAL index header before and after a checkpoint (busy or not), then as the next write reads it:
-    the counts and the salt are played, and where a checkpoint is due is checked. Only one that copied
-    nothing, not busy, with WAL_AUTOCHECKPOINT_PAGES frames or more waiting, is tried again on the writing
-    thread, while nothing was copied since in the same file."""
+    """The WAL index header's frames and frames copied back, before and after the round's checkpoint (busy
+    or not), are played, and what the round came to is checked: only "more" makes another round; "held
+    back" waits for a write's ask."""
     dcache.create_batch_job(make_job(id=JOB, targets_total=1), make_targets(1))  # opens the WAL index
-    headers = iter([before, after])
-    monkeypatch.setattr(db.obj, "_wal_header", lambda: next(headers))
+    frames = iter([before, after])
+    monkeypatch.setattr(db.obj, "_wal_frames", lambda: next(frames))
     monkeypatch.setattr(db.obj, "_checkpoint_once", lambda *, truncate=False: busy)
-    assert db.obj._checkpoint_quietly() is busy
-    monkeypatch.setattr(db.obj, "_wal_header", lambda: later)
-    assert db.obj.checkpoint_due() == due
+    assert db.obj._checkpoint_round() == end
+
+
+#: Two salts of the -wal file: it takes a new one each time it starts again.
+SALT, NEW_SALT = b"salt-one", b"salt-two"
 
 
 @pytest.mark.parametrize(

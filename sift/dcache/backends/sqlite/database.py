@@ -72,9 +72,10 @@ class SerializedSqliteDatabase(
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at, self._held_back = (b"", 0), None
+        self._long_checkpoint_at = (b"", 0)
         self._checkpoint_stop = threading.Event()
         self._aside_lock = threading.Lock()
+        self._aside_asked = threading.Condition(self._aside_lock)
         self._aside_running = self._aside_again = False
         self.writers = WriterQueue(None, BUSY_TIMEOUT_S)
         self.statement_errors = Translation(self.raise_store_error, peewee_classes=True)
@@ -118,8 +119,9 @@ class SerializedSqliteDatabase(
         self._checkpointer = None
         self._checkpoint_thread = None
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at, self._held_back = (b"", 0), None
+        self._long_checkpoint_at = (b"", 0)
         self._aside_lock = threading.Lock()
+        self._aside_asked = threading.Condition(self._aside_lock)
         self._aside_running = self._aside_again = False
         self.writers.after_fork_in_child()
         self.close_wal_index()

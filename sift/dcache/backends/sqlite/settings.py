@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BUSY_TIMEOUT_S",
+    "CHECKPOINT_LINGER_S",
     "CHECKPOINT_RETRY_S",
     "CHECKPOINT_WAIT_S",
     "CLAIMS_NEED_SQLITE",
@@ -24,6 +25,9 @@ WAL_RESTART_FRAMES = 4 * WAL_AUTOCHECKPOINT_PAGES
 CHECKPOINT_WAIT_S = 0.25
 #: How long it sleeps between its tries.
 CHECKPOINT_RETRY_S = 0.005
+#: How long the checkpoint's thread aside waits for a write's ask after a checkpoint that a reader's older
+#: snapshot kept from copying anything, before it ends: while that reader reads, each write asks again.
+CHECKPOINT_LINGER_S = 0.25
 
 #: The oldest SQLite whose library can run claim_batch_targets.
 CLAIMS_NEED_SQLITE = (3, 35, 0)

@@ -26,6 +26,7 @@ from ...driver_errors import is_busy
 from ...errors import BatchError
 from .base import SqliteBase
 from .settings import (
+    CHECKPOINT_LINGER_S,
     CHECKPOINT_RETRY_S,
     CHECKPOINT_WAIT_S,
     SYNCHRONOUS_DURABLE,
@@ -38,6 +39,8 @@ __all__ = ["WalPolicy"]
 
 #: Where a due checkpoint runs (:meth:`WalPolicy.checkpoint_due`).
 CheckpointPlace = Literal["aside", "here", "queue held"]
+#: What a round of the thread aside came to (:meth:`WalPolicy._checkpoint_round`).
+RoundEnd = Literal["more", "held back", "done"]
 
 #: The WAL index header's mxFrame (byte 16), the -wal file's salt (bytes 32 to 39, new each time the file
 #: starts again) and nBackfill (byte 96), native byte order.
@@ -70,13 +73,11 @@ class WalPolicy(SqliteBase):
     _checkpoint_gave_up: bool
     # the file's salt and frames when the long file's checkpoint was last due
     _long_checkpoint_at: tuple[bytes, int]
-    # the header after the last checkpoint of this store that copied nothing with WAL_AUTOCHECKPOINT_PAGES
-    # frames or more waiting: a reader's older snapshot held them back (None: none since the store opened)
-    _held_back: WalHeader | None
     _checkpoint_stop: threading.Event  # the thread aside's: it makes no other round
     _aside_lock: threading.Lock  # around the two below
     _aside_running: bool  # a thread aside runs and will look at _aside_again before it ends
     _aside_again: bool  # a write asked it for another round
+    _aside_asked: threading.Condition  # on _aside_lock: notified at each ask, and at close
 
     def enter_writers(self) -> None:
         """Take this store's place in the writers' queue, the connection opened first (so a process that
@@ -117,10 +118,9 @@ class WalPolicy(SqliteBase):
         WAL_AUTOCHECKPOINT_PAGES frames not yet copied back, a PASSIVE checkpoint is due. Where: "aside", on
         a thread of its own, the writes going on; "here", on the writing thread, the lock held (a durable
         store); "queue held", the writers' queue too, once the file holds WAL_RESTART_FRAMES frames (and,
-        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them); "here" too while
-        a reader's older snapshot holds back what the last checkpoint could not copy. None: not due; or the
-        WAL index cannot be read, and SQLite checkpoints by itself again. The frames come from the WAL index
-        header (:meth:`_wal_header`), read once after every write."""
+        however few wait, each time it grew by WAL_AUTOCHECKPOINT_PAGES frames past them). None: not due;
+        or the WAL index cannot be read, and SQLite checkpoints by itself again. The frames come from the
+        WAL index header (:meth:`_wal_header`), read once after every write."""
         try:
             if self._wal_index is None:
                 assert self._wal_index_path is not None
@@ -154,14 +154,7 @@ class WalPolicy(SqliteBase):
         # With durable=True every commit syncs the -wal file, and commits beside a checkpoint were slower
         # than with it in their way: at FULL, bulk writes of 10 took 0.19-0.20 x huey's time against 0.13
         # (python scripts/bench --only peers --db sqlite).
-        if self.synchronous_pragma == SYNCHRONOUS_DURABLE:
-            return "here"
-        # A checkpoint that copied nothing, so many frames waiting, met a reader's older snapshot. That
-        # reader's end shows nowhere but in SQLite's locks, so each write tries again: on the writing thread
-        # while nothing was copied since in the same file (a try that copies nothing costs less than the
-        # thread it would start), so that the first write after the reader ends copies what it held back.
-        held = self._held_back
-        return "here" if held is not None and held[1:] == (backfilled, salt) else "aside"
+        return "here" if self.synchronous_pragma == SYNCHRONOUS_DURABLE else "aside"
 
     def _checkpoint_aside(self) -> None:
         """A checkpoint on a thread of its own, the writing thread going on; while one runs, it is asked for
@@ -174,6 +167,7 @@ class WalPolicy(SqliteBase):
         with self._aside_lock:
             if self._aside_running:
                 self._aside_again = True
+                self._aside_asked.notify()
                 return
             # known before it starts: a close after an interrupt in start() still stops it
             self._aside_running = True
@@ -188,12 +182,17 @@ class WalPolicy(SqliteBase):
     def _checkpoint_catching_up(self, stop: threading.Event) -> None:
         """The thread aside: checkpoints while the last one copied more and WAL_AUTOCHECKPOINT_PAGES frames
         or more still wait, or a write asked for another meanwhile, until ``stop``. A checkpoint copies only
-        the frames written before it began; the writes beside it would otherwise wait for a later write."""
+        the frames written before it began; the writes beside it would otherwise wait for a later write.
+        One that a reader's older snapshot kept from copying anything waits CHECKPOINT_LINGER_S for a
+        write's ask: while that reader reads, each write asks again (its end shows only in SQLite's locks),
+        and a thread started for each would cost more than the copy of nothing it makes."""
         try:
             while True:
-                go_on = not stop.is_set() and self._checkpoint_round()
+                end = self._checkpoint_round() if not stop.is_set() else "done"
                 with self._aside_lock:  # a write's ask and this thread's end are one or the other
-                    if stop.is_set() or not (go_on or self._aside_again):
+                    if end == "held back" and not (stop.is_set() or self._aside_again):
+                        self._aside_asked.wait(CHECKPOINT_LINGER_S)
+                    if stop.is_set() or not (end == "more" or self._aside_again):
                         self._aside_running = self._aside_again = False
                         return
                     self._aside_again = False
@@ -202,21 +201,24 @@ class WalPolicy(SqliteBase):
                 self._aside_running = self._aside_again = False
             raise
 
-    def _checkpoint_round(self) -> bool:
-        """One checkpoint aside; whether another should follow: it copied more, and WAL_AUTOCHECKPOINT_PAGES
-        frames or more still wait (written beside it). One that copied nothing, as while a reader's older
-        snapshot holds the rest back, is not followed: another would copy nothing either."""
+    def _checkpoint_round(self) -> RoundEnd:
+        """One checkpoint aside, and what it came to: "more", it copied more and WAL_AUTOCHECKPOINT_PAGES
+        frames or more still wait (written beside it), so another should follow; "held back", it copied
+        nothing with that many waiting, as while a reader's older snapshot holds them back (another would
+        copy nothing either, until that reader ends); "done", anything else."""
         try:
             _, copied_before = self._wal_frames()
         except (OSError, struct.error):  # the writes' next look gives the checkpoint back to SQLite
-            return False
+            return "done"
         if self._checkpoint_quietly():  # another process's checkpoint is copying them
-            return False
+            return "done"
         try:
             max_frame, copied = self._wal_frames()
         except (OSError, struct.error):
-            return False
-        return copied > copied_before and _frames_waiting(max_frame, copied) >= WAL_AUTOCHECKPOINT_PAGES
+            return "done"
+        if _frames_waiting(max_frame, copied) < WAL_AUTOCHECKPOINT_PAGES:
+            return "done"
+        return "more" if copied > copied_before else "held back"
 
     def _wal_header(self) -> WalHeader:
         """The -wal file's frames, how many of them are copied back, and its salt, from the WAL index header
@@ -247,33 +249,14 @@ class WalPolicy(SqliteBase):
 
     def _checkpoint_quietly(self) -> bool:
         """``checkpoint()``, a store error left for a later write to try again; whether SQLite said it was
-        busy. One that was not lets the long file's checkpoint wait again, and, having copied nothing with
-        WAL_AUTOCHECKPOINT_PAGES frames or more waiting, is where a reader held them back (``_held_back``)."""
-        before = self._wal_header_if_open()
+        busy. One that was not lets the long file's checkpoint wait again."""
         try:
             busy = self._checkpoint_once()
         except BatchError:
             return False
         if not busy:
             self._checkpoint_gave_up = False
-            after = self._wal_header_if_open()
-            if (
-                before is not None
-                and after is not None
-                and after[1:] == before[1:]  # no frame copied, in the same file
-                and _frames_waiting(after[0], after[1]) >= WAL_AUTOCHECKPOINT_PAGES
-            ):
-                self._held_back = after
         return busy
-
-    def _wal_header_if_open(self) -> WalHeader | None:
-        """:meth:`_wal_header`; None when the WAL index is not open or cannot be read."""
-        if self._wal_index is None:
-            return None
-        try:
-            return self._wal_header()
-        except (OSError, struct.error):
-            return None
 
     def autocheckpoint_pages(self) -> int:
         """The connection's ``wal_autocheckpoint``: 0 while the store checkpoints after the queue."""
@@ -326,13 +309,15 @@ class WalPolicy(SqliteBase):
         running = self._checkpoint_thread
         if running is not None:
             self._checkpoint_stop.set()  # after the round under way: others' writes could keep it going
+            with self._aside_lock:  # and not after its wait for an ask
+                self._aside_asked.notify_all()
             with contextlib.suppress(RuntimeError):  # never started: start() failed, or was interrupted
                 running.join()
             self._checkpoint_thread = None  # only now: a close interrupted while it waits waits again
         with self._aside_lock:  # a thread whose start was interrupted never said it ended
             self._aside_running = self._aside_again = False
         self._checkpoint_gave_up = False
-        self._long_checkpoint_at, self._held_back = (b"", 0), None
+        self._long_checkpoint_at = (b"", 0)
         with self._checkpoint_lock:
             if self._checkpointer is not None:
                 self._checkpointer.close()
