@@ -3,14 +3,15 @@
 A checkpoint copies only the frames written before it began. The store's checkpoint aside is made again
 while WAL_AUTOCHECKPOINT_PAGES frames or more still wait and the last one copied more, or a write made one
 due while it ran, until the store closes, so the last writes' frames do not wait for a later write; a
-reader's older snapshot, which holds the rest back, ends it. And the long file's checkpoint, with every
-writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past WAL_RESTART_FRAMES
-however few frames wait, so that checkpoints of other connections copying nearly every frame cannot keep
-the file from starting again. A checkpoint aside that a reader's older snapshot kept from copying
-anything waits for the next write's ask on its thread, not a thread started for each write.
+reader's older snapshot, which holds the rest back, ends those rounds, and the thread then waits for the
+next write's ask rather than a thread being started for each write. And the long file's checkpoint, with
+every writer held, comes each time the file grew by WAL_AUTOCHECKPOINT_PAGES frames past
+WAL_RESTART_FRAMES however few frames wait, so that checkpoints of other connections copying nearly every
+frame cannot keep the file from starting again.
 
 The checkpoints beside the writes are played here in order, with a reader's snapshot where a copy must
-stop short: no timing decides what is asserted."""
+stop short, and the thread aside waited for where a write's ask must start its round: no timing decides
+what is asserted."""
 
 from __future__ import annotations
 
@@ -325,14 +326,46 @@ def aside_threads(calls: list[threading.Thread]) -> list[threading.Thread]:
     return list({id(thread): thread for thread in calls if thread.name == "sift-checkpoint"}.values())
 
 
+class AskWaits:
+    """The waits of the thread aside for a write's ask under way: the store's condition's ``wait``,
+    counted. The condition stays the store's own, which ``close_db()`` wakes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waiting = 0
+        asked = db.obj._aside_asked
+        wait = asked.wait
+
+        def counted(timeout: float | None = None) -> bool:
+            self.waiting += 1  # the lock is held
+            try:
+                return bool(wait(timeout))
+            finally:
+                self.waiting -= 1
+
+        monkeypatch.setattr(asked, "wait", counted)
+
+
+def aside_quiet(asks: AskWaits) -> bool:
+    """Wait until no round of the thread aside is under way or asked for: none runs, or it waits for an
+    ask. A write's ask is then what starts the next round."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        with db.obj._aside_lock:
+            if not db.obj._aside_running or (asks.waiting and not db.obj._aside_again):
+                return True
+        time.sleep(0.001)
+    return False
+
+
 def test_a_readers_old_snapshot_costs_no_thread_a_write(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
     """A reader's snapshot from the first writes holds thousands of frames back: once a checkpoint aside has
-    copied nothing, its thread waits for the next write's ask (here for as long as the test runs), and
+    copied nothing, its thread waits for the next write's ask (here for an hour: an ask must wake it), and
     tries again at each, not a thread started for each write; the first try after the reader ends copies
     what it held back, aside, and the next write starts the file again."""
-    monkeypatch.setattr(wal, "CHECKPOINT_LINGER_S", WAIT_S)
+    monkeypatch.setattr(wal, "CHECKPOINT_LINGER_S", 3600.0)
+    asks = AskWaits(monkeypatch)
     calls: list[threading.Thread] = []  # the thread of each checkpoint call
     checkpoint = db.obj._checkpoint_once
 
@@ -356,6 +389,7 @@ def test_a_readers_old_snapshot_costs_no_thread_a_write(
     threads = aside_threads(calls)
     assert len(threads) <= 2 and threads[-1].is_alive(), calls
     assert threading.current_thread() not in calls  # each try aside
+    assert aside_quiet(asks)
     readers.pop().end()
     write_one(file_store, idx)  # its ask: the thread copies every frame, and ends
     assert aside_threads_ended()
@@ -365,29 +399,13 @@ def test_a_readers_old_snapshot_costs_no_thread_a_write(
     assert max_frame <= ONE_WRITE_FRAMES  # started again
 
 
-class WatchedAsks(threading.Condition):
-    """The asks' condition of the thread aside, counting the waits under way."""
-
-    def __init__(self, lock: threading.Lock) -> None:
-        super().__init__(lock)
-        self.waiting = 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting += 1  # the lock is held
-        try:
-            return super().wait(timeout)
-        finally:
-            self.waiting -= 1
-
-
 def test_close_db_ends_the_thread_aside_waiting_for_an_ask(
     file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
     """The thread aside waits for a write's ask after a checkpoint that a reader's snapshot kept from
     copying anything (here for an hour): ``close_db()`` ends it at once, not after that wait."""
     monkeypatch.setattr(wal, "CHECKPOINT_LINGER_S", 3600.0)
-    asks = WatchedAsks(db.obj._aside_lock)
-    monkeypatch.setattr(db.obj, "_aside_asked", asks)
+    asks = AskWaits(monkeypatch)
     targets = 400
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     write_one(file_store, 0)
@@ -404,28 +422,34 @@ def test_close_db_ends_the_thread_aside_waiting_for_an_ask(
         closer.join(WAIT_S)
         assert not closer.is_alive() and thread is not None and not thread.is_alive()
     finally:
-        with asks:  # a close that did not wake it: woken here, so that the store closes
-            asks.notify_all()
+        with db.obj._aside_asked:  # a close that did not wake it: woken here, so that the store closes
+            db.obj._aside_asked.notify_all()
         closer.join(WAIT_S)
 
 
 def test_the_file_starts_again_between_readers_that_each_hold_frames_back(
-    file_store: Path, readers: list[Reader]
+    file_store: Path, monkeypatch: pytest.MonkeyPatch, readers: list[Reader]
 ) -> None:
     """Readers one after another, each holding back WAL_AUTOCHECKPOINT_PAGES frames or more, with a few
-    writes between them (a report read over and over): each time, the first write after a reader ends
-    has what it held back copied, and the file starts again before the next reader can hold it."""
+    writes between them (a report read over and over): each time, the first write after a reader ends asks
+    for the checkpoint that copies what it held back (aside: the test waits for it), and the next write
+    starts the file again. Each reader ends once no round aside is under way or asked for, so that this
+    write's ask is what starts the copy."""
+    asks = AskWaits(monkeypatch)
     targets, life, gap = 1_200, 150, 3
     dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
     restarts, previous, cycles = 0, 0, 0
     for idx in range(targets):
-        if idx % (life + gap) == 0:
-            assert aside_threads_ended()  # the gap's copy runs aside: done before the next read
+        phase = idx % (life + gap)
+        if phase == 0:
             readers.append(Reader(file_store))
-        elif idx % (life + gap) == life:
+        elif phase == life:
+            assert aside_quiet(asks)
             readers.pop().end()
             cycles += 1
         max_frame, _ = write_one(file_store, idx)
+        if phase == life:
+            assert frames_pending(file_store) == 0  # once the thread aside has ended
         restarts += max_frame < previous
         previous = max_frame
     assert cycles >= 7
