@@ -79,6 +79,15 @@ def readers(file_store: Path) -> Iterator[list[Reader]]:
         reader.conn.close()
 
 
+def a_reader_after_the_first_writes(store: Path, readers: list[Reader], targets: int) -> int:
+    """A job of ``targets`` targets, its first 20 written, then a reader's snapshot begun; the next idx."""
+    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
+    for idx in range(20):
+        write_one(store, idx)
+    readers.append(Reader(store))
+    return 20
+
+
 def aside_call(calls: list[threading.Thread]) -> bool:
     """Whether the caller is the thread aside; its call then goes to ``calls``, and one past MOST_CALLS
     stops it with an error."""
@@ -233,11 +242,8 @@ def test_a_readers_snapshot_ends_the_checkpoint_aside(
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
     targets = 1_000
-    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
-    for idx in range(20):
-        write_one(file_store, idx)
-    readers.append(Reader(file_store))
-    for idx in range(20, targets):
+    first = a_reader_after_the_first_writes(file_store, readers, targets)
+    for idx in range(first, targets):
         max_frame, backfilled = write_one(file_store, idx)
         if max_frame >= WAL_RESTART_FRAMES - WAL_AUTOCHECKPOINT_PAGES:  # short of the long file's checkpoint
             break
@@ -375,11 +381,8 @@ def test_a_readers_old_snapshot_costs_no_thread_a_write(
 
     monkeypatch.setattr(db.obj, "_checkpoint_once", counted)
     targets = 1_000
-    dcache.create_batch_job(make_job(id=JOB, targets_total=targets), make_targets(targets))
-    for idx in range(20):
-        write_one(file_store, idx)
-    readers.append(Reader(file_store))
-    idx, max_frame, backfilled = 20, 0, 0
+    first = a_reader_after_the_first_writes(file_store, readers, targets)
+    idx, max_frame, backfilled = first, 0, 0
     while max_frame < WAL_RESTART_FRAMES - 8 * ONE_WRITE_FRAMES:  # short of the long file's checkpoint
         max_frame, backfilled = write_one(file_store, idx)
         idx += 1
