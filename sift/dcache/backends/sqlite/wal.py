@@ -74,7 +74,7 @@ class WalPolicy(SqliteBase):
     # the file's salt and frames when the long file's checkpoint was last due
     _long_checkpoint_at: tuple[bytes, int]
     _checkpoint_stop: threading.Event  # the thread aside's: it makes no other round
-    _aside_lock: threading.Lock  # around the two below
+    _aside_lock: threading.Lock  # around the three below
     _aside_running: bool  # a thread aside runs and will look at _aside_again before it ends
     _aside_again: bool  # a write asked it for another round
     _aside_asked: threading.Condition  # on _aside_lock: notified at each ask, and at close
