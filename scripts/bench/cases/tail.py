@@ -3,6 +3,7 @@ writers' queue, in alternating rounds of one run."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import random
 import statistics
@@ -72,15 +73,24 @@ def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, ba
 
 
 def tail_round(path: Path, queued: bool, tag: str, calls: int, workload: str) -> tuple[list[float], float]:
-    """TAIL_PROCESSES forked writers released at once: every call's latency (µs), and calls per second."""
+    """TAIL_PROCESSES forked writers released at once: every call's latency (µs), and calls per second.
+
+    The bench's objects are frozen out of the collector while the writers fork (``gc.freeze``): a writer's
+    full collection would otherwise walk every object it inherited, copying their pages, and time the
+    bench's own heap as the store's (worst calls of 63 to 155 ms here, against 17 to 25 with them frozen:
+    ``python scripts/bench --only tail --db sqlite``)."""
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(TAIL_PROCESSES), ctx.Queue()
     procs = [
         ctx.Process(target=tail_writer, args=(str(path), queued, f"{tag}-{p}", calls, workload, barrier, out))
         for p in range(TAIL_PROCESSES)
     ]
-    for proc in procs:
-        proc.start()
+    gc.freeze()
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        gc.unfreeze()  # the parent's later groups collect as before
     results = [out.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join(60)
