@@ -75,10 +75,10 @@ def tail_writer(path: str, queued: bool, tag: str, calls: int, workload: str, ba
 def tail_round(path: Path, queued: bool, tag: str, calls: int, workload: str) -> tuple[list[float], float]:
     """TAIL_PROCESSES forked writers released at once: every call's latency (µs), and calls per second.
 
-    The bench's objects are frozen out of the collector while the writers fork (``gc.freeze``): a writer's
-    full collection would otherwise walk every object it inherited, copying their pages, and time the
-    bench's own heap as the store's (worst calls of 63 to 155 ms here, against 17 to 25 with them frozen:
-    ``python scripts/bench --only tail --db sqlite``)."""
+    The bench's objects are frozen out of the collector while the writers fork (``gc.freeze``): when the
+    bench had made no full collection yet, each writer's first collection was a full one over every object
+    it inherited, copying their pages inside a timed call (worst calls of 63 to 155 ms here, against 17 to
+    25 with them frozen: ``python scripts/bench --only tail --db sqlite``)."""
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(TAIL_PROCESSES), ctx.Queue()
     procs = [
