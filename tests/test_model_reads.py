@@ -8,14 +8,17 @@ from __future__ import annotations
 import copy
 import gc
 import pickle
+import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from helpers import make_job, make_targets
 
 from sift import dcache
-from sift.dcache import BatchJob, BatchTarget
+from sift.dcache import BatchJob, BatchTarget, models
 
 TARGETS = 200
 
@@ -47,6 +50,65 @@ def test_a_target_read_and_left_alone_is_one_object_for_the_collector(job: str, 
     assert targets
     assert {name for target in targets for name in tracked_parts(target)} == set()
     assert all(not gc.is_tracked(value) for target in targets for value in target.__data__.values())
+
+
+def test_a_target_read_and_changed_is_as_many_objects_as_peewee_makes(job: str) -> None:
+    """Its set, made at the first field set, is the one object Peewee's own read holds beside it: the
+    instance makes no dict of its own for it either."""
+    targets = TARGET_READS["batch_targets"]()
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        for target in targets:
+            target.hint = "checked by hand"
+        made = len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+    assert made == len(targets)
+    assert all(target.dirty_fields == [BatchTarget.hint] for target in targets)
+
+
+def test_two_threads_changing_a_target_read_share_its_set(job: str) -> None:
+    """The first use makes the set under a lock and looks again once it holds it: a thread that finds the
+    set made meanwhile by another adds to that one, and neither field set is lost for ``save()``."""
+    target = TARGET_READS["batch_targets"]()[0]
+    made_first: set[str] = set()
+    with models._FIRST_USE:  # another thread's first use, under way
+        setter = threading.Thread(target=setattr, args=(target, "hint", "from the thread"))
+        setter.start()
+        waiting_in_first_use(setter)
+        target._dirty = made_first  # the set the first thread made
+    setter.join(10)
+    assert target._dirty is made_first and made_first == {"hint"}
+
+
+def waiting_in_first_use(thread: threading.Thread) -> None:
+    """Wait until ``thread`` is inside the first use of a set of changed fields (held by its lock)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None and frame.f_code.co_name != "__getattr__":
+            frame = frame.f_back
+        if frame is not None:
+            return
+        time.sleep(0.001)
+    raise AssertionError("the thread never reached the first use of the set")
+
+
+class LabelledTarget(BatchTarget):
+    """A user's subclass with a property that reads a field it misspells."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.idx}: {self.hnt}"  # type: ignore[attr-defined]
+
+
+def test_a_property_s_own_error_is_the_error(job: str) -> None:
+    rows = [(job, 0, "https://e.x/", "{}", "pending", None, None, None, None, None, 0)]
+    target = cast(LabelledTarget, LabelledTarget.from_rows(models.TARGET_COLUMNS, rows)[0])
+    with pytest.raises(AttributeError, match="'LabelledTarget' object has no attribute 'hnt'"):
+        target.label  # noqa: B018
 
 
 def test_a_job_read_and_left_alone_is_one_object_for_the_collector(job: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -47,6 +48,10 @@ FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 
 M = TypeVar("M", bound="_StoreModel")
+
+#: Held while an instance built by ``from_row`` makes its set of changed fields: two threads setting fields
+#: on it at once add them to one set.
+_FIRST_USE = threading.Lock()
 
 #: Runs a Peewee write query as Peewee would, unguarded (the model-write guard calls it once it allows the
 #: write).
@@ -109,6 +114,10 @@ class _StoreModel(peewee.Model):
         # targets_done, nbytes or lease that the store's functions moved meanwhile.
         only_save_dirty = True
 
+    #: Peewee's names of the fields set since the instance was made or read (made at its first use on an
+    #: instance a store's read built: see ``__getattr__``).
+    _dirty: set[str]
+
     @classmethod
     def from_row(cls: type[M], names: tuple[str, ...], row: tuple[Any, ...]) -> M:
         """An unmodified instance from a row, as Peewee's ``__init__(__no_default__=1)`` builds it,
@@ -132,14 +141,17 @@ class _StoreModel(peewee.Model):
     if not TYPE_CHECKING:  # to mypy, a model has the attributes its class declares, and no others
 
         def __getattr__(self, name: str) -> Any:
-            """The fields set since the instance was read (Peewee's ``_dirty``), an empty set made at its
-            first use on an instance built by ``from_row``: a row read and left alone costs no set, one
-            object fewer for the collector (``tests/test_model_reads.py``)."""
+            """Peewee's set of the fields changed since the read (``_dirty``), made empty at its first use on
+            an instance built by ``from_row``. Any other name is looked up again without this hook, so that
+            its error is the lookup's own (a property's, say)."""
             if name != "_dirty":
-                problem = f"{type(self).__name__!r} object has no attribute {name!r}"
-                raise AttributeError(problem, name=name, obj=self)
-            dirty = self.__dict__["_dirty"] = set()
-            return dirty
+                return object.__getattribute__(self, name)
+            with _FIRST_USE:
+                try:
+                    return object.__getattribute__(self, name)  # made by another thread meanwhile
+                except AttributeError:
+                    self._dirty = dirty = set()  # an attribute, as Peewee's own: no dict of its own made
+                    return dirty
 
     # -- Writes: Peewee's, through the store's rules (see sift.dcache.modelwrites and the docs) ----------
 

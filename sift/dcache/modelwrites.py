@@ -79,7 +79,7 @@ class ModelWriteGuard:
             refuse(name, f"{_target_problem(name)}; set the whole key to save a new row")
         if force_insert or not isinstance(instance, BatchTarget):
             return save(force_insert, only)
-        dirty: set[str] = instance.__dict__["_dirty"]
+        dirty: set[str] = instance._dirty
         names = {f if isinstance(f, str) else f.name for f in only} if only is not None else set(dirty)
         for name in sorted(names & TARGET_CLAIM_FIELDS.keys()):
             refuse(name, f"{TARGET_CLAIM_FIELDS[name]} (target.save() may not set it)")
