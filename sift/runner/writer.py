@@ -155,6 +155,7 @@ class Writer:
         while not stopping:
             batch, stopping = self._gather(carried)
             carried = self._round(batch) if batch else []
+            del batch  # written: its outcomes (results, claimed targets) are not kept through the next wait
             if carried and not stopping:  # the store may come back: the claims are still this runner's
                 time.sleep(RETRY_WAIT)
             # stopping: the runner releases what was not written
