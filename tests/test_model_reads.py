@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -80,7 +81,39 @@ def test_two_threads_changing_a_target_read_share_its_set(job: str) -> None:
         waiting_in_first_use(setter)
         target._dirty = made_first  # the set the first thread made
     setter.join(10)
+    assert not setter.is_alive()
     assert target._dirty is made_first and made_first == {"hint"}
+
+
+#: In a process of its own (a first use that waited for its own thread's lock would hold it for good): a first
+#: use made while one is under way on the same thread.
+FIRST_USE_INSIDE_ANOTHER = """
+from sift.dcache import BatchTarget, models
+rows = [("j", idx, "https://e.x/", "{}", "pending", None, None, None, None, None, 0) for idx in (0, 1)]
+outer, inner = BatchTarget.from_rows(models.TARGET_COLUMNS, rows)
+with models._FIRST_USE:  # as a first use holds it while a finalizer runs
+    inner.hint = "from a finalizer"
+outer.hint = "after it"
+assert inner.dirty_fields == [BatchTarget.hint] and outer.dirty_fields == [BatchTarget.hint]
+print("went on")
+"""
+
+
+def test_a_first_use_inside_another_on_the_same_thread_goes_on() -> None:
+    """A collection that starts inside a first use runs finalizers and callbacks on the same thread; one that
+    sets a field on another read target makes that target's set too, rather than wait for the lock its own
+    thread holds."""
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", FIRST_USE_INSIDE_ANOTHER], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the first use inside another waited for its own thread's lock")
+    assert run.returncode == 0 and run.stdout == "went on\n", run.stderr
+
+
+#: Where a first use runs: the ``__get__`` of the models' ``_dirty``.
+FIRST_USE_CODE = ("__get__", models.__file__)
 
 
 def waiting_in_first_use(thread: threading.Thread) -> None:
@@ -88,7 +121,7 @@ def waiting_in_first_use(thread: threading.Thread) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         frame = sys._current_frames().get(thread.ident or 0)
-        while frame is not None and frame.f_code.co_name != "__getattr__":
+        while frame is not None and (frame.f_code.co_name, frame.f_code.co_filename) != FIRST_USE_CODE:
             frame = frame.f_back
         if frame is not None:
             return
@@ -97,18 +130,23 @@ def waiting_in_first_use(thread: threading.Thread) -> None:
 
 
 class LabelledTarget(BatchTarget):
-    """A user's subclass with a property that reads a field it misspells."""
+    """A user's subclass with a property that reads a field it misspells, counting its runs."""
+
+    runs = 0
 
     @property
     def label(self) -> str:
+        LabelledTarget.runs += 1
         return f"{self.idx}: {self.hnt}"  # type: ignore[attr-defined]
 
 
-def test_a_property_s_own_error_is_the_error(job: str) -> None:
+def test_a_property_s_own_error_is_the_error_and_it_runs_once(job: str) -> None:
     rows = [(job, 0, "https://e.x/", "{}", "pending", None, None, None, None, None, 0)]
     target = cast(LabelledTarget, LabelledTarget.from_rows(models.TARGET_COLUMNS, rows)[0])
+    LabelledTarget.runs = 0
     with pytest.raises(AttributeError, match="'LabelledTarget' object has no attribute 'hnt'"):
         target.label  # noqa: B018
+    assert LabelledTarget.runs == 1
 
 
 def test_a_job_read_and_left_alone_is_one_object_for_the_collector(job: str) -> None:

@@ -6,7 +6,7 @@ import enum
 import json
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 import peewee
 
@@ -49,9 +49,41 @@ FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 M = TypeVar("M", bound="_StoreModel")
 
-#: Held while an instance built by ``from_row`` makes its set of changed fields: two threads setting fields
-#: on it at once add them to one set.
-_FIRST_USE = threading.Lock()
+#: Held while an instance built by ``from_row`` makes its set of changed fields, so that two threads setting
+#: fields on it at once add them to one set. Re-entrant: a collection that starts inside may run finalizers
+#: and callbacks that make another instance's.
+_FIRST_USE = threading.RLock()
+#: The ``id`` of the instance this thread is looking at under ``_FIRST_USE``, whose own look must find
+#: nothing made yet (an ``id``: a number, which the collector leaves alone, not a reference).
+_LOOKING = threading.local()
+
+
+class _ChangedFields:
+    """Peewee's set of the fields changed since an instance was made or read (its ``_dirty``), for the
+    instances the store's reads build (``from_row``), which have none: made empty at its first use, once
+    whichever threads ask at once, and kept as the instance's attribute (as Peewee's own is)."""
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> _ChangedFields: ...
+    @overload
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> set[str]: ...
+    def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any:
+        if instance is None:
+            return self
+        if getattr(_LOOKING, "id", None) == id(instance):
+            raise AttributeError("_dirty")  # the look below, on an instance that has none yet
+        made: set[str] = set()  # before the lock: the collection an allocation may start runs outside it
+        with _FIRST_USE:
+            outer = getattr(_LOOKING, "id", None)
+            _LOOKING.id = id(instance)
+            try:
+                return object.__getattribute__(instance, "_dirty")  # made by another thread meanwhile
+            except AttributeError:
+                object.__setattr__(instance, "_dirty", made)
+                return made
+            finally:
+                _LOOKING.id = outer
+
 
 #: Runs a Peewee write query as Peewee would, unguarded (the model-write guard calls it once it allows the
 #: write).
@@ -114,9 +146,9 @@ class _StoreModel(peewee.Model):
         # targets_done, nbytes or lease that the store's functions moved meanwhile.
         only_save_dirty = True
 
-    #: Peewee's names of the fields set since the instance was made or read (made at its first use on an
-    #: instance a store's read built: see ``__getattr__``).
-    _dirty: set[str]
+    #: Peewee's names of the fields set since the instance was made or read (an attribute of each instance:
+    #: this is found only on an instance a store's read built that has none yet).
+    _dirty = _ChangedFields()
 
     @classmethod
     def from_row(cls: type[M], names: tuple[str, ...], row: tuple[Any, ...]) -> M:
@@ -137,21 +169,6 @@ class _StoreModel(peewee.Model):
             obj.__rel__ = {}
             made.append(obj)
         return made
-
-    if not TYPE_CHECKING:  # to mypy, a model has the attributes its class declares, and no others
-
-        def __getattr__(self, name: str) -> Any:
-            """Peewee's set of the fields changed since the read (``_dirty``), made empty at its first use on
-            an instance built by ``from_row``. Any other name is looked up again without this hook, so that
-            its error is the lookup's own (a property's, say)."""
-            if name != "_dirty":
-                return object.__getattribute__(self, name)
-            with _FIRST_USE:
-                try:
-                    return object.__getattribute__(self, name)  # made by another thread meanwhile
-                except AttributeError:
-                    self._dirty = dirty = set()  # an attribute, as Peewee's own: no dict of its own made
-                    return dirty
 
     # -- Writes: Peewee's, through the store's rules (see sift.dcache.modelwrites and the docs) ----------
 
