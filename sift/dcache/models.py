@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import json
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar, overload
 
@@ -49,19 +48,11 @@ FINAL_TARGET_STATUSES = (TargetStatus.DONE, TargetStatus.FAILED)
 
 M = TypeVar("M", bound="_StoreModel")
 
-#: Held while an instance built by ``from_row`` makes its set of changed fields, so that two threads setting
-#: fields on it at once add them to one set. Re-entrant: a collection that starts inside may run finalizers
-#: and callbacks that make another instance's.
-_FIRST_USE = threading.RLock()
-#: The ``id`` of the instance this thread is looking at under ``_FIRST_USE``, whose own look must find
-#: nothing made yet (an ``id``: a number, which the collector leaves alone, not a reference).
-_LOOKING = threading.local()
-
 
 class _ChangedFields:
-    """Peewee's set of the fields changed since an instance was made or read (its ``_dirty``), for the
-    instances the store's reads build (``from_row``), which have none: made empty at its first use, once
-    whichever threads ask at once, and kept as the instance's attribute (as Peewee's own is)."""
+    """Peewee's set of the fields changed since an instance was made or read (its ``_dirty``), on an instance
+    a store's read built (``from_row``), which has none: made empty at its first use, in one step
+    (``dict.setdefault``), so that threads setting fields on it at once add them to one set."""
 
     @overload
     def __get__(self, instance: None, owner: type[Any]) -> _ChangedFields: ...
@@ -70,19 +61,9 @@ class _ChangedFields:
     def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any:
         if instance is None:
             return self
-        if getattr(_LOOKING, "id", None) == id(instance):
-            raise AttributeError("_dirty")  # the look below, on an instance that has none yet
-        made: set[str] = set()  # before the lock: the collection an allocation may start runs outside it
-        with _FIRST_USE:
-            outer = getattr(_LOOKING, "id", None)
-            _LOOKING.id = id(instance)
-            try:
-                return object.__getattribute__(instance, "_dirty")  # made by another thread meanwhile
-            except AttributeError:
-                object.__setattr__(instance, "_dirty", made)
-                return made
-            finally:
-                _LOOKING.id = outer
+        # the instance's attributes become a dict here: once a field is set it holds one object more than
+        # Peewee's own read does; a read left alone, as most are, holds neither
+        return instance.__dict__.setdefault("_dirty", set())
 
 
 #: Runs a Peewee write query as Peewee would, unguarded (the model-write guard calls it once it allows the
@@ -146,8 +127,8 @@ class _StoreModel(peewee.Model):
         # targets_done, nbytes or lease that the store's functions moved meanwhile.
         only_save_dirty = True
 
-    #: Peewee's names of the fields set since the instance was made or read (an attribute of each instance:
-    #: this is found only on an instance a store's read built that has none yet).
+    #: Peewee's names of the fields set since the instance was made or read: an attribute of each instance;
+    #: this, reached only through an instance without one, makes it (a store's read builds none).
     _dirty = _ChangedFields()
 
     @classmethod
