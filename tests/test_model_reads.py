@@ -68,11 +68,12 @@ def test_a_target_read_and_changed_holds_its_set_and_its_attributes_dict(job: st
     assert all(target.dirty_fields == [BatchTarget.hint] for target in targets)
 
 
-def fresh_targets(count: int) -> list[BatchTarget]:
+def fresh_targets(count: int, model: type[BatchTarget] = BatchTarget) -> list[BatchTarget]:
+    """``count`` targets of job "j" as a store's read builds them, of ``model``, without a store."""
     rows = [
         ("j", idx, "https://e.x/", "{}", "pending", None, None, None, None, None, 0) for idx in range(count)
     ]
-    return BatchTarget.from_rows(models.TARGET_COLUMNS, rows)
+    return model.from_rows(models.TARGET_COLUMNS, rows)
 
 
 def test_threads_setting_fields_on_fresh_reads_at_once_lose_none() -> None:
@@ -112,9 +113,8 @@ class LabelledTarget(BatchTarget):
         return f"{self.idx}: {self.hnt}"  # type: ignore[attr-defined]
 
 
-def test_a_property_s_own_error_is_the_error_and_it_runs_once(job: str) -> None:
-    rows = [(job, 0, "https://e.x/", "{}", "pending", None, None, None, None, None, 0)]
-    target = cast(LabelledTarget, LabelledTarget.from_rows(models.TARGET_COLUMNS, rows)[0])
+def test_a_property_s_own_error_is_the_error_and_it_runs_once() -> None:
+    target = cast(LabelledTarget, fresh_targets(1, LabelledTarget)[0])
     LabelledTarget.runs = 0
     with pytest.raises(AttributeError, match="'LabelledTarget' object has no attribute 'hnt'"):
         target.label  # noqa: B018
