@@ -1,17 +1,21 @@
 """What a Runner keeps once its outcomes are written: nothing of them. An idle runner holds none of the
-targets it fetched, nor their results, however large (a result may be up to 64 MiB)."""
+targets it fetched, nor their results, however large (a result may be up to 64 MiB); nor does one whose
+claims keep failing while the store is away."""
 
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 from typing import Any
 
+import pytest
 from helpers import make_job, make_targets
 from test_runner import job_final, running, wait_for
 
 from sift import dcache
 from sift.runner import Runner
+from sift.runner import runner as runner_module
 
 TARGETS = 40
 
@@ -33,4 +37,40 @@ def test_an_idle_runner_holds_none_of_the_targets_it_fetched(store: Any) -> None
         assert runner.progress().done == TARGETS
         # the runner goes on, idle: a worker lets go of its last target at its next look for work
         wait_for(lambda: held() == 0, "the runner to let go of every target it fetched", timeout=10)
+    assert len(fetched) == TARGETS
+
+
+def test_a_runner_whose_claims_fail_holds_none_of_the_targets_it_fetched(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dcache.create_batch_job(make_job("j", targets_total=TARGETS), make_targets(TARGETS))
+    fetched: list[weakref.ref[dcache.BatchTarget]] = []
+    claims_fail = threading.Event()
+    claim = runner_module.claim_batch_targets
+    failed_claims = 0
+
+    def claim_unless_failing(limit: int, **request: Any) -> list[dcache.BatchTarget]:
+        nonlocal failed_claims
+        if claims_fail.is_set():
+            failed_claims += 1
+            raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
+        return claim(limit, **request)
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        fetched.append(weakref.ref(target))
+        if len(fetched) == TARGETS:  # from the last fetch on, every claim fails: the store went away
+            claims_fail.set()
+        return "x" * 100_000
+
+    def held() -> int:
+        gc.collect()
+        return sum(ref() is not None for ref in fetched)
+
+    monkeypatch.setattr(runner_module, "claim_batch_targets", claim_unless_failing)
+    with running(Runner(fetch, name="r", concurrency=4)) as runner:
+        wait_for(lambda: job_final("j"), "the job to finish")
+        assert runner.progress().done == TARGETS
+        # the workers claim again and again, each claim failing: none keeps the target it fetched last
+        let_go = lambda: failed_claims >= 3 and held() == 0  # noqa: E731
+        wait_for(let_go, "the runner to let go of every target", timeout=10)
     assert len(fetched) == TARGETS

@@ -241,6 +241,7 @@ class Runner:
                 self._writer.put(self._outcome(target))
             finally:
                 self._flush_if_idle(fetched_in=time.monotonic() - started)
+            del target  # handed over: not kept through the next claim, which may fail and be tried for long
 
     def _flush_if_idle(self, *, fetched_in: float | None = None) -> None:
         """Count a worker's fetch done (in ``fetched_in`` seconds). With none in flight and no claim under
