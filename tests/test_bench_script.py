@@ -32,6 +32,8 @@ FLAT = (
     "batch_job",
 )
 RAW = ("runner_step", "submit_100", "put_batch_targets", "batch_targets_read")
+#: The store calls the contention group makes beside a computing thread.
+CALLS = ("batch_targets", "update_batch_targets")
 #: Every case the bench must report, written out here independently of the bench's own lists.
 CASES = {
     *(f"flat/{case}" for case in FLAT),
@@ -83,6 +85,10 @@ CASES = {
     # the fair claim with 90% of the pending targets held back, and with none
     "claims/polite_clear",
     "claims/polite_held",
+    # a read of a job's targets and a write of its results, alone and beside a thread computing in Python,
+    # and another thread's job reads beside a Runner whose fetch computes, or waits for a process pool
+    *(f"contention/{call}/{side}" for call in CALLS for side in ("alone", "beside_compute")),
+    *(f"contention/runner/{fetch}" for fetch in ("fetch_computes", "fetch_waits")),
 }
 #: The SQLite peers group's cases, there when huey (the bench extra) is installed.
 PEERS_CASES = {
@@ -129,6 +135,7 @@ PG_CASES = {
     *(f"pg/web/{page}" for page in ("jobs", "jobs_further", "job", "overview")),
     "pg/claims/polite_clear",
     "pg/claims/polite_held",
+    *(f"pg/contention/{call}/{side}" for call in CALLS for side in ("alone", "beside_compute")),
 }
 
 
@@ -211,6 +218,9 @@ def test_quick_run_reports_every_case(quick: tuple[subprocess.CompletedProcess[s
             # a claim's -wal frames: the targets it takes, each on its table's and its index's pages
             assert case["extra"]["wal_frames/batch_target_host"] > 0, case
             assert "wal_frames/batch_target_pending" not in case["extra"], case
+    for case in report["cases"]:
+        if case["name"].startswith(("contention/", "pg/contention/")):  # the longest call beside the median
+            assert case["extra"]["max_ms"] * 1000 >= case["median_us"], case
     for prefix in ("", "pg/") if with_postgres() else ("",):
         claims = {c["n"]: c for c in report["cases"] if c["name"] == f"{prefix}claims/claim_batch_targets"}
         assert set(claims) == {1, 2, 4}  # processes claiming at once
@@ -228,8 +238,9 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # busy handler), the fair claim's large store against its small one, without and with per_host, and its
     # floor's reported, the flood's small callers 10 x sooner with fair claiming, a wait's end after another
     # process's commit, a page of a large job against one of a small job, the dashboard's jobs page, a claim
-    # with 90% held against none.
-    sqlite_goals = 7 + 9 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1
+    # with 90% held against none; and, reported, the read and the write beside a computing thread against
+    # alone, and a job read beside a Runner whose fetch computes against one whose fetch waits for a pool.
+    sqlite_goals = 7 + 9 + 6 + 1 + 1 + 1 + 2 + 2 + 1 + 6 + 3 + 1 + 1 + 1 + 1 + 1 + 3
     # with huey: per target and in writes of 10 against it, at NORMAL and at FULL (2 of them reported)
     # and a batch through a Runner against huey at both settings, its store calls one after another against
     # huey at both (reported), and the runner's results' visibility
@@ -242,13 +253,14 @@ def test_quick_run_judges_every_goal(quick: tuple[subprocess.CompletedProcess[st
     # the most more hosts could reach with no fetch time, reported (from /proc/stat, on Linux); a batch
     # per target and in writes of 10 against plain psycopg, reported; the fair claim's two; the flood's
     # small callers 10 x sooner with fair claiming; a wait's end after another process's commit; a page of
-    # a large job against one of a small job; the dashboard's jobs page; a claim with 90% held.
+    # a large job against one of a small job; the dashboard's jobs page; a claim with 90% held; the read and
+    # the write beside a computing thread against alone, reported.
     ceiling = 1 if Path("/proc/stat").exists() else 0
-    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1 + 1
+    pg_goals = 7 + 1 + 1 + 1 + 1 + 2 + ceiling + 2 + 2 + 1 + 1 + 1 + 1 + 1 + 2
     assert len(goals) == sqlite_goals + peers_goals + counted_goals + (pg_goals if with_postgres() else 0)
     assert all(g["verdict"] in {"PASS", "FAIL", "INFO"} for g in goals)
-    sqlite_info = 7
-    pg_info = 4 + ceiling
+    sqlite_info = 7 + 3
+    pg_info = 4 + ceiling + 2
     assert [g["verdict"] for g in goals].count("INFO") == sqlite_info + (
         pg_info if with_postgres() else 0
     ) + peers_info + counted_info

@@ -46,7 +46,7 @@ def test_a_runner_whose_claims_fail_holds_none_of_the_targets_it_fetched(
     dcache.create_batch_job(make_job("j", targets_total=TARGETS), make_targets(TARGETS))
     fetched: list[weakref.ref[dcache.BatchTarget]] = []
     claims_fail = threading.Event()
-    claim = runner_module.claim_batch_targets
+    claim = dcache.claim_batch_targets
     failed_claims = 0
 
     def claim_unless_failing(limit: int, **request: Any) -> list[dcache.BatchTarget]:

@@ -17,6 +17,7 @@ from sift import dcache
 from . import __doc__ as bench_doc
 from . import compare
 from .cases.claims import bench_claims, pg_claims
+from .cases.contention import bench_contention, pg_contention
 from .cases.disk import bench_disk
 from .cases.fairness import bench_fairness, pg_fairness
 from .cases.flat import bench_flat, pg_flat
@@ -58,6 +59,7 @@ SQLITE_GROUPS: dict[str, Callable[[Path, Sizes, Report], None]] = {
     "instructions": bench_instructions,
     "web": bench_web,
     "polite": bench_polite,
+    "contention": bench_contention,
 }
 PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "flat": pg_flat,
@@ -71,6 +73,7 @@ PG_GROUPS: dict[str, Callable[[PgServer, Sizes, Report], None]] = {
     "pages": pg_pages,
     "web": pg_web,
     "polite": pg_polite,
+    "contention": pg_contention,
 }
 #: How the report names the command that made it.
 COMMAND = "python scripts/bench"

@@ -77,6 +77,8 @@ class Sizes:
     web_jobs: int  # jobs in the store the dashboard's pages read
     runner_targets: int  # targets of the batch a Runner stores against huey
     runner_rounds: int  # rounds of that comparison at each setting
+    contention_targets: int  # targets of the job read, written and run beside a computing thread
+    contention_rounds: int  # rounds of each side there
     tail_calls: int  # calls of each process in one round
     compare_rounds: int  # --compare-with: rounds (even: each side goes first as often)
     compare_ops: int  # calls of each case per side and round
@@ -139,6 +141,8 @@ FULL = Sizes(
     web_jobs=100_000,
     runner_targets=1_000,
     runner_rounds=5,
+    contention_targets=1_000,
+    contention_rounds=5,
     tail_calls=600,
     compare_rounds=30,
     compare_ops=200,
@@ -201,6 +205,8 @@ QUICK = Sizes(
     web_jobs=2_000,
     runner_targets=100,
     runner_rounds=1,
+    contention_targets=100,
+    contention_rounds=1,
     tail_calls=60,
     compare_rounds=4,
     compare_ops=50,
