@@ -1,6 +1,6 @@
 """What a Runner keeps once its outcomes are written: nothing of them. An idle runner holds none of the
 targets it fetched, nor their results, however large (a result may be up to 64 MiB); nor does one whose
-claims keep failing while the store is away."""
+claims keep failing."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_an_idle_runner_holds_none_of_the_targets_it_fetched(store: Any) -> None
     with running(Runner(fetch, name="r", concurrency=4)) as runner:
         wait_for(lambda: job_final("j"), "the job to finish")
         assert runner.progress().done == TARGETS
-        # the runner goes on, idle: a worker lets go of its last target at its next look for work
+        # the runner goes on, idle: neither a worker nor its writer keeps a target whose outcome is written
         wait_for(lambda: held() == 0, "the runner to let go of every target it fetched", timeout=10)
     assert len(fetched) == TARGETS
 
@@ -47,19 +47,23 @@ def test_a_runner_whose_claims_fail_holds_none_of_the_targets_it_fetched(
     fetched: list[weakref.ref[dcache.BatchTarget]] = []
     claims_fail = threading.Event()
     claim = dcache.claim_batch_targets
-    failed_claims = 0
+    claimed = failed_claims = 0
 
     def claim_unless_failing(limit: int, **request: Any) -> list[dcache.BatchTarget]:
-        nonlocal failed_claims
+        """Claims one at a time (the runner's claim lock): once every target is claimed, each fails, so
+        that no worker's claim ever comes back empty (after which it would take no target for a while)."""
+        nonlocal claimed, failed_claims
         if claims_fail.is_set():
             failed_claims += 1
             raise dcache.StoreUnavailable("database: the connection was lost (a test's)")
-        return claim(limit, **request)
+        got = claim(limit, **request)
+        claimed += len(got)
+        if claimed == TARGETS:
+            claims_fail.set()
+        return got
 
     def fetch(target: dcache.BatchTarget) -> str:
         fetched.append(weakref.ref(target))
-        if len(fetched) == TARGETS:  # from the last fetch on, every claim fails: the store went away
-            claims_fail.set()
         return "x" * 100_000
 
     def held() -> int:
@@ -70,7 +74,10 @@ def test_a_runner_whose_claims_fail_holds_none_of_the_targets_it_fetched(
     with running(Runner(fetch, name="r", concurrency=4)) as runner:
         wait_for(lambda: job_final("j"), "the job to finish")
         assert runner.progress().done == TARGETS
+
         # the workers claim again and again, each claim failing: none keeps the target it fetched last
-        let_go = lambda: failed_claims >= 3 and held() == 0  # noqa: E731
+        def let_go() -> bool:
+            return failed_claims >= 3 and held() == 0
+
         wait_for(let_go, "the runner to let go of every target", timeout=10)
     assert len(fetched) == TARGETS

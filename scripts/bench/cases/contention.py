@@ -91,6 +91,7 @@ def _case(report: Report, name: str, n: int, samples: list[float]) -> Case:
 
 
 def _job_with_results(job_id: str, targets: int) -> None:
+    """A finished job of ``targets`` targets, each done with a 1 KB result."""
     dcache.create_batch_job(
         make_job(id=job_id, caller="contention", targets_total=targets, created_at=T0, lease=T0),
         make_targets(targets, options=OPTIONS),
