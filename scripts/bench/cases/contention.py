@@ -31,6 +31,7 @@ from sift import dcache
 from sift.runner import Runner
 from sift.testing import make_job, make_targets
 
+from ..fixtures import Builder, PgBuilder
 from ..harness import Case, Report, alternate
 from ..sizes import OPTIONS, RESULT_1K, T0, Sizes
 from ..stores import POSTGRES, SQLITE, PgServer, StoreUnderTest
@@ -90,18 +91,17 @@ def _case(report: Report, name: str, n: int, samples: list[float]) -> Case:
     return report.case(name, n, samples, max_ms=max(samples) / 1000)
 
 
-def _job_with_results(job_id: str, targets: int) -> None:
-    """A finished job of ``targets`` targets, each done with a 1 KB result."""
-    dcache.create_batch_job(
-        make_job(id=job_id, caller="contention", targets_total=targets, created_at=T0, lease=T0),
-        make_targets(targets, options=OPTIONS),
+def build_contention(b: Builder | PgBuilder, sizes: Sizes) -> None:
+    """The job read and written: ``contention_targets`` targets, each done with a 1 KB result."""
+    b.one_job(
+        "contention",
+        caller="contention",
+        status="done",
+        targets=sizes.contention_targets,
+        result_bytes=len(RESULT_1K),
+        lease=T0,
     )
-    for start in range(0, targets, CONTENTION_WRITES):
-        stop = min(targets, start + CONTENTION_WRITES)
-        dcache.update_batch_targets(
-            job_id, [{"idx": i, "status": "done", "result": RESULT_1K} for i in range(start, stop)]
-        )
-    dcache.finish_batch_job(job_id)
+    b.close()
 
 
 def run_contention(target: str, sizes: Sizes, report: Report, store: StoreUnderTest) -> None:
@@ -109,7 +109,6 @@ def run_contention(target: str, sizes: Sizes, report: Report, store: StoreUnderT
     targets, writes = sizes.contention_targets, min(CONTENTION_WRITES, sizes.contention_targets)
     dcache.open_db(target)
     try:
-        _job_with_results("contention", targets)
         again = [{"idx": i, "status": "done", "result": RESULT_1K} for i in range(writes)]
 
         def read() -> None:
@@ -201,12 +200,15 @@ def runner_contention(tmp: Path, sizes: Sizes, report: Report) -> None:
 
 def bench_contention(tmp: Path, sizes: Sizes, report: Report) -> None:
     """The calls on a SQLite file, and the runner's two fetches."""
-    run_contention(str(tmp / "contention.db"), sizes, report, SQLITE)
+    path = tmp / "contention.db"
+    build_contention(Builder(path), sizes)
+    run_contention(str(path), sizes, report, SQLITE)
     runner_contention(tmp, sizes, report)
 
 
 def pg_contention(server: PgServer, sizes: Sizes, report: Report) -> None:
     """The calls on a PostgreSQL schema."""
     schema = server.new_schema("contention")
+    build_contention(PgBuilder(server, schema), sizes)
     run_contention(server.target(schema), sizes, report, POSTGRES)
     server.drop(schema)
