@@ -44,6 +44,8 @@ FETCH_CPU_S = 0.002
 SETTLE_S = 0.01
 #: How often the other thread reads the job while a runner works (seconds).
 LOOK_EVERY_S = 0.01
+#: The longest a runner's job may take before the group gives up on it (seconds).
+RUNNER_DEADLINE_S = 300.0
 
 
 def compute_for(seconds: float) -> str:
@@ -149,12 +151,14 @@ def _runner_looks(job_id: str, targets: int, fetch: Callable[[Any], str]) -> lis
     thread = threading.Thread(target=runner.run, kwargs={"grace": 30})
     thread.start()
     looks: list[float] = []
+    deadline = time.monotonic() + RUNNER_DEADLINE_S
     try:
         while True:
             t0 = time.perf_counter()
             job = dcache.batch_job(job_id)
             looks.append((time.perf_counter() - t0) * 1e6)
-            if job is None or job.status not in ("queued", "running"):
+            # a runner whose thread died leaves the job running: the group fails rather than wait for ever
+            if job is None or job.status not in ("queued", "running") or time.monotonic() > deadline:
                 break
             time.sleep(LOOK_EVERY_S)
     finally:
