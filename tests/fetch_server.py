@@ -76,6 +76,12 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
             body = "naïve".encode()
             self.answer(200, body, {"Content-Type": f"text/html; charset={query['name']}"})
 
+        def route_surrogate(self, query: dict[str, str]) -> None:
+            # bytes the charset decodes to a lone surrogate (U+D800), then "a" * pad
+            name = query["name"]
+            body = (b"+2AA-" if name == "utf-7" else b"\\ud800") + b" and" + b"a" * int(query.get("pad", "0"))
+            self.answer(200, body, {"Content-Type": f"text/plain; charset={name}"})
+
         def route_binary(self, query: dict[str, str]) -> None:
             self.answer(200, BINARY, {"Content-Type": "application/octet-stream"})
 

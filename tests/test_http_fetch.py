@@ -65,6 +65,19 @@ def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServe
     assert get(server.url(f"/charset?name={name}")) == "naïve"
 
 
+@pytest.mark.parametrize("name", ["utf-7", "unicode_escape", "raw_unicode_escape"])
+def test_a_lone_surrogate_a_charset_decodes_to_is_u_fffd(server: FetchServer, name: str) -> None:
+    assert get(server.url(f"/surrogate?name={name}")) == "\ufffd and"
+
+
+@pytest.mark.slow
+def test_a_body_of_over_16_mi_characters_with_a_lone_surrogate_is_stored_as_text(server: FetchServer) -> None:
+    """Its UTF-8 size is measured on the text as stored, U+FFFD in the surrogate's place."""
+    pad = dcache.MAX_RESULT_BYTES // 4 + 1
+    text = get(server.url(f"/surrogate?name=utf-7&pad={pad}"), {"max_bytes": pad + 64})
+    assert text == "\ufffd and" + "a" * pad
+
+
 def test_a_paced_target_past_its_send_by_is_given_back_without_a_request(server: FetchServer) -> None:
     late = BatchTarget(url=server.url("/text"), options="")
     late.send_by = clock.unix_time() - 0.001

@@ -193,6 +193,22 @@ def test_a_host_wide_retry_waits_its_after(store: Any) -> None:
     assert len(seen) == 2 and seen[1] - seen[0] >= 1.0
 
 
+def test_a_runner_forgets_each_hosts_wait_once_it_has_ended(store: Any) -> None:
+    """Hosts that asked to wait, none of whose targets comes again, are not kept for the runner's life: a
+    keeper round after their waits forgets them."""
+    hosts = 50
+    job_id = submit([f"https://h{i}.example/" for i in range(hosts)])
+
+    def asked_to_wait(target: dcache.BatchTarget) -> str:
+        raise Retry("429 Too Many Requests", after=0.01, host_wide=True)
+
+    runner = Runner(asked_to_wait, concurrency=4, max_attempts=1, renew_every=0.2)
+    with running(runner):
+        wait_for(lambda: job_final(job_id), "the job to fail")
+        assert runner.progress().failed == hosts
+        wait_for(lambda: not runner._waiting_hosts, "the hosts' waits forgotten")
+
+
 def test_a_target_given_back_is_fetched_again_with_its_attempt_back(store: Any) -> None:
     seen: list[int] = []
 
@@ -1331,6 +1347,92 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         job = dcache.batch_job(job_id)
         assert job is not None and (job.status, job.targets_done) == ("running", 2)
         assert tally == {"done": 1, "failed": 1, "retried": 1}
+    finally:
+        dcache.close_db()
+
+
+@contextmanager
+def locked_as_it_stops(path: Path, grace: float) -> Iterator[tuple[Runner, threading.Event]]:
+    """A runner of two workers whose fetches return once another process's connection has taken the file's
+    write lock, which then stops it with ``grace``. Yields the runner, not yet run, and an event that ends
+    the lock when set."""
+    locked, unlock = threading.Event(), threading.Event()
+    runner = Runner(
+        lambda target: "page" if locked.wait(WAIT) else "", name="w", concurrency=2, renew_every=0.5
+    )
+
+    def hold() -> None:
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            wait_for(lambda: runner.progress().running == 2, "two fetches")
+            holder.execute("BEGIN IMMEDIATE")
+            locked.set()
+            runner.stop(grace=grace)
+            unlock.wait(WAIT)
+            holder.execute("ROLLBACK")
+        finally:
+            holder.close()
+
+    holding = threading.Thread(target=hold, daemon=True)
+    holding.start()
+    try:
+        yield runner, unlock
+    finally:
+        unlock.set()
+        holding.join(WAIT)
+
+
+@pytest.mark.slow
+def test_a_stopping_runner_writes_its_results_once_the_store_is_back_within_the_grace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses the stopping runner's round (another process holds the write lock past the busy
+    timeout): the writer writes it again once the lock is gone, within the grace, each target once, and no
+    claim is left."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        job_id = submit(["https://a.example/0", "https://a.example/1"])
+        with (
+            caplog.at_level(logging.ERROR, logger="sift.runner"),
+            locked_as_it_stops(path, grace=WAIT) as (runner, unlock),
+        ):
+            thread = threading.Thread(target=runner.run, daemon=True)
+            thread.start()
+            # the first refusal may come before the stop reaches the writer; the second is while it stops
+            wait_for(lambda: caplog.text.count("outcomes failed") >= 2, "the round refused twice")
+            unlock.set()
+            thread.join(WAIT)
+        assert not thread.is_alive()
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.result, t.attempts) for t in targets] == [("done", "page", 1)] * 2
+        assert held_claims() == 0 and job_final(job_id)
+    finally:
+        dcache.close_db()
+
+
+@pytest.mark.slow
+def test_a_runner_whose_claims_cannot_be_released_raises_and_puts_the_sigterm_handler_back(
+    tmp_path: Path,
+) -> None:
+    """The store refuses the stopping runner's writes, and the release of its claims after the writer's
+    last try: ``run`` raises the store's error, with the SIGTERM handler it found put back; the claims are
+    left held, to go stale."""
+    path = tmp_path / "store.db"
+    dcache.open_db(path, timeout=0.2)
+    try:
+        job_id = submit(["https://a.example/0", "https://a.example/1"])
+        previous = signal.getsignal(signal.SIGTERM)
+        with locked_as_it_stops(path, grace=0) as (runner, _):
+            with pytest.raises(dcache.StoreUnavailable):
+                runner.run()  # on pytest's main thread: it sets a SIGTERM handler
+            # the writer's last try may still wait on the lock: it must end before the lock does
+            for thread in threading.enumerate():
+                if thread.name == "sift-writer w":
+                    thread.join(WAIT)
+        assert signal.getsignal(signal.SIGTERM) is previous
+        targets = dcache.batch_targets(job_id) or []
+        assert [(t.status, t.runner) for t in targets] == [("running", "w")] * 2
     finally:
         dcache.close_db()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import make_job, make_targets
@@ -16,7 +17,7 @@ from test_runner import WAIT, job_final, running, wait_for
 
 from sift import dcache
 from sift.dcache import claims as claims_module
-from sift.runner import Backoff, Fail, Runner
+from sift.runner import Backoff, Fail, Retry, Runner
 from sift.runner import runner as runner_module
 from sift.runner.writer import Writer
 
@@ -239,6 +240,81 @@ def test_the_target_of_a_fetch_an_escaping_error_ended_is_retried_while_the_runn
         ("failed", None, error, 2),
     ]
     assert sorted(fetched) == [0, 0, 1, 1]
+
+
+class Sly(str):
+    """Text whose own methods raise: what a user's ``__str__`` or class name may be."""
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("no truth value")
+
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("no format")
+
+
+class SlyText(Exception):
+    def __str__(self) -> str:
+        return Sly("boom")
+
+
+class SlyName(Exception):
+    pass
+
+
+SlyName.__name__ = Sly("SlyName")
+
+
+class SlyEscape(BaseException):
+    def __str__(self) -> str:
+        return Sly("halt")
+
+
+class BareRetry(Retry):
+    """A Retry made without ``Retry.__init__``: none of its attributes."""
+
+    def __init__(self) -> None:
+        Exception.__init__(self)
+
+
+class Liar:
+    """Not text, though ``isinstance(Liar(), str)`` says it is."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return str
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_answer_whose_reading_raises_is_retried_and_leaves_no_target_held(shared_store: str) -> None:
+    """What fetch raised or returned that the runner's own reading of it makes raise (a ``str`` subclass's
+    method, a Retry without its attributes, a result that passes for text) is retried as any error, to its
+    last attempt, and its job finishes while the runner runs, rather than leave its target held."""
+    answers: list[Any] = [SlyText(), SlyName("gone"), BareRetry(), Liar(), SlyEscape()]
+    submit_job("odd", len(answers) + 1)
+
+    def fetch(target: dcache.BatchTarget) -> Any:
+        if target.idx == len(answers):
+            return "page"
+        answer = answers[int(target.idx)]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    runner = Runner(fetch, name="w", concurrency=3, max_attempts=2, backoff=Backoff(first=0.01, jitter=0))
+    with running(runner):
+        wait_for(lambda: job_final("odd"), "the job to finish while the runner runs")
+    targets = dcache.batch_targets("odd") or []
+    assert [(t.status, t.error, t.attempts) for t in targets] == [
+        ("failed", "SlyText: boom", 2),
+        ("failed", "SlyName: gone", 2),
+        ("failed", "AttributeError: 'BareRetry' object has no attribute 'host_wide'", 2),
+        ("failed", "TypeError: descriptor '__str__' requires a 'str' object but received a 'Liar'", 2),
+        ("failed", "SlyEscape: halt", 2),
+        ("done", None, 1),
+    ]
+    job = dcache.batch_job("odd")
+    assert job is not None and (job.status, job.targets_done) == ("partial", len(answers) + 1)
+    assert dcache.check_store().ok
 
 
 def test_fetches_count_as_quick_once_concurrency_fetches_in_a_row_were() -> None:

@@ -11,6 +11,7 @@ either, so no variable can route the fetches elsewhere."""
 from __future__ import annotations
 
 import base64
+import codecs
 import email.message
 import email.utils
 import http
@@ -68,6 +69,8 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Sent on a redirect to the same origin only: another site is not given the first one's credentials.
 _CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _CHUNK = 64 * 1024
+#: A lone surrogate: a code point in U+D800 to U+DFFF.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # A name DNS can hold: labels of 1 to 63 characters, at most 253 in all (an underscore is allowed, as sites
 # use it); an IPv6 literal, the other kind of host, holds a colon.
 _DNS_NAME = re.compile(r"(?=.{1,253}$)[^.\s]{1,63}(?:\.[^.\s]{1,63})*")
@@ -534,15 +537,20 @@ def _body(response: urllib3.BaseHTTPResponse, url: str, options: _Options, deadl
 
 
 def _text(data: bytes, content_type: str | None) -> str:
-    """``data`` decoded with the charset ``Content-Type`` names, else as UTF-8, bytes it cannot read as
-    U+FFFD; as UTF-8 too when Python cannot decode with that charset."""
+    """``data`` decoded with the charset ``Content-Type`` names, else as UTF-8, bytes it cannot read and
+    lone surrogates as U+FFFD; as UTF-8 too when Python cannot decode with that charset."""
     charset = _charset(content_type)
     try:
-        return data.decode(charset, "replace")
+        text = data.decode(charset, "replace")
     except (LookupError, ValueError):
         # LookupError: a name Python does not know, or a bytes-to-bytes codec (base64); ValueError: a
         # codec that raises whatever the error handler (idna, punycode, undefined), or a NUL in the name
         return data.decode("utf-8", "replace")
+    if text.isascii() or codecs.lookup(charset).name == "utf-8":
+        return text
+    # some codecs decode to lone surrogates whatever the error handler (utf-7, unicode_escape), which no
+    # store text may hold
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _charset(content_type: str | None) -> str:

@@ -195,9 +195,11 @@ class Runner:
             self._finished.set()
             if keeper.ident is not None:
                 keeper.join(min(self.renew_every + 5, MAX_SECONDS))
-            released = release_claims(self.name)
-            if restore is not None:
-                signal.signal(signal.SIGTERM, restore)
+            try:  # the store away: its error is raised, the claims left to go stale
+                released = release_claims(self.name)
+            finally:
+                if restore is not None:
+                    signal.signal(signal.SIGTERM, restore)
             log.info("sift runner %s: stopped, %d claims released; %s", self.name, released, self.progress())
 
     def stop(self, grace: float | None = None) -> None:
@@ -238,7 +240,7 @@ class Runner:
                 workers.start_one()
             started = time.monotonic()
             try:
-                self._writer.put(self._outcome(target))
+                self._writer.put(self._answer(target))
             finally:
                 self._flush_if_idle(fetched_in=time.monotonic() - started)
             del target  # handed over: not kept through the next claim, which may fail and be tried for long
@@ -323,11 +325,29 @@ class Runner:
             workers.start_one()
         return taken
 
+    def _answer(self, target: BatchTarget) -> Outcome:
+        """``_outcome(target)``, or a retry with the error when reading what ``fetch`` gave raised (a method
+        of a ``str`` subclass it returned or raised, a ``Retry`` made without ``Retry.__init__``): no answer
+        leaves its target held. An error that is no ``Exception`` is raised again, its target's retry handed
+        to the writer."""
+        try:
+            return self._outcome(target)
+        except Exception as exc:
+            log.exception(
+                "sift runner %s: what fetch gave for target %d of job %s could not be read; retried",
+                self.name,
+                int(target.idx),
+                str(target.job_id),
+            )
+            return self._retry(target, _text(exc), None)
+        except BaseException as exc:  # not the runner's to stop: its worker ends, replaced, not its target
+            self._writer.put(self._retry(target, _text(exc), None))
+            raise
+
     def _outcome(self, target: BatchTarget) -> Outcome:
         """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
         runner to wait is not fetched, but given back untried to wait as that answer asked (see
-        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``. An error escaping
-        ``fetch`` that is no ``Exception`` is raised again, its target's retry handed to the writer."""
+        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
         job_id, idx = str(target.job_id), int(target.idx)
         if target.send_by is not None and unix_time() > target.send_by:
             return _untried(target)  # a paced host's next request may already be on its way
@@ -348,9 +368,6 @@ class Runner:
             return self._retry(target, retry.error, retry.after)
         except Exception as exc:
             return self._retry(target, _text(exc), None)
-        except BaseException as exc:  # not the runner's to stop: its worker ends, replaced, not its target
-            self._writer.put(self._retry(target, _text(exc), None))
-            raise
         if not isinstance(result, str):
             error = f"fetch returned {type(result).__name__}, not text"
             return Outcome(job_id, idx, "failed", error=error, claim=target)
@@ -537,8 +554,9 @@ def _host_waiting(runner: Runner, target: BatchTarget) -> tuple[float, str] | No
 
 
 def _keeper_round(runner: Runner) -> None:
-    """One round of ``runner``'s keeper: give back claims it does not know of (after a claim in doubt),
-    renew, requeue stale claims, finish, evict and sweep."""
+    """One round of ``runner``'s keeper: forget the hosts' waits that have ended, give back claims it does
+    not know of (after a claim in doubt), renew, requeue stale claims, finish, evict and sweep."""
+    _forget_ended_waits(runner)
     if runner._held.in_doubt:
         _give_back_unknown_claims(runner)  # never raises: the renewal below must not wait for it
     renew_claims(runner.name)  # beside the writer's calls: it skips the rows they hold, waiting for none
@@ -548,6 +566,16 @@ def _keeper_round(runner: Runner) -> None:
         evict_batch_oldest(runner.budget)
     if runner.sweep_ttl is not None:
         sweep_batch(runner.sweep_ttl)
+
+
+def _forget_ended_waits(runner: Runner) -> None:
+    """Drop each host whose wait has ended: one whose targets are all done is never looked up again, and a
+    runner crawling many hosts would keep them all."""
+    now = unix_time()
+    with runner._lock:
+        ended = [host for host, (until, _) in runner._waiting_hosts.items() if until <= now]
+        for host in ended:
+            del runner._waiting_hosts[host]
 
 
 def _give_back_unknown_claims(runner: Runner) -> None:
@@ -662,9 +690,11 @@ def _unstorable(result: str) -> str | None:
 
 
 def _text(exc: BaseException) -> str:
-    """``Name: text`` of an exception, or its name alone when its text is empty or cannot be made."""
+    """``Name: text`` of an exception, or its name alone when its text is empty or cannot be made; each a
+    plain ``str``, so no method of a ``str`` subclass a user's exception gives runs here."""
     try:
-        text = str(exc)
+        text = validation.plain(str(exc))
     except BaseException:  # a user's __str__ that raises, whatever: the target is retried all the same
         text = ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    name = validation.plain(type(exc).__name__)
+    return f"{name}: {text}" if text else name

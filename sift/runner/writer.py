@@ -95,6 +95,7 @@ class Writer:
         self._wake_at = _WRITING  # how many waiting outcomes wake the thread
         self._now = False  # write what has arrived without waiting for more
         self._closing = False
+        self._close_by = float("inf")  # once closing: until when a round the store refused is tried again
         self.thread = threading.Thread(target=self._loop, name=f"sift-writer {runner}", daemon=True)
 
     def start(self) -> None:
@@ -118,9 +119,11 @@ class Writer:
             self._arrived.notify()
 
     def close(self, timeout: float) -> bool:
-        """Write what has arrived, then stop; False if it was still writing after ``timeout`` seconds."""
+        """Write what has arrived, then stop; False if it was still writing after ``timeout`` seconds. A round
+        the store refuses is written again (every ``RETRY_WAIT``) while the time left allows."""
         with self._lock:
             self._closing = True
+            self._close_by = time.monotonic() + timeout
             self._arrived.notify()
         self.thread.join(timeout)
         return not self.thread.is_alive()
@@ -151,14 +154,17 @@ class Writer:
 
     def _loop(self) -> None:
         carried: list[Outcome] = []  # what the store could not take, written again first
-        stopping = False
-        while not stopping:
+        while True:
             batch, stopping = self._gather(carried)
             carried = self._round(batch) if batch else []
             del batch  # written: its outcomes (results, claimed targets) are not kept through the next wait
-            if carried and not stopping:  # the store may come back: the claims are still this runner's
-                time.sleep(RETRY_WAIT)
-            # stopping: the runner releases what was not written
+            if not carried:
+                if stopping:
+                    return
+                continue
+            if stopping and time.monotonic() + RETRY_WAIT >= self._close_by:
+                return  # the runner releases what was not written
+            time.sleep(RETRY_WAIT)  # the store may come back: the claims are still this runner's
 
     def _round(self, batch: list[Outcome]) -> list[Outcome]:
         """``write(batch)``; what the store could not take, to be written again (after an error it did not
