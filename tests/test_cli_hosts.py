@@ -112,6 +112,37 @@ def test_hosts_release_ends_a_back_off(shared_store: str, capsys: pytest.Capture
     assert [t.url for t in dcache.claim_batch_targets(10, runner="r")] == ["https://a.example/1"]
 
 
+def test_a_back_off_that_has_ended_is_not_listed(
+    shared_store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row whose back-off ended by itself holds nothing now: ``sift hosts`` lists the hosts whose row holds
+    something (a setting, a due time to come, a back-off in force), as ``sift stats`` counts them, and
+    ``--release`` says no back-off was in force, changing nothing."""
+    ended = dcache.unix_now() - 60
+    dcache.back_off_host("a.example", ended, now=ended - 10)
+    dcache.back_off_host("b.example", dcache.unix_now() + 600)
+    assert [p.host for p in dcache.host_policies()] == ["a.example", "b.example"]
+    assert dcache.backed_off_hosts() == ["b.example"]
+    db = shared_store
+    code, out, err = run(capsys, "--db", db, "hosts", "--json")
+    assert (code, err) == (0, "")
+    assert [(r["host"], r["backed_off_until"] is not None) for r in json.loads(out)["hosts"]] == [
+        ("b.example", True)
+    ]
+    code, out, err = run(capsys, "--db", db, "hosts")
+    assert (code, err) == (0, "")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["b.example"]
+    dcache.open_db(db)
+    before = snapshot()
+    assert run(capsys, "--db", db, "hosts", "--release", "a.example") == (
+        0,
+        "a.example was not backed off; left unchanged\n",
+        "",
+    )
+    dcache.open_db(db)
+    assert snapshot() == before
+
+
 def test_pause_and_resume_a_job_and_a_caller(shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:
     hosted_job("j", "alice", ["https://a.example/1", "https://a.example/2"])
     db = shared_store

@@ -122,7 +122,7 @@ def test_the_last_attempt_fails_the_target_once_and_finishes_the_job(
         assert job_row()[0] == (status if finished else "running")
     assert job_row() == (status, "", 4_010, 2, 3 if done_first else 0)
     failed = claims()[1]
-    assert failed == (1, "failed", "r3", 4_000, 3)
+    assert failed == (1, "failed", None, None, 3)  # a failure ends the claim: no runner, no heartbeat
     assert dcache.batch_targets("job-1")[1].error == "host lost"  # type: ignore[index]
     # Once final, nothing moves again: not counted twice.
     assert dcache.requeue_stale_claims(0, max_attempts=1, now=9_000) == 0
@@ -192,7 +192,7 @@ def test_a_runners_restart_requeues_its_claims_and_leaves_queued_jobs_alone(stor
     assert again.attempts == 2
     moved = dcache.requeue_stale_claims(0, runner="before-restart", max_attempts=2, reason="r", now=1_003)
     assert moved == 1 and job_row("started")[3] == 1  # at its last attempt: failed, counted once
-    assert claims("started")[again.idx] == (again.idx, "failed", "before-restart", 1_002, 2)
+    assert claims("started")[again.idx] == (again.idx, "failed", None, None, 2)  # its claim ended
     # A single runner's start: every running target was its previous run's.
     assert dcache.requeue_in_flight(now=1_004) == 1
     assert job_row("started")[0] == "running" and job_row("queued")[0] == "queued"

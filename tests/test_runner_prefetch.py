@@ -5,7 +5,9 @@ runner (renewed, released on stop); the writer does not wait for more once nothi
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,29 @@ def test_slow_fetches_claim_no_further_ahead_than_the_free_workers(
     with running(Runner(instant, name="r", concurrency=4)):
         wait_for(lambda: job_final("slow"), "the job to finish")
     assert sum(took for _, took in claims) == 60
+    assert all(limit <= 4 for limit, _ in claims), claims
+
+
+@pytest.mark.slow
+def test_slow_fetches_that_end_together_claim_no_further_ahead_than_the_free_workers(
+    file_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fetches of a second or more that end at one moment (a site whose every answer takes as long): four
+    workers start none in ``PREFETCH_WINDOW`` at that time a fetch, so no claim takes beyond the free
+    workers, however soon after one another the workers come to claim."""
+    claims = counted_claims(monkeypatch)
+    submit_job("together", 12)
+    together = threading.Barrier(4, timeout=10)
+
+    def fetch(target: dcache.BatchTarget) -> str:
+        time.sleep(1.0)
+        with contextlib.suppress(threading.BrokenBarrierError):  # a round of fewer: they end as they come
+            together.wait()
+        return "ok"
+
+    with running(Runner(fetch, name="r", concurrency=4)):
+        wait_for(lambda: job_final("together"), "the job to finish")
+    assert sum(took for _, took in claims) == 12
     assert all(limit <= 4 for limit, _ in claims), claims
 
 

@@ -86,7 +86,9 @@ _STALE_JOBS = Statement(
 )
 _FAIL_STALE = Statement(
     lambda: (
-        T.update({T.status: Inline(peewee.Value(TargetStatus.FAILED.value)), T.error: Slot("reason")})
+        T.update(
+            {T.status: Inline(peewee.Value(TargetStatus.FAILED.value)), T.error: Slot("reason"), **_UNCLAIM}
+        )
         .where(_stale() & (T.attempts >= Slot("max_attempts")))
         .returning(T.job_id)
     )

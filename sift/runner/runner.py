@@ -48,8 +48,9 @@ log = logging.getLogger("sift.runner")
 IDLE_WAIT = 0.2
 #: The most targets a claim takes beyond the free workers' count, by default (``Runner(prefetch=...)``).
 PREFETCH = 256
-#: A claim takes ahead what the workers started in about this long (seconds), measured over the last claim:
-#: slow fetches claim little beyond the free workers, so the targets left pending stay for other runners.
+#: A claim takes ahead what the workers start in about this long (seconds), at the mean time of the fetches
+#: ended since the last claim: slow fetches claim little beyond the free workers, so the targets left pending
+#: stay for other runners.
 PREFETCH_WINDOW = 0.25
 #: A fetch that returns within this long is quick (seconds): it holds the interpreter's lock for most of its
 #: time, so another worker would not fetch more. Until ``concurrency`` fetches in a row were quick (one, at
@@ -89,8 +90,9 @@ class Runner:
 
     Worker threads start as fetches need them (see ``GROW_AFTER``): slow fetches run ``concurrency`` at once,
     quick ones on a few threads. A claim takes the free workers' count (``concurrency`` less the fetches in
-    flight) plus what they started in the last ``PREFETCH_WINDOW`` seconds, at most ``prefetch`` more (0:
-    none), and is made only when no claimed target waits: at most ``concurrency + prefetch`` wait at once.
+    flight) plus what ``concurrency`` workers start in ``PREFETCH_WINDOW`` seconds at the mean time of the
+    fetches ended since the last claim, at most ``prefetch`` more (0: none), and is made only when no claimed
+    target waits: at most ``concurrency + prefetch`` wait at once.
     ``per_job``, ``per_host``, ``weights`` and ``fair`` are ``claim_batch_targets``'s. A keeper renews the
     claims every ``renew_every`` seconds, requeues other runners' claims stale for ``stale_after`` seconds,
     finishes the jobs whose targets are all final, and evicts down to ``budget`` bytes and sweeps jobs
@@ -150,7 +152,9 @@ class Runner:
         self._paced_next = False  # whether the first target waiting is paced
         self._workers = _Workers(self.name, self.concurrency, self._work)
         self._quiet_until = 0.0
-        self._last_claim: tuple[float, int] | None = None  # when the last claim returned, and how many
+        self._fetched = 0  # fetches ended since the last claim began, and their time in all (seconds)
+        self._fetch_time = 0.0
+        self._ahead = False  # whether a claim may take ahead: not after one that found nothing
         self._claiming = False
         self._waiting_hosts: dict[str, tuple[float, str]] = {}  # host: until, error (a host-wide Retry)
         self._stop = threading.Event()  # stop claiming
@@ -252,6 +256,8 @@ class Runner:
         with self._lock:
             if fetched_in is not None:
                 self._busy -= 1
+                self._fetched += 1
+                self._fetch_time += fetched_in
                 self._until_quick = (
                     max(0, self._until_quick - 1) if fetched_in < GROW_AFTER else self.concurrency
                 )
@@ -275,7 +281,9 @@ class Runner:
                 if time.monotonic() < self._quiet_until or self._stop.is_set():
                     return None
                 free = max(1, self.concurrency - self._busy)
-                want = _claim_size(free, self.prefetch, self._last_claim, time.monotonic())
+                fetched = self._fetched if self._ahead else 0
+                want = _claim_size(free, self.prefetch, self.concurrency, fetched, self._fetch_time)
+                self._fetched, self._fetch_time = 0, 0.0
                 self._claiming = True
             try:
                 claimed = self._held.claim(
@@ -291,14 +299,13 @@ class Runner:
                     self._claiming = False
             with self._lock:
                 self._counts["claimed"] += len(claimed)
+                self._ahead = bool(claimed)
                 if claimed:
-                    self._last_claim = (time.monotonic(), len(claimed))
                     # a paced target first, to the claimer and then the first free workers: it must leave
                     # by its send_by, while the others may wait their turn
                     self._ready.extend(sorted(claimed, key=lambda target: target.send_by is None))
                     self._wake.notify(len(claimed) - 1)
                     return self._next_ready()
-                self._last_claim = None
                 self._quiet_until = time.monotonic() + IDLE_WAIT
             self._flush_if_idle()  # nothing to claim: what the workers finished need not wait for more
             return None
@@ -623,17 +630,16 @@ def _take_back_earlier_claims(runner: Runner) -> None:
         return
 
 
-def _claim_size(free: int, prefetch: int, last_claim: tuple[float, int] | None, now: float) -> int:
-    """The ``free`` workers' count, plus as many as the workers started in ``PREFETCH_WINDOW`` seconds at the
-    pace they took the last claim's targets (``last_claim``: when it returned, how many; None after an empty
-    claim: none), at most ``prefetch``."""
-    if last_claim is None or not prefetch:
+def _claim_size(free: int, prefetch: int, workers: int, fetched: int, fetch_time: float) -> int:
+    """The ``free`` workers' count, plus as many targets as ``workers`` start in ``PREFETCH_WINDOW`` seconds
+    at the mean time of ``fetched`` fetches (``fetch_time`` seconds in all; none: none ahead), at most
+    ``prefetch``. The time fetches take, not how soon workers came to claim: fetches that end together
+    say nothing of how many more the workers would start."""
+    if not fetched or not prefetch:
         return free
-    at, count = last_claim
-    elapsed = now - at
-    if elapsed * prefetch <= count * PREFETCH_WINDOW:  # also a clock that did not move
+    if fetch_time * prefetch <= workers * PREFETCH_WINDOW * fetched:  # also fetches of no measurable time
         return free + prefetch
-    return free + int(count * PREFETCH_WINDOW / elapsed)
+    return free + int(workers * PREFETCH_WINDOW * fetched / fetch_time)
 
 
 def _worker_wanted(paced_next: bool, quick: bool, busy: int, alive: int, most: int) -> bool:

@@ -6,6 +6,7 @@ back-off (``release_host``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 from typing import Any
 
@@ -111,12 +112,29 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def host_rows(top: int) -> list[dict[str, Any]]:
-    """The ``top`` busiest hosts, then every other host with a row of policy (``*`` first)."""
+    """The ``top`` busiest hosts, then every other host whose row holds something now (``*`` first): a
+    setting, a due time to come or a back-off in force. A due time or back-off past is shown as none."""
     load = dcache.store_load(callers=1, hosts=top)
-    policies = {policy.host: policy for policy in dcache.host_policies()}
+    now = dcache.unix_now_ms() / 1000
+    policies = {policy.host: _now_in_force(policy, now) for policy in dcache.host_policies()}
     rows = [_row(host.host, host.running, policies.pop(host.host, None)) for host in load.hosts]
-    rows += [_row(host, 0, policy) for host, policy in policies.items()]
+    rows += [_row(host, 0, policy) for host, policy in policies.items() if _holds_something(policy)]
     return rows
+
+
+def _now_in_force(policy: dcache.HostPolicy, now: float) -> dcache.HostPolicy:
+    """``policy`` without a due time or back-off that has passed by ``now``."""
+    due, until = policy.next_due, policy.backed_off_until
+    return dataclasses.replace(
+        policy,
+        next_due=due if due is not None and due > now else None,
+        backed_off_until=until if until is not None and until > now else None,
+    )
+
+
+def _holds_something(policy: dcache.HostPolicy) -> bool:
+    values = (policy.max_running, policy.min_interval, policy.next_due, policy.backed_off_until)
+    return any(value is not None for value in values)
 
 
 def _row(host: str, running: int, policy: dcache.HostPolicy | None) -> dict[str, Any]:
