@@ -248,6 +248,34 @@ def test_bearer_token_acts_without_a_form(store: Any) -> None:
     assert app.post("/actions/nothing", data={}, headers=bearer).status_code == 404
 
 
+def test_a_scripts_refusals_are_json_naming_the_error(store: Any) -> None:
+    """A call with a token in its header, right or wrong, gets its refusal as JSON, as it gets its result;
+    the store is left as it was."""
+    cancelled = submit(n=1)
+    dcache.cancel_batch_job(cancelled, now=NOW)
+    app = client(create_app(None, token="s3cret"))
+    bearer, wrong = {"Authorization": "Bearer s3cret"}, {"Authorization": "Bearer wrong"}
+    before = snapshot()
+    calls = [
+        (app.post("/actions/cancel", data={"subject": cancelled}, headers=wrong), 403, "the token is"),
+        (app.post("/actions/cancel", data={"subject": "nope"}, headers=bearer), 404, "job_id: no job 'nope'"),
+        (app.post("/actions/nothing", data={"subject": "x"}, headers=bearer), 404, "no action 'nothing'"),
+        (app.post("/actions/retry_failed", data={"subject": cancelled}, headers=bearer), 400, "job_id: "),
+    ]
+    read_only = client(create_app(None, token="s3cret", read_only=True))
+    refused = read_only.post("/actions/cancel", data={"subject": cancelled}, headers=bearer)
+    calls.append((refused, 403, "this dashboard is read-only"))
+    for response, status, error in calls:
+        assert response.status_code == status and response.mimetype == "application/json"
+        body = response.get_json()
+        assert body["error"].startswith(error), body
+        assert body["action"] in ("cancel", "nothing", "retry_failed") and "result" not in body
+    assert snapshot() == before
+    # a browser's refusal stays a page
+    page = app.post("/actions/cancel", data={"subject": cancelled})
+    assert page.status_code == 403 and page.mimetype == "text/html"
+
+
 def test_requeue_stale_action(store: Any) -> None:
     job = submit(n=2)
     dcache.claim_batch_targets(2, runner="gone", now=NOW)

@@ -213,21 +213,31 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
 
     @app.post("/actions/<name>")
     def act(name: str) -> Any:
-        if settings.read_only:
-            flask.abort(403)
-        bearer = _bearer(settings)
         form = flask.request.form
+        subject = form.get("subject", "")
+        # a script's call (a token in a header, right or wrong): its refusals are JSON, as its results are
+        scripted = "Authorization" in flask.request.headers
+
+        def refuse(status: int, error: str) -> Any:
+            if scripted:
+                return flask.jsonify({"action": name, "subject": subject, "error": error}), status
+            flask.abort(status)
+
+        if settings.read_only:
+            return refuse(403, "this dashboard is read-only")
+        bearer = _bearer(settings)
         if not bearer and not (_logged_in(settings) and _same(form.get("csrf"), _csrf())):
-            flask.abort(403)
+            return refuse(403, "the token is missing or wrong")
         action = ACTIONS.get(name)
         if action is None:
-            flask.abort(404)
-        subject = form.get("subject", "")
+            return refuse(404, f"no action {name!r}")
         try:
             result = action.call(ActionContext(subject, settings.stale_after, form.get("value", "")))
-        except JobNotFound:
-            flask.abort(404)
+        except JobNotFound as exc:
+            return refuse(404, str(exc))
         except BatchError as exc:
+            if scripted:
+                return refuse(400, str(exc))
             return flask.render_template("failed.html", action=name, error=str(exc)), 400
         if bearer or flask.request.headers.get("X-Sift-Fetch") == "1":
             return flask.jsonify({"action": name, "subject": subject, "result": result})

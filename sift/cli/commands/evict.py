@@ -13,7 +13,7 @@ from sift import dcache
 
 from ..progress import run_with_progress
 from ..removal import NEVER_EVICTED, counter_since, listing
-from ..report import emit_json, format_count, format_size
+from ..report import emit_json, format_size, plural
 from ..units import parse_size
 from . import Command, dry_run
 
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             emit_json(report)
             return 0
         print(
-            f"dry run: would evict {format_count(len(jobs))} jobs, freeing {format_size(freed)}: "
+            f"dry run: would evict {plural(len(jobs), 'job')}, freeing {format_size(freed)}: "
             f"{format_size(nbytes_before)} -> {format_size(after)} (max {format_size(max_bytes)}); "
             "nothing was changed"
         )
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(report)
         return 0
     print(
-        f"evicted {format_count(evicted)} jobs, freeing {format_size(nbytes_before - nbytes_after)}: "
+        f"evicted {plural(evicted, 'job')}, freeing {format_size(nbytes_before - nbytes_after)}: "
         f"{format_size(nbytes_before)} -> {format_size(nbytes_after)} (max {format_size(max_bytes)})"
     )
     if nbytes_after > max_bytes:

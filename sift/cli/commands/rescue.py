@@ -12,7 +12,7 @@ from sift.dcache import BatchTarget
 
 from ..parsing import count
 from ..removal import SHOWN
-from ..report import Column, emit_json, format_age, format_count, table
+from ..report import Column, emit_json, format_age, format_count, plural, table
 from ..units import parse_duration
 from . import Command, dry_run
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     requeue, fail = ("dry run: would requeue", "would fail") if args.dry_run else ("requeued", "failed")
     print(
-        f"{requeue} {format_count(len(stale) - failing)} targets to pending and {fail} "
+        f"{requeue} {plural(len(stale) - failing, 'target')} to pending and {fail} "
         f"{format_count(failing)} at attempt {args.max_attempts} "
         f"(claims not renewed for {args.stale_after_text}){'; nothing was changed' if args.dry_run else ''}"
     )

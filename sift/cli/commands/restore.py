@@ -7,7 +7,7 @@ import argparse
 from sift import dcache
 
 from ..progress import step_bar
-from ..report import emit_json, format_count
+from ..report import emit_json, plural
 from ..store import new_store_remover
 from . import Command, StoreUse
 
@@ -42,7 +42,7 @@ def _copy(args: argparse.Namespace) -> int:
         emit_json({"db": args.db, "source": done.source, "jobs": done.jobs, "targets": done.targets})
         return 0
     print(
-        f"restored {format_count(done.jobs)} jobs and {format_count(done.targets)} targets "
+        f"restored {plural(done.jobs, 'job')} and {plural(done.targets, 'target')} "
         f"from {done.source} into {args.db}"
     )
     return 0

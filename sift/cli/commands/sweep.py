@@ -14,7 +14,7 @@ from sift.dcache import BatchJob, BatchTarget
 
 from ..progress import bars_enabled, run_with_progress
 from ..removal import counter_since, listing
-from ..report import emit_json, format_count, format_size, format_time
+from ..report import emit_json, format_size, format_time, plural
 from ..units import parse_duration
 from . import Command, dry_run
 
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
             emit_json(report)
             return 0
         print(
-            f"dry run: would sweep {format_count(len(jobs))} jobs "
-            f"({format_count(report['targets'])} targets, "
+            f"dry run: would sweep {plural(len(jobs), 'job')} "
+            f"({plural(report['targets'], 'target')}, "
             f"{format_size(freed)} of results) with a {rule}; nothing was changed"
         )
         if jobs:
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         emit_json(report)
         return 0
     print(
-        f"swept {format_count(swept)} jobs with a {rule}; freed {format_size(nbytes_before - nbytes_after)}; "
-        f"{format_count(report['jobs_left'])} jobs and {format_size(nbytes_after)} of results remain"
+        f"swept {plural(swept, 'job')} with a {rule}; freed {format_size(nbytes_before - nbytes_after)}; "
+        f"{plural(report['jobs_left'], 'job')} and {format_size(nbytes_after)} of results remain"
     )
     return 0
 
