@@ -187,8 +187,12 @@ def test_sift_run_refuses_a_bad_prefetch_and_leaves_the_store_as_it_was(tmp_path
         (["--fetch", "runner_site"], "--fetch: expected MODULE:FUNCTION"),
         (["--fetch", "runner_site:nothing"], "--fetch: 'runner_site' has no function 'nothing'"),
         (["--fetch", "runner_site:fetch", "--weight", "fleet"], "--weight: expected CLASS=TURNS"),
-        (["--fetch", "runner_site:fetch", "--concurrency", "0"], "concurrency"),
-        (["--fetch", "runner_site:fetch", "--stale-after", "5", "--renew-every", "5"], "renew_every"),
+        (["--fetch", "runner_site:fetch", "--concurrency", "0"], "sift: --concurrency: must be"),
+        (["--fetch", "runner_site:fetch", "--max-attempts", "0"], "sift: --max-attempts: must be"),
+        (["--fetch", "runner_site:fetch", "--backoff-first", "-1"], "sift: --backoff-first: "),
+        (["--fetch", "runner_site:fetch", "--stale-after", "5", "--renew-every", "5"], "--renew-every: "),
+        (["--fetch", "runner_site:fetch", "--unfair", "--weight", "fleet=2"], "sift: --weight: "),
+        (["--fetch", "runner_site:fetch", "--allow-private"], "sift: --allow-private: fetch must take"),
         (["--fetch", "runner_site:fetch", "--grace", "soon"], "--grace"),
         # a digit to str.isdigit, not to int(); and a grace longer than a thread can wait
         pytest.param(

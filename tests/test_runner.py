@@ -854,6 +854,17 @@ class Unprintable(Exception):
         raise RuntimeError("no text")
 
 
+def test_allow_private_needs_a_fetch_that_takes_it() -> None:
+    """A fetch that cannot be called with ``allow_private=True`` is refused at once, rather than fail every
+    target it is given; one that takes any keyword, or whose signature Python cannot read, is not."""
+    with pytest.raises(dcache.InvalidBatchInput) as caught:
+        Runner(lambda target: "page", allow_private=True)
+    assert caught.value.field == "allow_private"
+    Runner(fetch_private, allow_private=True)
+    Runner(lambda target, **options: "page", allow_private=True)
+    Runner(max, allow_private=True)  # no signature to read: the call itself says
+
+
 def test_what_fetch_says_that_the_store_cannot_hold_fails_or_is_cleaned_for_its_target_alone(
     store: Any,
 ) -> None:

@@ -4,6 +4,7 @@ says, with retries, a keeper of its claims and a graceful stop (see docs/how-to/
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import signal
@@ -141,6 +142,10 @@ class Runner:
         self.budget = None if budget is None else validation.count("budget", budget)
         self.sweep_ttl = None if sweep_ttl is None else _seconds("sweep_ttl", sweep_ttl)
         self.allow_private = validation.flag("allow_private", allow_private)
+        if self.allow_private and not _takes_allow_private(fetch):
+            raise InvalidBatchInput(
+                "allow_private", "fetch must take allow_private=True (as sift.runner.http.fetch does)"
+            )
         self._lock = threading.Lock()
         self._held = _HeldClaims(self.name)  # what this runner claimed and its writer has not settled
         self._ready: deque[BatchTarget] = deque()
@@ -648,6 +653,20 @@ def _worker_wanted(paced_next: bool, quick: bool, busy: int, alive: int, most: i
     claim or take the next target, or the first target waiting is paced (it must leave by its
     ``send_by``)."""
     return busy >= alive and alive < most and (not quick or paced_next)
+
+
+def _takes_allow_private(fetch: Fetch) -> bool:
+    """Whether ``fetch(target, allow_private=True)`` is a call its signature takes (True when it has none
+    Python can read: the call then says)."""
+    try:
+        signature = inspect.signature(fetch)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None, allow_private=True)
+    except TypeError:
+        return False
+    return True
 
 
 def _stop_on_sigterm(stop: Callable[[], None]) -> Any:

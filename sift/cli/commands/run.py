@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from sift.dcache import InvalidBatchInput
 from sift.dcache.validation import MAX_INT
 from sift.runner import Backoff, Runner
 from sift.runner.runner import PREFETCH
@@ -142,25 +143,54 @@ def _report(runner: Runner, stopped: threading.Event) -> None:
         )
 
 
+#: The command's option for each of ``Runner``'s and ``Backoff``'s arguments, named in their refusals.
+_OPTIONS = {
+    "name": "--name",
+    "concurrency": "--concurrency",
+    "prefetch": "--prefetch",
+    "per_job": "--per-job",
+    "per_host": "--per-host",
+    "weights": "--weight",
+    "stale_after": "--stale-after",
+    "renew_every": "--renew-every",
+    "max_attempts": "--max-attempts",
+    "first": "--backoff-first",
+    "most": "--backoff-most",
+    "budget": "--budget",
+    "sweep_ttl": "--sweep-ttl",
+    "allow_private": "--allow-private",
+}
+
+
+def _runner(args: argparse.Namespace) -> Runner:
+    """The runner the options describe; a refusal names the option, not ``Runner``'s argument."""
+    fetch = _fetch(args.fetch)
+    try:
+        return Runner(
+            fetch,
+            name=args.name,
+            concurrency=args.concurrency,
+            prefetch=args.prefetch,
+            per_job=args.per_job,
+            per_host=args.per_host,
+            weights=_weights(args.weight),
+            fair=not args.unfair,
+            stale_after=args.stale_after,
+            renew_every=args.renew_every,
+            max_attempts=args.max_attempts,
+            backoff=Backoff(first=args.backoff_first, most=args.backoff_most),
+            budget=args.budget,
+            sweep_ttl=args.sweep_ttl,
+            allow_private=args.allow_private,
+        )
+    except InvalidBatchInput as exc:
+        field = exc.field or ""
+        raise InvalidBatchInput(_OPTIONS.get(field, field), exc.problem) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM or Ctrl-C; exit 0 after the graceful stop."""
-    runner = Runner(
-        _fetch(args.fetch),
-        name=args.name,
-        concurrency=args.concurrency,
-        prefetch=args.prefetch,
-        per_job=args.per_job,
-        per_host=args.per_host,
-        weights=_weights(args.weight),
-        fair=not args.unfair,
-        stale_after=args.stale_after,
-        renew_every=args.renew_every,
-        max_attempts=args.max_attempts,
-        backoff=Backoff(first=args.backoff_first, most=args.backoff_most),
-        budget=args.budget,
-        sweep_ttl=args.sweep_ttl,
-        allow_private=args.allow_private,
-    )
+    runner = _runner(args)
     print(f"sift run {runner.name}: running on {args.db} (stop with SIGTERM or Ctrl-C)", file=sys.stderr)
     previous = signal.signal(signal.SIGINT, lambda signum, frame: runner.stop())
     stopped = threading.Event()
