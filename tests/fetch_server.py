@@ -79,7 +79,11 @@ def _handler(server: FetchServer) -> type[BaseHTTPRequestHandler]:
         def route_surrogate(self, query: dict[str, str]) -> None:
             # bytes the charset decodes to a lone surrogate (U+D800), then "a" * pad
             name = query["name"]
-            body = (b"+2AA-" if name == "utf-7" else b"\\ud800") + b" and" + b"a" * int(query.get("pad", "0"))
+            if "pair" in query:  # a surrogate pair: one character (U+1F600)
+                body = b"+2D3eAA-" if name == "utf-7" else b"\\ud83d\\ude00"
+            else:
+                body = b"+2AA-" if name == "utf-7" else b"\\ud800"
+            body += b" and" + b"a" * int(query.get("pad", "0"))
             self.answer(200, body, {"Content-Type": f"text/plain; charset={name}"})
 
         def route_binary(self, query: dict[str, str]) -> None:

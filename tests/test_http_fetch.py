@@ -66,8 +66,11 @@ def test_a_charset_python_cannot_read_as_text_is_read_as_utf8(server: FetchServe
 
 
 @pytest.mark.parametrize("name", ["utf-7", "unicode_escape", "raw_unicode_escape"])
-def test_a_lone_surrogate_a_charset_decodes_to_is_u_fffd(server: FetchServer, name: str) -> None:
+def test_a_lone_surrogate_a_charset_decodes_to_is_u_fffd_and_a_pair_its_character(
+    server: FetchServer, name: str
+) -> None:
     assert get(server.url(f"/surrogate?name={name}")) == "\ufffd and"
+    assert get(server.url(f"/surrogate?name={name}&pair=1")) == "\U0001f600 and"
 
 
 @pytest.mark.slow

@@ -123,6 +123,11 @@ def test_the_last_attempt_fails_the_target_once_and_finishes_the_job(
     assert job_row() == (status, "", 4_010, 2, 3 if done_first else 0)
     failed = claims()[1]
     assert failed == (1, "failed", None, None, 3)  # a failure ends the claim: no runner, no heartbeat
+    # so the last claimer's late result is refused, not written over the failure
+    before = snapshot()
+    with pytest.raises(dcache.ClaimLost):
+        dcache.update_batch_target("job-1", 1, "done", result="late", runner="r3", now=4_020)
+    assert snapshot() == before
     assert dcache.batch_targets("job-1")[1].error == "host lost"  # type: ignore[index]
     # Once final, nothing moves again: not counted twice.
     assert dcache.requeue_stale_claims(0, max_attempts=1, now=9_000) == 0

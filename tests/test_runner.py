@@ -5,6 +5,7 @@ another runner once its claims go stale."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -862,6 +863,12 @@ def test_allow_private_needs_a_fetch_that_takes_it() -> None:
     assert caught.value.field == "allow_private"
     Runner(fetch_private, allow_private=True)
     Runner(lambda target, **options: "page", allow_private=True)
+
+    @functools.wraps(lambda target: "page")
+    def wrapper(target: dcache.BatchTarget, *, allow_private: bool = False) -> str:
+        return "page"
+
+    Runner(wrapper, allow_private=True)  # its own signature, not the function it wraps
     Runner(max, allow_private=True)  # no signature to read: the call itself says
 
 
@@ -1360,6 +1367,30 @@ def test_the_writer_writes_again_a_round_the_store_refused(
         assert tally == {"done": 1, "failed": 1, "retried": 1}
     finally:
         dcache.close_db()
+
+
+def test_a_closing_writer_stops_trying_at_its_time_with_more_than_a_round_waiting(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses every round of a closing writer holding more outcomes than one round takes: it
+    gives up at the close's time, the runner releasing what it did not write, rather than try for ever."""
+    monkeypatch.setattr(writer_module, "RETRY_WAIT", 0.05)
+    tries: list[int] = []
+
+    def refused(job_id: str, entries: list[dict[str, Any]], **kwargs: Any) -> int:
+        tries.append(len(entries))
+        raise dcache.StoreUnavailable("database: every write refused")
+
+    monkeypatch.setattr(writer_module, "update_batch_targets", refused)
+    writer = Writer("w", lambda name, n: None)
+    for idx in range(writer_module.WRITE_BATCH + 44):
+        writer.put(Outcome("job", idx, "done", result="page"))
+    writer.start()
+    wait_for(lambda: tries, "the first refused round")
+    writer.close(0.5)
+    writer.thread.join(WAIT)
+    assert not writer.thread.is_alive()
+    assert all(size == writer_module.WRITE_BATCH for size in tries)
 
 
 @contextmanager

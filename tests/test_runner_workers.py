@@ -269,6 +269,16 @@ class SlyEscape(BaseException):
         return Sly("halt")
 
 
+class Nameless(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError("no name")
+
+
+class NamelessEscape(BaseException, metaclass=Nameless):
+    pass
+
+
 class BareRetry(Retry):
     """A Retry made without ``Retry.__init__``: none of its attributes."""
 
@@ -289,7 +299,7 @@ def test_an_answer_whose_reading_raises_is_retried_and_leaves_no_target_held(sha
     """What fetch raised or returned that the runner's own reading of it makes raise (a ``str`` subclass's
     method, a Retry without its attributes, a result that passes for text) is retried as any error, to its
     last attempt, and its job finishes while the runner runs, rather than leave its target held."""
-    answers: list[Any] = [SlyText(), SlyName("gone"), BareRetry(), Liar(), SlyEscape()]
+    answers: list[Any] = [SlyText(), SlyName("gone"), BareRetry(), Liar(), SlyEscape(), NamelessEscape("x")]
     submit_job("odd", len(answers) + 1)
 
     def fetch(target: dcache.BatchTarget) -> Any:
@@ -304,17 +314,37 @@ def test_an_answer_whose_reading_raises_is_retried_and_leaves_no_target_held(sha
     with running(runner):
         wait_for(lambda: job_final("odd"), "the job to finish while the runner runs")
     targets = dcache.batch_targets("odd") or []
+    try:  # what reading a Liar as text raises, in this Python's words
+        str.__str__(Liar())
+    except TypeError as exc:
+        liar = f"TypeError: {exc}"
     assert [(t.status, t.error, t.attempts) for t in targets] == [
         ("failed", "SlyText: boom", 2),
         ("failed", "SlyName: gone", 2),
         ("failed", "AttributeError: 'BareRetry' object has no attribute 'host_wide'", 2),
-        ("failed", "TypeError: descriptor '__str__' requires a 'str' object but received a 'Liar'", 2),
+        ("failed", liar, 2),
         ("failed", "SlyEscape: halt", 2),
+        ("failed", "Exception: x", 2),  # its class's name cannot be read
         ("done", None, 1),
     ]
     job = dcache.batch_job("odd")
     assert job is not None and (job.status, job.targets_done) == ("partial", len(answers) + 1)
     assert dcache.check_store().ok
+
+
+def test_claims_ahead_count_only_the_fetches_made_not_the_targets_given_back_untried() -> None:
+    """A target given back without a fetch (a host asked to wait, a paced target past its ``send_by``)
+    takes no time, and says nothing of how long fetches take: the next claim's mean leaves it out."""
+    runner = Runner(lambda target: "page", name="w", concurrency=4)
+    runner._writer = Writer("w", lambda name, n: None)
+    runner._busy = 4
+    runner._flush_if_idle(fetched_in=1.0)
+    for _ in range(8):
+        runner._busy = 3  # other fetches in flight: nothing to flush
+        runner._flush_if_idle(fetched_in=0.0, tried=False)
+    assert (runner._fetched, runner._fetch_time) == (1, 1.0)
+    # a second a fetch: four workers start one in PREFETCH_WINDOW (counted with the 8, nine)
+    assert runner_module._claim_size(1, 256, 4, runner._fetched, runner._fetch_time) == 1 + 1
 
 
 def test_fetches_count_as_quick_once_concurrency_fetches_in_a_row_were() -> None:

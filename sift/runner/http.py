@@ -69,8 +69,6 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Sent on a redirect to the same origin only: another site is not given the first one's credentials.
 _CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 _CHUNK = 64 * 1024
-#: A lone surrogate: a code point in U+D800 to U+DFFF.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 # A name DNS can hold: labels of 1 to 63 characters, at most 253 in all (an underscore is allowed, as sites
 # use it); an IPv6 literal, the other kind of host, holds a colon.
 _DNS_NAME = re.compile(r"(?=.{1,253}$)[^.\s]{1,63}(?:\.[^.\s]{1,63})*")
@@ -548,9 +546,9 @@ def _text(data: bytes, content_type: str | None) -> str:
         return data.decode("utf-8", "replace")
     if text.isascii() or codecs.lookup(charset).name == "utf-8":
         return text
-    # some codecs decode to lone surrogates whatever the error handler (utf-7, unicode_escape), which no
-    # store text may hold
-    return _SURROGATE.sub("\ufffd", text)
+    # some codecs decode to surrogates whatever the error handler (utf-7, unicode_escape): a pair is joined
+    # into its character, a lone one (which no store text may hold) becomes U+FFFD
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def _charset(content_type: str | None) -> str:

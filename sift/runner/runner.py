@@ -248,21 +248,27 @@ class Runner:
             if _worker_wanted(self._paced_next, quick, self._busy, workers.alive, self.concurrency):
                 workers.start_one()
             started = time.monotonic()
+            tried = True  # an error escaping the answer escaped a fetch
             try:
-                self._writer.put(self._answer(target))
+                outcome = self._answer(target)
+                tried = outcome.attempted
+                self._writer.put(outcome)
+                del outcome  # handed over, with its target
             finally:
-                self._flush_if_idle(fetched_in=time.monotonic() - started)
+                self._flush_if_idle(fetched_in=time.monotonic() - started, tried=tried)
             del target  # handed over: not kept through the next claim, which may fail and be tried for long
 
-    def _flush_if_idle(self, *, fetched_in: float | None = None) -> None:
-        """Count a worker's fetch done (in ``fetched_in`` seconds). With none in flight and no claim under
-        way, the writer waits for no more when that fetch took its wait or longer (the next would too), or
-        when none waits and no claim is to come (stopping, or the last found nothing a moment ago)."""
+    def _flush_if_idle(self, *, fetched_in: float | None = None, tried: bool = True) -> None:
+        """Count a worker's answer done (in ``fetched_in`` seconds; ``tried``: a fetch, not a target given
+        back untried, whose time says nothing of the fetches'). With none in flight and no claim under way,
+        the writer waits for no more when that answer took its wait or longer (the next would too), or when
+        none waits and no claim is to come (stopping, or the last found nothing a moment ago)."""
         with self._lock:
             if fetched_in is not None:
                 self._busy -= 1
-                self._fetched += 1
-                self._fetch_time += fetched_in
+                if tried:
+                    self._fetched += 1
+                    self._fetch_time += fetched_in
                 self._until_quick = (
                     max(0, self._until_quick - 1) if fetched_in < GROW_AFTER else self.concurrency
                 )
@@ -346,7 +352,7 @@ class Runner:
             return self._outcome(target)
         except Exception as exc:
             log.exception(
-                "sift runner %s: what fetch gave for target %d of job %s could not be read; retried",
+                "sift runner %s: handling what fetch gave for target %d of job %s failed; retried",
                 self.name,
                 int(target.idx),
                 str(target.job_id),
@@ -658,8 +664,8 @@ def _worker_wanted(paced_next: bool, quick: bool, busy: int, alive: int, most: i
 def _takes_allow_private(fetch: Fetch) -> bool:
     """Whether ``fetch(target, allow_private=True)`` is a call its signature takes (True when it has none
     Python can read: the call then says)."""
-    try:
-        signature = inspect.signature(fetch)
+    try:  # a wrapper's own signature, which its call binds: not the function it wraps
+        signature = inspect.signature(fetch, follow_wrapped=False)
     except (TypeError, ValueError):
         return True
     try:
@@ -721,5 +727,8 @@ def _text(exc: BaseException) -> str:
         text = validation.plain(str(exc))
     except BaseException:  # a user's __str__ that raises, whatever: the target is retried all the same
         text = ""
-    name = validation.plain(type(exc).__name__)
+    try:
+        name = validation.plain(type(exc).__name__)
+    except BaseException:  # a metaclass's __name__ that raises
+        name = "Exception"
     return f"{name}: {text}" if text else name

@@ -162,7 +162,8 @@ class Writer:
                 if stopping:
                     return
                 continue
-            if stopping and time.monotonic() + RETRY_WAIT >= self._close_by:
+            # closing, with outcomes still to come (more than a round's) or not: the close's time bounds it
+            if self._closing and time.monotonic() + RETRY_WAIT >= self._close_by:
                 return  # the runner releases what was not written
             time.sleep(RETRY_WAIT)  # the store may come back: the claims are still this runner's
 

@@ -215,8 +215,9 @@ def _routes(app: flask.Flask, settings: Settings) -> None:
     def act(name: str) -> Any:
         form = flask.request.form
         subject = form.get("subject", "")
-        # a script's call (a token in a header, right or wrong): its refusals are JSON, as its results are
-        scripted = "Authorization" in flask.request.headers
+        # a script's call (a bearer token, right or wrong): its refusals are JSON, as its results are; not a
+        # browser's behind a proxy that sends its own Basic credentials
+        scripted = flask.request.headers.get("Authorization", "").startswith("Bearer ")
 
         def refuse(status: int, error: str) -> Any:
             if scripted:

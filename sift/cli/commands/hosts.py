@@ -1,5 +1,6 @@
 """``sift hosts``: the busiest hosts (running targets) with their policy, next due time and back-off, then
-every other host with a policy; reads only. ``--set HOST`` sets that host's policy (``*``: the default)
+every other host whose row holds something now (a setting, a due time to come, a back-off in force);
+reads only. ``--set HOST`` sets that host's policy (``*``: the default)
 with ``set_host_policy``: the options given, and a setting left out cleared. ``--release HOST`` ends its
 back-off (``release_host``)."""
 
@@ -177,7 +178,8 @@ def _when(unix: float | None) -> str:
 COMMAND = Command(
     name="hosts",
     help="The busiest hosts (running targets) with their policy, next due time and back-off, then the "
-    "other hosts with a policy; --set HOST [--max-running N] [--min-interval SECONDS] sets one "
+    "other hosts with a setting, a due time or a back-off to come; --set HOST [--max-running N] "
+    "[--min-interval SECONDS] sets one "
     "(set_host_policy; '*' the default, an option left out cleared); --release HOST ends its back-off "
     "(release_host).",
     run=run,
