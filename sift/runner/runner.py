@@ -250,7 +250,7 @@ class Runner:
             started = time.monotonic()
             tried = True  # an error escaping the answer escaped a fetch
             try:
-                outcome = self._answer(target)
+                outcome = _answer(self, target)
                 tried = outcome.attempted
                 self._writer.put(outcome)
                 del outcome  # handed over, with its target
@@ -343,58 +343,6 @@ class Runner:
             workers.start_one()
         return taken
 
-    def _answer(self, target: BatchTarget) -> Outcome:
-        """``_outcome(target)``, or a retry with the error when reading what ``fetch`` gave raised (a method
-        of a ``str`` subclass it returned or raised, a ``Retry`` made without ``Retry.__init__``): no answer
-        leaves its target held. An error that is no ``Exception`` is raised again, its target's retry handed
-        to the writer."""
-        try:
-            return self._outcome(target)
-        except Exception as exc:
-            log.exception(
-                "sift runner %s: handling what fetch gave for target %d of job %s failed; retried",
-                self.name,
-                int(target.idx),
-                str(target.job_id),
-            )
-            return self._retry(target, _text(exc), None)
-        except BaseException as exc:  # not the runner's to stop: its worker ends, replaced, not its target
-            self._writer.put(self._retry(target, _text(exc), None))
-            raise
-
-    def _outcome(self, target: BatchTarget) -> Outcome:
-        """What ``fetch`` says of ``target``, as the writer writes it; a target of a host that asked this
-        runner to wait is not fetched, but given back untried to wait as that answer asked (see
-        ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
-        job_id, idx = str(target.job_id), int(target.idx)
-        if target.send_by is not None and unix_time() > target.send_by:
-            return _untried(target)  # a paced host's next request may already be on its way
-        if self._waiting_hosts:
-            asked = _host_waiting(self, target)
-            if asked is not None:  # not tried: back untried, to wait as that answer asked
-                return _untried(target, not_before=math.ceil(asked[0]), error=storable_message(asked[1]))
-        try:
-            # a fetch given allow_private must accept it; others are called as users write them
-            result = self.fetch(target, allow_private=True) if self.allow_private else self.fetch(target)
-        except GiveBack:
-            return _untried(target)
-        except Fail as fail:  # its error and hint as Fail keeps them
-            return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint, claim=target)
-        except Retry as retry:
-            if retry.host_wide:
-                return _host_asked_to_wait(self, target, retry)
-            return self._retry(target, retry.error, retry.after)
-        except Exception as exc:
-            return self._retry(target, _text(exc), None)
-        if not isinstance(result, str):
-            error = f"fetch returned {type(result).__name__}, not text"
-            return Outcome(job_id, idx, "failed", error=error, claim=target)
-        result = validation.plain(result)
-        error = _unstorable(result)
-        if error is not None:
-            return Outcome(job_id, idx, "failed", error=error, claim=target)
-        return Outcome(job_id, idx, "done", result=result, claim=target)
-
     def _retry(self, target: BatchTarget, error: str, after: float | None) -> Outcome:
         """Back to pending until ``after`` seconds from now (None: the backoff for its attempts), or failed
         with ``error`` at its last attempt."""
@@ -416,6 +364,60 @@ class Runner:
                 log.exception("sift runner %s: the keeper's round failed", self.name)
             if self._finished.wait(self.renew_every):
                 return
+
+
+def _answer(runner: Runner, target: BatchTarget) -> Outcome:
+    """``_outcome(runner, target)``, or a retry with the error when reading what ``fetch`` gave raised (a
+    method of a ``str`` subclass it returned or raised, a ``Retry`` made without ``Retry.__init__``): no
+    answer leaves its target held. An error that is no ``Exception`` is raised again, its target's retry
+    handed to the writer."""
+    try:
+        return _outcome(runner, target)
+    except Exception as exc:
+        log.exception(
+            "sift runner %s: handling what fetch gave for target %d of job %s failed; retried",
+            runner.name,
+            int(target.idx),
+            str(target.job_id),
+        )
+        return runner._retry(target, _text(exc), None)
+    except BaseException as exc:  # not the runner's to stop: its worker ends, replaced, not its target
+        runner._writer.put(runner._retry(target, _text(exc), None))
+        raise
+
+
+def _outcome(runner: Runner, target: BatchTarget) -> Outcome:
+    """What ``runner``'s ``fetch`` says of ``target``, as the writer writes it; a target of a host that
+    asked the runner to wait is not fetched, but given back untried to wait as that answer asked (see
+    ``_host_asked_to_wait``); so is a paced target reached after its ``send_by``."""
+    job_id, idx = str(target.job_id), int(target.idx)
+    if target.send_by is not None and unix_time() > target.send_by:
+        return _untried(target)  # a paced host's next request may already be on its way
+    if runner._waiting_hosts:
+        asked = _host_waiting(runner, target)
+        if asked is not None:  # not tried: back untried, to wait as that answer asked
+            return _untried(target, not_before=math.ceil(asked[0]), error=storable_message(asked[1]))
+    try:
+        # a fetch given allow_private must accept it; others are called as users write them
+        result = runner.fetch(target, allow_private=True) if runner.allow_private else runner.fetch(target)
+    except GiveBack:
+        return _untried(target)
+    except Fail as fail:  # its error and hint as Fail keeps them
+        return Outcome(job_id, idx, "failed", error=fail.error, hint=fail.hint, claim=target)
+    except Retry as retry:
+        if retry.host_wide:
+            return _host_asked_to_wait(runner, target, retry)
+        return runner._retry(target, retry.error, retry.after)
+    except Exception as exc:
+        return runner._retry(target, _text(exc), None)
+    if not isinstance(result, str):
+        error = f"fetch returned {type(result).__name__}, not text"
+        return Outcome(job_id, idx, "failed", error=error, claim=target)
+    result = validation.plain(result)
+    error = _unstorable(result)
+    if error is not None:
+        return Outcome(job_id, idx, "failed", error=error, claim=target)
+    return Outcome(job_id, idx, "done", result=result, claim=target)
 
 
 class _HeldClaims:
